@@ -1,0 +1,199 @@
+//! The protocol: given what is stored for a key and what just arrived, what to do.
+
+use crate::{Fingerprint, Millis, Record, StoredResponse};
+
+/// Timing parameters of the protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// How long a holder owns a claim without a heartbeat. After that, the next attempt
+    /// takes over (the holder is presumed dead).
+    pub lease_ms: u64,
+    /// How long a completed response is replayed (and how long an abandoned claim is
+    /// kept before it may be swept).
+    pub ttl_ms: u64,
+}
+
+impl Default for Policy {
+    /// 30 s lease, 24 h retention — the usual payment-API choices.
+    fn default() -> Self {
+        Policy { lease_ms: 30_000, ttl_ms: 24 * 60 * 60 * 1000 }
+    }
+}
+
+/// The right to execute: the new record to write and how to write it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claim {
+    /// The fencing token of the new holder; higher than any token the record had.
+    pub token: u64,
+    /// The in-progress record to store.
+    pub record: Record,
+    /// `None`: store `record` only if no record exists (insert-if-absent).
+    /// `Some(t)`: replace the existing record only if its token is still `t`
+    /// (compare-and-swap). A store that can't do this write atomically must report
+    /// a conflict and ask again; it must never write blindly.
+    pub replaces: Option<u64>,
+}
+
+impl Claim {
+    /// What the holder keeps to renew, complete or release its claim.
+    pub fn holder(&self) -> Holder {
+        Holder { fingerprint: *self.record.fingerprint(), token: self.token }
+    }
+}
+
+/// What an attempt should do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// No live record: run the handler under this claim.
+    Execute(Claim),
+    /// The previous holder's lease expired: run the handler under this claim, which
+    /// fences the previous holder out.
+    TakeOver(Claim),
+    /// The same request completed: answer with its response.
+    Replay(StoredResponse),
+    /// The same request is running elsewhere and its holder is alive.
+    InFlight {
+        /// When the running holder's lease ends unless it renews it.
+        lease_until: Millis,
+    },
+    /// The key was used for a different request.
+    Mismatch,
+}
+
+/// Decides what an attempt with `fingerprint`, arriving at `now`, should do given the
+/// `existing` record for its key.
+///
+/// Order matters: an expired completed record is as good as none; otherwise the
+/// fingerprint is checked first, so a different request never replays, never waits
+/// and never takes over another request's key.
+pub fn decide(existing: Option<&Record>, fingerprint: &Fingerprint, now: Millis, policy: &Policy) -> Decision {
+    let Some(record) = existing else {
+        return Decision::Execute(new_claim(None, fingerprint, now, policy));
+    };
+    if now >= record.expires_at() {
+        // Expired (completed past its TTL, or abandoned past its retention): the key is free.
+        return Decision::Execute(new_claim(Some(record.token()), fingerprint, now, policy));
+    }
+    if record.fingerprint() != fingerprint {
+        return Decision::Mismatch;
+    }
+    match record {
+        Record::Completed { response, .. } => Decision::Replay(response.clone()),
+        Record::InProgress { lease_until, .. } if now < *lease_until => Decision::InFlight { lease_until: *lease_until },
+        Record::InProgress { token, .. } => Decision::TakeOver(new_claim(Some(*token), fingerprint, now, policy)),
+    }
+}
+
+/// Tokens grow by at least one per claim, and are never below `now × 1024`: a claim
+/// made after its key's record was deleted still fences out every earlier holder.
+fn next_token(previous: Option<u64>, now: Millis) -> u64 {
+    let floor = now.saturating_mul(1024);
+    match previous {
+        Some(t) => t.saturating_add(1).max(floor),
+        None => floor.max(1),
+    }
+}
+
+fn new_claim(replaces: Option<u64>, fingerprint: &Fingerprint, now: Millis, policy: &Policy) -> Claim {
+    let token = next_token(replaces, now);
+    let record = Record::InProgress {
+        fingerprint: *fingerprint,
+        token,
+        lease_until: now.saturating_add(policy.lease_ms),
+        expires_at: now.saturating_add(policy.ttl_ms.max(policy.lease_ms)),
+    };
+    Claim { token, record, replaces }
+}
+
+/// The holder of a claim: enough to renew, complete or release it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Holder {
+    /// The fingerprint of the request being executed.
+    pub fingerprint: Fingerprint,
+    /// The holder's fencing token.
+    pub token: u64,
+}
+
+/// Why a holder's write was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The record is gone (expired and swept).
+    Missing,
+    /// Another holder took over: the record now carries a different token.
+    Fenced {
+        /// The token now stored.
+        current: u64,
+    },
+    /// The record is already completed.
+    AlreadyCompleted,
+}
+
+impl core::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Refusal::Missing => f.write_str("the record no longer exists"),
+            Refusal::Fenced { current } => write!(f, "fenced: the record now belongs to token {current}"),
+            Refusal::AlreadyCompleted => f.write_str("the record is already completed"),
+        }
+    }
+}
+
+impl Holder {
+    /// The precondition of every holder write: the record is in progress and still
+    /// carries this holder's token. (SQL and Lua adapters express exactly this as
+    /// `token = $token AND state = in-progress`.)
+    pub fn check(&self, existing: Option<&Record>) -> Result<(), Refusal> {
+        match existing {
+            None => Err(Refusal::Missing),
+            Some(r) if r.token() != self.token => Err(Refusal::Fenced { current: r.token() }),
+            Some(Record::Completed { .. }) => Err(Refusal::AlreadyCompleted),
+            Some(Record::InProgress { .. }) => Ok(()),
+        }
+    }
+
+    /// The record after a heartbeat at `now`: the lease runs `lease_ms` from now.
+    pub fn renewed(&self, now: Millis, policy: &Policy) -> Record {
+        let lease_until = now.saturating_add(policy.lease_ms);
+        Record::InProgress {
+            fingerprint: self.fingerprint,
+            token: self.token,
+            lease_until,
+            expires_at: now.saturating_add(policy.ttl_ms.max(policy.lease_ms)),
+        }
+    }
+
+    /// The record after completing with `response` at `now`.
+    pub fn completed(&self, response: StoredResponse, now: Millis, policy: &Policy) -> Record {
+        Record::Completed {
+            fingerprint: self.fingerprint,
+            token: self.token,
+            response,
+            expires_at: now.saturating_add(policy.ttl_ms),
+        }
+    }
+}
+
+/// Renews `holder`'s lease: the record to write, or why not.
+pub fn heartbeat(existing: Option<&Record>, holder: &Holder, now: Millis, policy: &Policy) -> Result<Record, Refusal> {
+    holder.check(existing)?;
+    Ok(holder.renewed(now, policy))
+}
+
+/// Completes `holder`'s claim with `response`: the record to write, or why not. A
+/// holder that was fenced out is refused, so a late completion can never overwrite the
+/// answer of the attempt that took over.
+pub fn complete(
+    existing: Option<&Record>,
+    holder: &Holder,
+    response: StoredResponse,
+    now: Millis,
+    policy: &Policy,
+) -> Result<Record, Refusal> {
+    holder.check(existing)?;
+    Ok(holder.completed(response, now, policy))
+}
+
+/// Releases `holder`'s claim (the record is to be deleted, so a retry may run), or why not.
+pub fn release(existing: Option<&Record>, holder: &Holder) -> Result<(), Refusal> {
+    holder.check(existing)
+}

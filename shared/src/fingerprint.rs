@@ -1,0 +1,118 @@
+//! What a request was, as 32 bytes: two requests with the same fingerprint are the
+//! same request for idempotency purposes.
+
+use crate::json;
+use crate::scope::tagged_hash;
+use core::fmt;
+
+/// The parts of a request that make up its fingerprint.
+#[derive(Clone, Copy, Debug)]
+pub struct RequestParts<'a> {
+    /// The method, e.g. `POST` (compared case-sensitively, as HTTP does).
+    pub method: &'a str,
+    /// The path and query as sent, e.g. `/v1/charges?expand=customer`.
+    pub path_and_query: &'a str,
+    /// The `Content-Type` header value, if any.
+    pub content_type: Option<&'a str>,
+    /// The whole body.
+    pub body: &'a [u8],
+}
+
+/// SHA-256 over a length-prefixed, domain-separated encoding of method, path and
+/// query, media type and body. JSON bodies (`application/json`, `*/*+json`) are
+/// canonicalised first ([`json::canonicalize`]); a body that is not valid JSON is
+/// hashed as raw bytes under a different tag, so it can never collide with a JSON one.
+///
+/// The content type contributes its media type only (lower-cased, parameters such as
+/// `charset` dropped): the body bytes already carry the encoding that matters.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint(pub [u8; 32]);
+
+impl Fingerprint {
+    /// Fingerprints a request.
+    pub fn of(req: &RequestParts<'_>) -> Self {
+        let media_type = req.content_type.map(media_type).unwrap_or_default();
+        let mut essence = [0u8; 128];
+        let essence = lowercase_into(media_type, &mut essence);
+        let canonical = if is_json(essence) { json::canonicalize(req.body).ok() } else { None };
+        let (body_tag, body): (&[u8], &[u8]) = match &canonical {
+            Some(c) => (b"json", c),
+            None => (b"raw", req.body),
+        };
+        Fingerprint(tagged_hash(
+            b"idem/fingerprint/v1",
+            &[req.method.as_bytes(), req.path_and_query.as_bytes(), essence, body_tag, body],
+        ))
+    }
+
+    /// Lower-case hex.
+    pub fn to_hex(&self) -> alloc::string::String {
+        crate::hex(&self.0)
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({})", &self.to_hex()[..16])
+    }
+}
+
+fn media_type(content_type: &str) -> &str {
+    content_type.split(';').next().unwrap_or("").trim_matches([' ', '\t'])
+}
+
+/// Lower-cases into `buf`; a media type longer than `buf` is kept as is (still exact,
+/// just case-sensitive), since real media types are far shorter.
+fn lowercase_into<'b>(s: &'b str, buf: &'b mut [u8; 128]) -> &'b [u8] {
+    if s.len() > buf.len() {
+        return s.as_bytes();
+    }
+    let out = &mut buf[..s.len()];
+    out.copy_from_slice(s.as_bytes());
+    out.make_ascii_lowercase();
+    out
+}
+
+fn is_json(essence: &[u8]) -> bool {
+    essence == b"application/json" || (essence.ends_with(b"+json") && essence.contains(&b'/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fp(ct: Option<&str>, body: &[u8]) -> Fingerprint {
+        Fingerprint::of(&RequestParts { method: "POST", path_and_query: "/v1/charges", content_type: ct, body })
+    }
+
+    #[test]
+    fn json_bodies_are_canonical() {
+        let a = fp(Some("application/json"), br#"{"amount":100,"currency":"usd"}"#);
+        let b = fp(Some("Application/JSON; charset=utf-8"), b"{ \"currency\": \"usd\",\n \"amount\": 100 }");
+        assert_eq!(a, b);
+        assert_ne!(a, fp(Some("application/json"), br#"{"amount":101,"currency":"usd"}"#));
+        assert_eq!(fp(Some("application/problem+json"), b"[1, 2]"), fp(Some("application/problem+json"), b"[1,2]"));
+    }
+
+    #[test]
+    fn other_bodies_are_exact() {
+        assert_ne!(fp(Some("text/plain"), b"{\"a\":1}"), fp(Some("text/plain"), b"{ \"a\":1}"));
+        assert_ne!(fp(None, b"x"), fp(Some("text/plain"), b"x"));
+        // Invalid JSON falls back to the raw bytes, and never equals a JSON body.
+        assert_ne!(fp(Some("application/json"), b"{"), fp(Some("application/json"), b"{ "));
+    }
+
+    #[test]
+    fn every_part_counts() {
+        let base = RequestParts { method: "POST", path_and_query: "/a?x=1", content_type: None, body: b"" };
+        let f = Fingerprint::of(&base);
+        assert_ne!(f, Fingerprint::of(&RequestParts { method: "PATCH", ..base }));
+        assert_ne!(f, Fingerprint::of(&RequestParts { path_and_query: "/a?x=2", ..base }));
+        assert_ne!(f, Fingerprint::of(&RequestParts { body: b"\0", ..base }));
+        // Length prefixes: moving bytes between fields changes the fingerprint.
+        assert_ne!(
+            Fingerprint::of(&RequestParts { method: "POST/", path_and_query: "a", ..base }),
+            Fingerprint::of(&RequestParts { method: "POST", path_and_query: "/a", ..base }),
+        );
+    }
+}

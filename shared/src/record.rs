@@ -1,0 +1,280 @@
+//! The stored state of one (scope, key) and its versioned binary encoding.
+
+use crate::{Fingerprint, Millis};
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::fmt;
+
+/// A response as stored for replay: status, the allow-listed headers, the body.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct StoredResponse {
+    /// HTTP status code.
+    pub status: u16,
+    /// Header names (lower-case) and raw values, in order.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// The whole body.
+    pub body: Vec<u8>,
+}
+
+/// The record of one (scope, key).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Record {
+    /// An attempt is running. Its holder owns `token` until `lease_until`; after that
+    /// the next attempt may take over with a higher token.
+    InProgress {
+        /// The fingerprint of the request being executed.
+        fingerprint: Fingerprint,
+        /// The fencing token of the current holder.
+        token: u64,
+        /// The holder's lease; renewed by heartbeats.
+        lease_until: Millis,
+        /// When the record may be deleted if nobody completes it.
+        expires_at: Millis,
+    },
+    /// The attempt finished; its response is replayed until `expires_at`.
+    Completed {
+        /// The fingerprint of the request that produced `response`.
+        fingerprint: Fingerprint,
+        /// The token of the holder that completed it (later tokens are always higher).
+        token: u64,
+        /// What to replay.
+        response: StoredResponse,
+        /// After this instant the key is free again.
+        expires_at: Millis,
+    },
+}
+
+impl Record {
+    /// The fingerprint of the request this record belongs to.
+    pub fn fingerprint(&self) -> &Fingerprint {
+        match self {
+            Record::InProgress { fingerprint, .. } | Record::Completed { fingerprint, .. } => fingerprint,
+        }
+    }
+
+    /// The fencing token of the holder that wrote it.
+    pub fn token(&self) -> u64 {
+        match self {
+            Record::InProgress { token, .. } | Record::Completed { token, .. } => *token,
+        }
+    }
+
+    /// When the store may delete the record (an in-progress record is never deleted
+    /// while its lease runs).
+    pub fn expires_at(&self) -> Millis {
+        match self {
+            Record::InProgress { lease_until, expires_at, .. } => (*expires_at).max(*lease_until),
+            Record::Completed { expires_at, .. } => *expires_at,
+        }
+    }
+
+    /// Whether the record holds a final response.
+    pub fn is_completed(&self) -> bool {
+        matches!(self, Record::Completed { .. })
+    }
+
+    /// The state as a small integer, for stores that index or filter on it
+    /// (0 = in progress, 1 = completed). Same values as in the encoding.
+    pub fn state_code(&self) -> u8 {
+        match self {
+            Record::InProgress { .. } => STATE_IN_PROGRESS,
+            Record::Completed { .. } => STATE_COMPLETED,
+        }
+    }
+}
+
+const VERSION: u8 = 1;
+const STATE_IN_PROGRESS: u8 = 0;
+const STATE_COMPLETED: u8 = 1;
+
+/// Why stored bytes could not be decoded as a [`Record`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeError {
+    /// The input ended early.
+    Truncated,
+    /// An encoding version this build does not know (written by a newer idem?).
+    UnknownVersion(u8),
+    /// An unknown state byte.
+    UnknownState(u8),
+    /// A header name that is not UTF-8.
+    BadHeaderName,
+    /// Bytes left over after the record.
+    TrailingBytes,
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DecodeError::Truncated => f.write_str("record truncated"),
+            DecodeError::UnknownVersion(v) => write!(f, "unknown record encoding version {v}"),
+            DecodeError::UnknownState(s) => write!(f, "unknown record state {s}"),
+            DecodeError::BadHeaderName => f.write_str("record holds a non-UTF-8 header name"),
+            DecodeError::TrailingBytes => f.write_str("trailing bytes after record"),
+        }
+    }
+}
+
+impl Record {
+    /// Encodes the record:
+    /// `version:u8 state:u8 fingerprint:[32] token:u64`, then for in-progress
+    /// `lease_until:u64 expires_at:u64`, for completed `expires_at:u64 status:u16
+    /// n:u16 (name_len:u16 name value_len:u32 value)*n body_len:u32 body`. Big-endian.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64);
+        out.push(VERSION);
+        out.push(self.state_code());
+        out.extend_from_slice(&self.fingerprint().0);
+        out.extend_from_slice(&self.token().to_be_bytes());
+        match self {
+            Record::InProgress { lease_until, expires_at, .. } => {
+                out.extend_from_slice(&lease_until.to_be_bytes());
+                out.extend_from_slice(&expires_at.to_be_bytes());
+            }
+            Record::Completed { response, expires_at, .. } => {
+                out.reserve(response.body.len() + 16);
+                out.extend_from_slice(&expires_at.to_be_bytes());
+                out.extend_from_slice(&response.status.to_be_bytes());
+                // Lengths are clamped when stored, so an absurd response can't corrupt
+                // the framing; the layer caps sizes long before this.
+                let headers = &response.headers[..response.headers.len().min(u16::MAX as usize)];
+                out.extend_from_slice(&(headers.len() as u16).to_be_bytes());
+                for (name, value) in headers {
+                    let name = &name.as_bytes()[..name.len().min(u16::MAX as usize)];
+                    let value = &value[..value.len().min(u32::MAX as usize)];
+                    out.extend_from_slice(&(name.len() as u16).to_be_bytes());
+                    out.extend_from_slice(name);
+                    out.extend_from_slice(&(value.len() as u32).to_be_bytes());
+                    out.extend_from_slice(value);
+                }
+                let body = &response.body[..response.body.len().min(u32::MAX as usize)];
+                out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+                out.extend_from_slice(body);
+            }
+        }
+        out
+    }
+
+    /// Decodes bytes written by [`Record::encode`].
+    pub fn decode(bytes: &[u8]) -> Result<Record, DecodeError> {
+        let mut r = Reader(bytes);
+        let version = r.u8()?;
+        if version != VERSION {
+            return Err(DecodeError::UnknownVersion(version));
+        }
+        let state = r.u8()?;
+        let fingerprint = Fingerprint(r.take(32)?.try_into().map_err(|_| DecodeError::Truncated)?);
+        let token = r.u64()?;
+        let record = match state {
+            STATE_IN_PROGRESS => {
+                let lease_until = r.u64()?;
+                let expires_at = r.u64()?;
+                Record::InProgress { fingerprint, token, lease_until, expires_at }
+            }
+            STATE_COMPLETED => {
+                let expires_at = r.u64()?;
+                let status = r.u16()?;
+                let n = r.u16()? as usize;
+                let mut headers = Vec::with_capacity(n.min(64));
+                for _ in 0..n {
+                    let name_len = r.u16()? as usize;
+                    let name = core::str::from_utf8(r.take(name_len)?).map_err(|_| DecodeError::BadHeaderName)?;
+                    let value_len = r.u32()? as usize;
+                    headers.push((String::from(name), r.take(value_len)?.to_vec()));
+                }
+                let body_len = r.u32()? as usize;
+                let body = r.take(body_len)?.to_vec();
+                Record::Completed { fingerprint, token, response: StoredResponse { status, headers, body }, expires_at }
+            }
+            other => return Err(DecodeError::UnknownState(other)),
+        };
+        if !r.0.is_empty() {
+            return Err(DecodeError::TrailingBytes);
+        }
+        Ok(record)
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.0.len() < n {
+            return Err(DecodeError::Truncated);
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        Ok(u16::from_be_bytes(self.take(2)?.try_into().map_err(|_| DecodeError::Truncated)?))
+    }
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        Ok(u32::from_be_bytes(self.take(4)?.try_into().map_err(|_| DecodeError::Truncated)?))
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        Ok(u64::from_be_bytes(self.take(8)?.try_into().map_err(|_| DecodeError::Truncated)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::vec;
+    use proptest::prelude::*;
+
+    fn completed() -> Record {
+        Record::Completed {
+            fingerprint: Fingerprint([7; 32]),
+            token: 42,
+            response: StoredResponse {
+                status: 201,
+                headers: vec![("content-type".into(), b"application/json".to_vec()), ("location".into(), b"/v1/charges/ch_1".to_vec())],
+                body: br#"{"id":"ch_1"}"#.to_vec(),
+            },
+            expires_at: 1_700_000_000_000,
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let ip = Record::InProgress { fingerprint: Fingerprint([1; 32]), token: 9, lease_until: 5, expires_at: 6 };
+        assert_eq!(Record::decode(&ip.encode()), Ok(ip));
+        assert_eq!(Record::decode(&completed().encode()), Ok(completed()));
+    }
+
+    #[test]
+    fn rejects_damaged_bytes() {
+        let bytes = completed().encode();
+        for cut in 0..bytes.len() {
+            assert!(Record::decode(&bytes[..cut]).is_err(), "truncated at {cut}");
+        }
+        let mut v2 = bytes.clone();
+        v2[0] = 2;
+        assert_eq!(Record::decode(&v2), Err(DecodeError::UnknownVersion(2)));
+        let mut extra = bytes.clone();
+        extra.push(0);
+        assert_eq!(Record::decode(&extra), Err(DecodeError::TrailingBytes));
+        let mut state = bytes;
+        state[1] = 9;
+        assert_eq!(Record::decode(&state), Err(DecodeError::UnknownState(9)));
+    }
+
+    proptest! {
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            let _ = Record::decode(&bytes);
+        }
+
+        #[test]
+        fn completed_round_trips(status in 100u16..600, token: u64, expires_at: u64,
+                                 body in proptest::collection::vec(any::<u8>(), 0..200),
+                                 headers in proptest::collection::vec(("[a-z-]{1,20}", proptest::collection::vec(any::<u8>(), 0..40)), 0..5)) {
+            let r = Record::Completed { fingerprint: Fingerprint([3; 32]), token, expires_at,
+                response: StoredResponse { status, headers, body } };
+            prop_assert_eq!(Record::decode(&r.encode()), Ok(r));
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! Who a key belongs to, and the storage key of its record.
+
+use crate::IdempotencyKey;
+use alloc::string::String;
+use sha2::{Digest, Sha256};
+
+/// The owner of a key: a hash of the caller's credential, or a tenant id.
+///
+/// Records are stored per (scope, key), so one caller can never replay another
+/// caller's response by guessing its key. The credential itself is never stored.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct Scope([u8; 32]);
+
+impl Scope {
+    /// The scope of a caller identified by `credential` (for example a bearer token).
+    pub fn from_credential(credential: &[u8]) -> Self {
+        Scope(tagged_hash(b"idem/scope/credential/v1", &[credential]))
+    }
+
+    /// The scope of a tenant named by the application (not a secret).
+    pub fn from_tenant(tenant: &str) -> Self {
+        Scope(tagged_hash(b"idem/scope/tenant/v1", &[tenant.as_bytes()]))
+    }
+
+    /// The shared scope of unauthenticated callers.
+    pub fn anonymous() -> Self {
+        Scope(tagged_hash(b"idem/scope/anonymous/v1", &[]))
+    }
+
+    /// The scope's 32 bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+/// Where a (scope, key) pair's record is stored: 64 lower-case hex characters.
+///
+/// Fixed-length and free of user-controlled characters, so it is safe as a
+/// Postgres primary key, inside a Redis hash tag, or as a Durable Object name.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+pub struct RecordKey(String);
+
+impl RecordKey {
+    /// The record key of `key` in `scope`.
+    pub fn new(scope: &Scope, key: &IdempotencyKey) -> Self {
+        let digest = tagged_hash(b"idem/record/v1", &[scope.as_bytes(), key.as_str().as_bytes()]);
+        RecordKey(crate::hex(&digest))
+    }
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Rebuilds a key read back from storage; `None` unless it is 64 lower-case hex digits.
+    pub fn from_stored(s: &str) -> Option<Self> {
+        let ok = s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        ok.then(|| RecordKey(s.into()))
+    }
+}
+
+/// SHA-256 over a domain tag and length-prefixed parts: no two different inputs
+/// share an encoding, and hashes made for one purpose can't be confused with another.
+pub(crate) fn tagged_hash(tag: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update((tag.len() as u64).to_be_bytes());
+    h.update(tag);
+    for part in parts {
+        h.update((part.len() as u64).to_be_bytes());
+        h.update(part);
+    }
+    h.finalize().into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(s: &str) -> IdempotencyKey {
+        IdempotencyKey::parse(s.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn scopes_separate_records() {
+        let k = key("k1");
+        let a = RecordKey::new(&Scope::from_credential(b"alice"), &k);
+        let b = RecordKey::new(&Scope::from_credential(b"bob"), &k);
+        let anon = RecordKey::new(&Scope::anonymous(), &k);
+        assert_ne!(a, b);
+        assert_ne!(a, anon);
+        assert_eq!(a, RecordKey::new(&Scope::from_credential(b"alice"), &key("\"k1\"")));
+        // A tenant named like a credential is still a different scope.
+        assert_ne!(Scope::from_tenant("alice"), Scope::from_credential(b"alice"));
+    }
+
+    #[test]
+    fn record_keys_round_trip_and_reject_junk() {
+        let rk = RecordKey::new(&Scope::anonymous(), &key("x"));
+        assert_eq!(rk.as_str().len(), 64);
+        assert_eq!(RecordKey::from_stored(rk.as_str()), Some(rk));
+        assert_eq!(RecordKey::from_stored("ABC"), None);
+        assert_eq!(RecordKey::from_stored(&"G".repeat(64)), None);
+    }
+}
