@@ -12,8 +12,13 @@ pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 /// Methods guarded by default; every other method passes through untouched.
 pub const DEFAULT_METHODS: [&str; 2] = ["POST", "PATCH"];
 /// Response headers stored and replayed by default (besides the status and body).
-pub const DEFAULT_CACHED_HEADERS: [&str; 5] =
-    ["content-type", "content-language", "content-encoding", "location", "content-location"];
+pub const DEFAULT_CACHED_HEADERS: [&str; 5] = [
+    "content-type",
+    "content-language",
+    "content-encoding",
+    "location",
+    "content-location",
+];
 /// Media type of problem bodies.
 pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
 
@@ -59,11 +64,16 @@ pub fn prefer_wait(prefer: &[u8]) -> Option<u64> {
             continue;
         }
         let value = trim(kv.next()?);
-        let value = value.strip_prefix(b"\"").and_then(|v| v.strip_suffix(b"\"")).unwrap_or(value);
+        let value = value
+            .strip_prefix(b"\"")
+            .and_then(|v| v.strip_suffix(b"\""))
+            .unwrap_or(value);
         if value.is_empty() || value.len() > 9 || !value.iter().all(u8::is_ascii_digit) {
             return None;
         }
-        return value.iter().try_fold(0u64, |n, d| Some(n * 10 + u64::from(d - b'0')));
+        return value
+            .iter()
+            .try_fold(0u64, |n, d| Some(n * 10 + u64::from(d - b'0')));
     }
     None
 }
@@ -184,7 +194,10 @@ mod tests {
             assert_eq!(disposition(status, None), Disposition::Release, "{status}");
         }
         assert_eq!(disposition(400, Some(b"no-store")), Disposition::Release);
-        assert_eq!(disposition(400, Some(b"private, No-Store ,max-age=0")), Disposition::Release);
+        assert_eq!(
+            disposition(400, Some(b"private, No-Store ,max-age=0")),
+            Disposition::Release
+        );
         assert_eq!(disposition(400, Some(b"no-cache")), Disposition::Store);
         assert_eq!(disposition(400, Some(b"no-storey")), Disposition::Store);
     }
@@ -193,7 +206,10 @@ mod tests {
     fn reads_prefer_wait() {
         assert_eq!(prefer_wait(b"wait=5"), Some(5));
         assert_eq!(prefer_wait(b"respond-async, Wait = 10"), Some(10));
-        assert_eq!(prefer_wait(b"handling=lenient; x=1, wait=\"3\"; y"), Some(3));
+        assert_eq!(
+            prefer_wait(b"handling=lenient; x=1, wait=\"3\"; y"),
+            Some(3)
+        );
         assert_eq!(prefer_wait(b"wait=5, wait=9"), Some(5));
         assert_eq!(prefer_wait(b"wait"), None);
         assert_eq!(prefer_wait(b"wait=-1"), None);

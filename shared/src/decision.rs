@@ -16,7 +16,10 @@ pub struct Policy {
 impl Default for Policy {
     /// 30 s lease, 24 h retention — the usual payment-API choices.
     fn default() -> Self {
-        Policy { lease_ms: 30_000, ttl_ms: 24 * 60 * 60 * 1000 }
+        Policy {
+            lease_ms: 30_000,
+            ttl_ms: 24 * 60 * 60 * 1000,
+        }
     }
 }
 
@@ -37,7 +40,10 @@ pub struct Claim {
 impl Claim {
     /// What the holder keeps to renew, complete or release its claim.
     pub fn holder(&self) -> Holder {
-        Holder { fingerprint: *self.record.fingerprint(), token: self.token }
+        Holder {
+            fingerprint: *self.record.fingerprint(),
+            token: self.token,
+        }
     }
 }
 
@@ -66,7 +72,12 @@ pub enum Decision {
 /// Order matters: an expired completed record is as good as none; otherwise the
 /// fingerprint is checked first, so a different request never replays, never waits
 /// and never takes over another request's key.
-pub fn decide(existing: Option<&Record>, fingerprint: &Fingerprint, now: Millis, policy: &Policy) -> Decision {
+pub fn decide(
+    existing: Option<&Record>,
+    fingerprint: &Fingerprint,
+    now: Millis,
+    policy: &Policy,
+) -> Decision {
     let Some(record) = existing else {
         return Decision::Execute(new_claim(None, fingerprint, now, policy));
     };
@@ -79,8 +90,12 @@ pub fn decide(existing: Option<&Record>, fingerprint: &Fingerprint, now: Millis,
     }
     match record {
         Record::Completed { response, .. } => Decision::Replay(response.clone()),
-        Record::InProgress { lease_until, .. } if now < *lease_until => Decision::InFlight { lease_until: *lease_until },
-        Record::InProgress { token, .. } => Decision::TakeOver(new_claim(Some(*token), fingerprint, now, policy)),
+        Record::InProgress { lease_until, .. } if now < *lease_until => Decision::InFlight {
+            lease_until: *lease_until,
+        },
+        Record::InProgress { token, .. } => {
+            Decision::TakeOver(new_claim(Some(*token), fingerprint, now, policy))
+        }
     }
 }
 
@@ -94,7 +109,12 @@ fn next_token(previous: Option<u64>, now: Millis) -> u64 {
     }
 }
 
-fn new_claim(replaces: Option<u64>, fingerprint: &Fingerprint, now: Millis, policy: &Policy) -> Claim {
+fn new_claim(
+    replaces: Option<u64>,
+    fingerprint: &Fingerprint,
+    now: Millis,
+    policy: &Policy,
+) -> Claim {
     let token = next_token(replaces, now);
     let record = Record::InProgress {
         fingerprint: *fingerprint,
@@ -102,7 +122,11 @@ fn new_claim(replaces: Option<u64>, fingerprint: &Fingerprint, now: Millis, poli
         lease_until: now.saturating_add(policy.lease_ms),
         expires_at: now.saturating_add(policy.ttl_ms.max(policy.lease_ms)),
     };
-    Claim { token, record, replaces }
+    Claim {
+        token,
+        record,
+        replaces,
+    }
 }
 
 /// The holder of a claim: enough to renew, complete or release it.
@@ -132,7 +156,9 @@ impl core::fmt::Display for Refusal {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             Refusal::Missing => f.write_str("the record no longer exists"),
-            Refusal::Fenced { current } => write!(f, "fenced: the record now belongs to token {current}"),
+            Refusal::Fenced { current } => {
+                write!(f, "fenced: the record now belongs to token {current}")
+            }
             Refusal::AlreadyCompleted => f.write_str("the record is already completed"),
         }
     }
@@ -162,6 +188,16 @@ impl Holder {
         }
     }
 
+    /// The record after releasing at `now`: expired at once, kept only for its token.
+    pub fn released(&self, now: Millis) -> Record {
+        Record::InProgress {
+            fingerprint: self.fingerprint,
+            token: self.token,
+            lease_until: now,
+            expires_at: now,
+        }
+    }
+
     /// The record after completing with `response` at `now`.
     pub fn completed(&self, response: StoredResponse, now: Millis, policy: &Policy) -> Record {
         Record::Completed {
@@ -174,7 +210,12 @@ impl Holder {
 }
 
 /// Renews `holder`'s lease: the record to write, or why not.
-pub fn heartbeat(existing: Option<&Record>, holder: &Holder, now: Millis, policy: &Policy) -> Result<Record, Refusal> {
+pub fn heartbeat(
+    existing: Option<&Record>,
+    holder: &Holder,
+    now: Millis,
+    policy: &Policy,
+) -> Result<Record, Refusal> {
     holder.check(existing)?;
     Ok(holder.renewed(now, policy))
 }
@@ -193,7 +234,123 @@ pub fn complete(
     Ok(holder.completed(response, now, policy))
 }
 
-/// Releases `holder`'s claim (the record is to be deleted, so a retry may run), or why not.
-pub fn release(existing: Option<&Record>, holder: &Holder) -> Result<(), Refusal> {
-    holder.check(existing)
+/// Releases `holder`'s claim so a retry may run: the record to write, or why not.
+///
+/// The key is freed by writing an already-expired record rather than deleting it, so
+/// the token survives and the next claim's token is still higher.
+pub fn release(existing: Option<&Record>, holder: &Holder, now: Millis) -> Result<Record, Refusal> {
+    holder.check(existing)?;
+    Ok(holder.released(now))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::vec;
+
+    const P: Policy = Policy {
+        lease_ms: 1_000,
+        ttl_ms: 10_000,
+    };
+    const FP: Fingerprint = Fingerprint([1; 32]);
+    const OTHER: Fingerprint = Fingerprint([2; 32]);
+
+    fn claim(d: Decision) -> Claim {
+        match d {
+            Decision::Execute(c) | Decision::TakeOver(c) => c,
+            other => panic!("expected a claim, got {other:?}"),
+        }
+    }
+
+    fn ok_response() -> StoredResponse {
+        StoredResponse {
+            status: 201,
+            headers: vec![],
+            body: b"{}".to_vec(),
+        }
+    }
+
+    #[test]
+    fn first_attempt_executes_with_insert_if_absent() {
+        let c = claim(decide(None, &FP, 100, &P));
+        assert_eq!(c.replaces, None);
+        assert_eq!(
+            c.record,
+            Record::InProgress {
+                fingerprint: FP,
+                token: c.token,
+                lease_until: 1_100,
+                expires_at: 10_100
+            }
+        );
+    }
+
+    #[test]
+    fn retry_while_running_is_in_flight_then_takes_over() {
+        let c = claim(decide(None, &FP, 0, &P));
+        assert_eq!(
+            decide(Some(&c.record), &FP, 999, &P),
+            Decision::InFlight { lease_until: 1_000 }
+        );
+        assert_eq!(decide(Some(&c.record), &OTHER, 999, &P), Decision::Mismatch);
+        let t = match decide(Some(&c.record), &FP, 1_000, &P) {
+            Decision::TakeOver(t) => t,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(t.replaces, Some(c.token));
+        assert!(t.token > c.token);
+        // The dead holder's late completion is refused.
+        let late = complete(Some(&t.record), &c.holder(), ok_response(), 1_500, &P);
+        assert_eq!(late, Err(Refusal::Fenced { current: t.token }));
+    }
+
+    #[test]
+    fn completed_replays_until_expiry() {
+        let c = claim(decide(None, &FP, 0, &P));
+        let done = complete(Some(&c.record), &c.holder(), ok_response(), 500, &P).unwrap();
+        assert_eq!(
+            decide(Some(&done), &FP, 10_499, &P),
+            Decision::Replay(ok_response())
+        );
+        assert_eq!(decide(Some(&done), &OTHER, 10_499, &P), Decision::Mismatch);
+        let again = claim(decide(Some(&done), &OTHER, 10_500, &P));
+        assert_eq!(again.replaces, Some(c.token));
+        assert!(again.token > c.token);
+        assert_eq!(
+            complete(Some(&done), &c.holder(), ok_response(), 600, &P),
+            Err(Refusal::AlreadyCompleted)
+        );
+    }
+
+    #[test]
+    fn holder_writes_need_the_current_token() {
+        let c = claim(decide(None, &FP, 0, &P));
+        let renewed = heartbeat(Some(&c.record), &c.holder(), 900, &P).unwrap();
+        assert_eq!(
+            decide(Some(&renewed), &FP, 1_500, &P),
+            Decision::InFlight { lease_until: 1_900 }
+        );
+        assert_eq!(release(None, &c.holder(), 900), Err(Refusal::Missing));
+        let stranger = Holder {
+            fingerprint: FP,
+            token: c.token + 1,
+        };
+        assert_eq!(
+            release(Some(&renewed), &stranger, 900),
+            Err(Refusal::Fenced { current: c.token })
+        );
+        let released = release(Some(&renewed), &c.holder(), 900).unwrap();
+        // The key is free at once, and the next claim still outranks the old holder.
+        let next = claim(decide(Some(&released), &OTHER, 900, &P));
+        assert_eq!(next.replaces, Some(c.token));
+        assert!(next.token > c.token);
+    }
+
+    #[test]
+    fn tokens_survive_deletion() {
+        // A record deleted and re-created later still gets a higher token.
+        let first = claim(decide(None, &FP, 5, &P));
+        let second = claim(decide(None, &FP, 6, &P));
+        assert!(second.token > first.token);
+    }
 }

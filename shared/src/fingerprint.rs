@@ -34,14 +34,24 @@ impl Fingerprint {
         let media_type = req.content_type.map(media_type).unwrap_or_default();
         let mut essence = [0u8; 128];
         let essence = lowercase_into(media_type, &mut essence);
-        let canonical = if is_json(essence) { json::canonicalize(req.body).ok() } else { None };
+        let canonical = if is_json(essence) {
+            json::canonicalize(req.body).ok()
+        } else {
+            None
+        };
         let (body_tag, body): (&[u8], &[u8]) = match &canonical {
             Some(c) => (b"json", c),
             None => (b"raw", req.body),
         };
         Fingerprint(tagged_hash(
             b"idem/fingerprint/v1",
-            &[req.method.as_bytes(), req.path_and_query.as_bytes(), essence, body_tag, body],
+            &[
+                req.method.as_bytes(),
+                req.path_and_query.as_bytes(),
+                essence,
+                body_tag,
+                body,
+            ],
         ))
     }
 
@@ -58,7 +68,11 @@ impl fmt::Debug for Fingerprint {
 }
 
 fn media_type(content_type: &str) -> &str {
-    content_type.split(';').next().unwrap_or("").trim_matches([' ', '\t'])
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim_matches([' ', '\t'])
 }
 
 /// Lower-cases into `buf`; a media type longer than `buf` is kept as is (still exact,
@@ -82,37 +96,94 @@ mod tests {
     use super::*;
 
     fn fp(ct: Option<&str>, body: &[u8]) -> Fingerprint {
-        Fingerprint::of(&RequestParts { method: "POST", path_and_query: "/v1/charges", content_type: ct, body })
+        Fingerprint::of(&RequestParts {
+            method: "POST",
+            path_and_query: "/v1/charges",
+            content_type: ct,
+            body,
+        })
     }
 
     #[test]
     fn json_bodies_are_canonical() {
-        let a = fp(Some("application/json"), br#"{"amount":100,"currency":"usd"}"#);
-        let b = fp(Some("Application/JSON; charset=utf-8"), b"{ \"currency\": \"usd\",\n \"amount\": 100 }");
+        let a = fp(
+            Some("application/json"),
+            br#"{"amount":100,"currency":"usd"}"#,
+        );
+        let b = fp(
+            Some("Application/JSON; charset=utf-8"),
+            b"{ \"currency\": \"usd\",\n \"amount\": 100 }",
+        );
         assert_eq!(a, b);
-        assert_ne!(a, fp(Some("application/json"), br#"{"amount":101,"currency":"usd"}"#));
-        assert_eq!(fp(Some("application/problem+json"), b"[1, 2]"), fp(Some("application/problem+json"), b"[1,2]"));
+        assert_ne!(
+            a,
+            fp(
+                Some("application/json"),
+                br#"{"amount":101,"currency":"usd"}"#
+            )
+        );
+        assert_eq!(
+            fp(Some("application/problem+json"), b"[1, 2]"),
+            fp(Some("application/problem+json"), b"[1,2]")
+        );
     }
 
     #[test]
     fn other_bodies_are_exact() {
-        assert_ne!(fp(Some("text/plain"), b"{\"a\":1}"), fp(Some("text/plain"), b"{ \"a\":1}"));
+        assert_ne!(
+            fp(Some("text/plain"), b"{\"a\":1}"),
+            fp(Some("text/plain"), b"{ \"a\":1}")
+        );
         assert_ne!(fp(None, b"x"), fp(Some("text/plain"), b"x"));
         // Invalid JSON falls back to the raw bytes, and never equals a JSON body.
-        assert_ne!(fp(Some("application/json"), b"{"), fp(Some("application/json"), b"{ "));
+        assert_ne!(
+            fp(Some("application/json"), b"{"),
+            fp(Some("application/json"), b"{ ")
+        );
     }
 
     #[test]
     fn every_part_counts() {
-        let base = RequestParts { method: "POST", path_and_query: "/a?x=1", content_type: None, body: b"" };
+        let base = RequestParts {
+            method: "POST",
+            path_and_query: "/a?x=1",
+            content_type: None,
+            body: b"",
+        };
         let f = Fingerprint::of(&base);
-        assert_ne!(f, Fingerprint::of(&RequestParts { method: "PATCH", ..base }));
-        assert_ne!(f, Fingerprint::of(&RequestParts { path_and_query: "/a?x=2", ..base }));
-        assert_ne!(f, Fingerprint::of(&RequestParts { body: b"\0", ..base }));
+        assert_ne!(
+            f,
+            Fingerprint::of(&RequestParts {
+                method: "PATCH",
+                ..base
+            })
+        );
+        assert_ne!(
+            f,
+            Fingerprint::of(&RequestParts {
+                path_and_query: "/a?x=2",
+                ..base
+            })
+        );
+        assert_ne!(
+            f,
+            Fingerprint::of(&RequestParts {
+                body: b"\0",
+                ..base
+            })
+        );
         // Length prefixes: moving bytes between fields changes the fingerprint.
         assert_ne!(
-            Fingerprint::of(&RequestParts { method: "POST/", path_and_query: "a", ..base }),
-            Fingerprint::of(&RequestParts { method: "POST", path_and_query: "/a", ..base }),
+            Fingerprint::of(&RequestParts {
+                method: "POST/",
+                path_and_query: "a",
+                ..base
+            }),
+            Fingerprint::of(&RequestParts {
+                method: "POST",
+                path_and_query: "/a",
+                ..base
+            }),
         );
     }
 }

@@ -338,25 +338,54 @@ mod tests {
 
     #[test]
     fn sorts_keys_and_drops_whitespace() {
-        assert_eq!(canon(" { \"b\" : 1 ,\n\"a\":[ true,false , null ] } "), r#"{"a":[true,false,null],"b":1}"#);
-        assert_eq!(canon(r#"{"z":{"y":1,"x":2},"a":{}}"#), r#"{"a":{},"z":{"x":2,"y":1}}"#);
+        assert_eq!(
+            canon(" { \"b\" : 1 ,\n\"a\":[ true,false , null ] } "),
+            r#"{"a":[true,false,null],"b":1}"#
+        );
+        assert_eq!(
+            canon(r#"{"z":{"y":1,"x":2},"a":{}}"#),
+            r#"{"a":{},"z":{"x":2,"y":1}}"#
+        );
         assert_eq!(canon("[]"), "[]");
     }
 
     #[test]
     fn normalises_string_escapes_but_keeps_numbers() {
         assert_eq!(canon(r#""\u00e9\/\u0041\ud83d\ude00""#), "\"é/A😀\"");
-        assert_eq!(canon(r#""tab\u0009 nl\n ctl\u0001""#), r#""tab\t nl\n ctl\u0001""#);
-        assert_eq!(canon("[1, 1.0, -0, 1e5, 1E+5, 2.5e-3]"), "[1,1.0,-0,1e5,1E+5,2.5e-3]");
+        assert_eq!(
+            canon(r#""tab\u0009 nl\n ctl\u0001""#),
+            r#""tab\t nl\n ctl\u0001""#
+        );
+        assert_eq!(
+            canon("[1, 1.0, -0, 1e5, 1E+5, 2.5e-3]"),
+            "[1,1.0,-0,1e5,1E+5,2.5e-3]"
+        );
     }
 
     #[test]
     fn rejects_invalid_json() {
         for bad in [
-            "", "{", "{\"a\" 1}", "[1,]", "01", "1.", "-", "tru", "\"\\x\"", "\"\\ud800\"",
-            "{\"a\":1,\"a\":2}", "\"raw\u{1}ctl\"", "1 2", "{a:1}", "+1", ".5",
+            "",
+            "{",
+            "{\"a\" 1}",
+            "[1,]",
+            "01",
+            "1.",
+            "-",
+            "tru",
+            "\"\\x\"",
+            "\"\\ud800\"",
+            "{\"a\":1,\"a\":2}",
+            "\"raw\u{1}ctl\"",
+            "1 2",
+            "{a:1}",
+            "+1",
+            ".5",
         ] {
-            assert!(canonicalize(bad.as_bytes()).is_err(), "{bad:?} should be rejected");
+            assert!(
+                canonicalize(bad.as_bytes()).is_err(),
+                "{bad:?} should be rejected"
+            );
         }
         assert!(canonicalize(b"\"\xff\"").is_err());
         let deep = "[".repeat(MAX_DEPTH + 1) + &"]".repeat(MAX_DEPTH + 1);

@@ -156,7 +156,10 @@ mod tests {
     use super::*;
 
     fn ok(raw: &str) -> String {
-        IdempotencyKey::parse(raw.as_bytes()).unwrap().as_str().into()
+        IdempotencyKey::parse(raw.as_bytes())
+            .unwrap()
+            .as_str()
+            .into()
     }
     fn err(raw: &[u8]) -> KeyError {
         IdempotencyKey::parse(raw).unwrap_err()
@@ -164,12 +167,18 @@ mod tests {
 
     #[test]
     fn accepts_sf_strings_and_bare_tokens() {
-        assert_eq!(ok("\"8e03978e-40d5-43e8-bc93-6894a57f9324\""), "8e03978e-40d5-43e8-bc93-6894a57f9324");
+        assert_eq!(
+            ok("\"8e03978e-40d5-43e8-bc93-6894a57f9324\""),
+            "8e03978e-40d5-43e8-bc93-6894a57f9324"
+        );
         assert_eq!(ok("abc-123_X.y:z/+="), "abc-123_X.y:z/+=");
         assert_eq!(ok("  \"with space\"\t"), "with space");
         assert_eq!(ok(r#""esc \"q\" \\ b""#), r#"esc "q" \ b"#);
         assert_eq!(ok(&"k".repeat(255)), "k".repeat(255));
-        assert_eq!(ok(&alloc::format!("\"{}\"", "k".repeat(255))), "k".repeat(255));
+        assert_eq!(
+            ok(&alloc::format!("\"{}\"", "k".repeat(255))),
+            "k".repeat(255)
+        );
     }
 
     #[test]
@@ -178,7 +187,10 @@ mod tests {
         assert_eq!(err(b"   "), KeyError::Empty);
         assert_eq!(err(b"\"\""), KeyError::Empty);
         assert_eq!(err("k".repeat(256).as_bytes()), KeyError::TooLong);
-        assert_eq!(err(alloc::format!("\"{}\"", "k".repeat(256)).as_bytes()), KeyError::TooLong);
+        assert_eq!(
+            err(alloc::format!("\"{}\"", "k".repeat(256)).as_bytes()),
+            KeyError::TooLong
+        );
         assert_eq!(err("caf\u{e9}".as_bytes()), KeyError::InvalidCharacter);
         assert_eq!(err(b"a\x01b"), KeyError::InvalidCharacter);
         assert_eq!(err(b"\"a\x7fb\""), KeyError::InvalidCharacter);

@@ -48,7 +48,9 @@ impl Record {
     /// The fingerprint of the request this record belongs to.
     pub fn fingerprint(&self) -> &Fingerprint {
         match self {
-            Record::InProgress { fingerprint, .. } | Record::Completed { fingerprint, .. } => fingerprint,
+            Record::InProgress { fingerprint, .. } | Record::Completed { fingerprint, .. } => {
+                fingerprint
+            }
         }
     }
 
@@ -59,11 +61,17 @@ impl Record {
         }
     }
 
-    /// When the store may delete the record (an in-progress record is never deleted
-    /// while its lease runs).
+    /// When the record stops counting: from this instant on, [`crate::decide`] treats
+    /// the key as free. Stores delete a record only once this instant is strictly in
+    /// the past, so a claim in the same millisecond still sees its token. An in-progress
+    /// record never expires while its lease runs.
     pub fn expires_at(&self) -> Millis {
         match self {
-            Record::InProgress { lease_until, expires_at, .. } => (*expires_at).max(*lease_until),
+            Record::InProgress {
+                lease_until,
+                expires_at,
+                ..
+            } => (*expires_at).max(*lease_until),
             Record::Completed { expires_at, .. } => *expires_at,
         }
     }
@@ -126,11 +134,19 @@ impl Record {
         out.extend_from_slice(&self.fingerprint().0);
         out.extend_from_slice(&self.token().to_be_bytes());
         match self {
-            Record::InProgress { lease_until, expires_at, .. } => {
+            Record::InProgress {
+                lease_until,
+                expires_at,
+                ..
+            } => {
                 out.extend_from_slice(&lease_until.to_be_bytes());
                 out.extend_from_slice(&expires_at.to_be_bytes());
             }
-            Record::Completed { response, expires_at, .. } => {
+            Record::Completed {
+                response,
+                expires_at,
+                ..
+            } => {
                 out.reserve(response.body.len() + 16);
                 out.extend_from_slice(&expires_at.to_be_bytes());
                 out.extend_from_slice(&response.status.to_be_bytes());
@@ -168,7 +184,12 @@ impl Record {
             STATE_IN_PROGRESS => {
                 let lease_until = r.u64()?;
                 let expires_at = r.u64()?;
-                Record::InProgress { fingerprint, token, lease_until, expires_at }
+                Record::InProgress {
+                    fingerprint,
+                    token,
+                    lease_until,
+                    expires_at,
+                }
             }
             STATE_COMPLETED => {
                 let expires_at = r.u64()?;
@@ -177,13 +198,23 @@ impl Record {
                 let mut headers = Vec::with_capacity(n.min(64));
                 for _ in 0..n {
                     let name_len = r.u16()? as usize;
-                    let name = core::str::from_utf8(r.take(name_len)?).map_err(|_| DecodeError::BadHeaderName)?;
+                    let name = core::str::from_utf8(r.take(name_len)?)
+                        .map_err(|_| DecodeError::BadHeaderName)?;
                     let value_len = r.u32()? as usize;
                     headers.push((String::from(name), r.take(value_len)?.to_vec()));
                 }
                 let body_len = r.u32()? as usize;
                 let body = r.take(body_len)?.to_vec();
-                Record::Completed { fingerprint, token, response: StoredResponse { status, headers, body }, expires_at }
+                Record::Completed {
+                    fingerprint,
+                    token,
+                    response: StoredResponse {
+                        status,
+                        headers,
+                        body,
+                    },
+                    expires_at,
+                }
             }
             other => return Err(DecodeError::UnknownState(other)),
         };
@@ -209,13 +240,25 @@ impl<'a> Reader<'a> {
         Ok(self.take(1)?[0])
     }
     fn u16(&mut self) -> Result<u16, DecodeError> {
-        Ok(u16::from_be_bytes(self.take(2)?.try_into().map_err(|_| DecodeError::Truncated)?))
+        Ok(u16::from_be_bytes(
+            self.take(2)?
+                .try_into()
+                .map_err(|_| DecodeError::Truncated)?,
+        ))
     }
     fn u32(&mut self) -> Result<u32, DecodeError> {
-        Ok(u32::from_be_bytes(self.take(4)?.try_into().map_err(|_| DecodeError::Truncated)?))
+        Ok(u32::from_be_bytes(
+            self.take(4)?
+                .try_into()
+                .map_err(|_| DecodeError::Truncated)?,
+        ))
     }
     fn u64(&mut self) -> Result<u64, DecodeError> {
-        Ok(u64::from_be_bytes(self.take(8)?.try_into().map_err(|_| DecodeError::Truncated)?))
+        Ok(u64::from_be_bytes(
+            self.take(8)?
+                .try_into()
+                .map_err(|_| DecodeError::Truncated)?,
+        ))
     }
 }
 
@@ -231,7 +274,10 @@ mod tests {
             token: 42,
             response: StoredResponse {
                 status: 201,
-                headers: vec![("content-type".into(), b"application/json".to_vec()), ("location".into(), b"/v1/charges/ch_1".to_vec())],
+                headers: vec![
+                    ("content-type".into(), b"application/json".to_vec()),
+                    ("location".into(), b"/v1/charges/ch_1".to_vec()),
+                ],
                 body: br#"{"id":"ch_1"}"#.to_vec(),
             },
             expires_at: 1_700_000_000_000,
@@ -240,7 +286,12 @@ mod tests {
 
     #[test]
     fn round_trips() {
-        let ip = Record::InProgress { fingerprint: Fingerprint([1; 32]), token: 9, lease_until: 5, expires_at: 6 };
+        let ip = Record::InProgress {
+            fingerprint: Fingerprint([1; 32]),
+            token: 9,
+            lease_until: 5,
+            expires_at: 6,
+        };
         assert_eq!(Record::decode(&ip.encode()), Ok(ip));
         assert_eq!(Record::decode(&completed().encode()), Ok(completed()));
     }

@@ -43,7 +43,10 @@ pub struct RecordKey(String);
 impl RecordKey {
     /// The record key of `key` in `scope`.
     pub fn new(scope: &Scope, key: &IdempotencyKey) -> Self {
-        let digest = tagged_hash(b"idem/record/v1", &[scope.as_bytes(), key.as_str().as_bytes()]);
+        let digest = tagged_hash(
+            b"idem/record/v1",
+            &[scope.as_bytes(), key.as_str().as_bytes()],
+        );
         RecordKey(crate::hex(&digest))
     }
 
@@ -88,9 +91,15 @@ mod tests {
         let anon = RecordKey::new(&Scope::anonymous(), &k);
         assert_ne!(a, b);
         assert_ne!(a, anon);
-        assert_eq!(a, RecordKey::new(&Scope::from_credential(b"alice"), &key("\"k1\"")));
+        assert_eq!(
+            a,
+            RecordKey::new(&Scope::from_credential(b"alice"), &key("\"k1\""))
+        );
         // A tenant named like a credential is still a different scope.
-        assert_ne!(Scope::from_tenant("alice"), Scope::from_credential(b"alice"));
+        assert_ne!(
+            Scope::from_tenant("alice"),
+            Scope::from_credential(b"alice")
+        );
     }
 
     #[test]
