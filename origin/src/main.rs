@@ -1,1 +1,86 @@
-fn main() {}
+//! `idem-origin`: serve the demo charges API behind the idempotency layer.
+
+use clap::Parser;
+use idem_origin::config::{Config, LogFormat, StoreKind};
+use std::process::ExitCode;
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let config = Config::parse();
+    init_tracing(config.log_format);
+    if let Err(e) = config.validate() {
+        eprintln!("idem-origin: error: {e}");
+        return ExitCode::from(2);
+    }
+    if config.store == StoreKind::Memory {
+        tracing::warn!(
+            "store = memory: records live in this process only — NOT durable, NOT shared between \
+             replicas; a restart forgets every key. Use --store postgres in production."
+        );
+    }
+    let origin = match idem_origin::app::build(&config).await {
+        Ok(origin) => origin,
+        Err(e) => {
+            eprintln!("idem-origin: error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let listener = match tokio::net::TcpListener::bind(config.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!(
+                "idem-origin: error: cannot listen on {}: {e}",
+                config.listen
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let sweeper = idem_origin::app::spawn_sweeper(origin.store.clone(), config.sweep_interval);
+    tracing::info!(listen = %config.listen, store = origin.store.name(), "idem-origin listening");
+    let served = axum::serve(listener, origin.router)
+        .with_graceful_shutdown(shutdown_signal())
+        .await;
+    sweeper.abort();
+    match served {
+        Ok(()) => {
+            tracing::info!("shut down cleanly");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("idem-origin: error: server failed: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Resolves on SIGTERM or Ctrl-C; in-flight requests then finish before exit.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    tracing::info!("shutdown signal received; finishing in-flight requests");
+}

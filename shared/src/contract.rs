@@ -105,11 +105,15 @@ pub enum Problem {
     Mismatch,
     /// 503: the idempotency store is unreachable; the handler did not run.
     StoreUnavailable,
+    /// 500: the handler panicked. Execution began, so this answer is stored.
+    HandlerPanicked,
+    /// 502: the handler's response broke off mid-body. Nothing is stored; the key is released.
+    HandlerFailed,
 }
 
 impl Problem {
     /// All problems, for documentation and tests.
-    pub const ALL: [Problem; 7] = [
+    pub const ALL: [Problem; 9] = [
         Problem::KeyMissing,
         Problem::KeyMalformed,
         Problem::BodyTooLarge,
@@ -117,6 +121,8 @@ impl Problem {
         Problem::InFlight,
         Problem::Mismatch,
         Problem::StoreUnavailable,
+        Problem::HandlerPanicked,
+        Problem::HandlerFailed,
     ];
 
     /// The HTTP status.
@@ -127,6 +133,8 @@ impl Problem {
             Problem::InFlight => 409,
             Problem::Mismatch => 422,
             Problem::StoreUnavailable => 503,
+            Problem::HandlerPanicked => 500,
+            Problem::HandlerFailed => 502,
         }
     }
 
@@ -140,6 +148,8 @@ impl Problem {
             Problem::InFlight => "urn:idem:problem:request-in-flight",
             Problem::Mismatch => "urn:idem:problem:idempotency-key-reused",
             Problem::StoreUnavailable => "urn:idem:problem:store-unavailable",
+            Problem::HandlerPanicked => "urn:idem:problem:handler-panicked",
+            Problem::HandlerFailed => "urn:idem:problem:handler-failed",
         }
     }
 
@@ -153,6 +163,8 @@ impl Problem {
             Problem::InFlight => "A request with this Idempotency-Key is still being processed",
             Problem::Mismatch => "Idempotency-Key reused with a different request",
             Problem::StoreUnavailable => "Idempotency store unavailable",
+            Problem::HandlerPanicked => "The request handler failed",
+            Problem::HandlerFailed => "The request handler's response broke off",
         }
     }
 

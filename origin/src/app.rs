@@ -1,0 +1,168 @@
+//! Wiring: the stores, the layer, the demo routes, health and metrics.
+
+use crate::charges::{self, Ledger, MemoryLedger, PgLedger};
+use crate::config::{Config, StoreKind};
+use crate::idempotency::IdempotencyLayer;
+use crate::store::{postgres::PgOptions, MemoryStore, PostgresStore, Store};
+use axum::extract::State;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use http::{header, StatusCode};
+use metrics_exporter_prometheus::PrometheusHandle;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A built origin: its router and what it runs on.
+pub struct Origin {
+    /// The whole HTTP surface.
+    pub router: Router,
+    /// The record store.
+    pub store: Arc<dyn Store>,
+    /// The demo ledger.
+    pub ledger: Arc<dyn Ledger>,
+}
+
+/// Connects the configured stores and builds the router.
+pub async fn build(config: &Config) -> Result<Origin, String> {
+    config.validate()?;
+    let (store, ledger): (Arc<dyn Store>, Arc<dyn Ledger>) = match config.store {
+        StoreKind::Memory => (
+            Arc::new(MemoryStore::new()),
+            Arc::new(MemoryLedger::default()),
+        ),
+        StoreKind::Postgres => {
+            let url = config.database_url.as_deref().unwrap_or_default();
+            let options = PgOptions {
+                strategy: config.pg_strategy,
+                pool_size: config.pg_pool_size,
+                timeout: config.store_timeout,
+                naive_window: config.naive_window,
+            };
+            let store = PostgresStore::connect(url, options)
+                .await
+                .map_err(|e| format!("cannot use the Postgres store at {}: {e}", redact(url)))?;
+            let ledger = PgLedger::new(store.pool().clone())
+                .await
+                .map_err(|e| format!("cannot create the charges table: {e}"))?;
+            (Arc::new(store), Arc::new(ledger))
+        }
+    };
+    let layer = layer(config, store.clone());
+    Ok(Origin {
+        router: router(layer, store.clone(), ledger.clone()),
+        store,
+        ledger,
+    })
+}
+
+/// The idempotency layer as configured.
+pub fn layer(config: &Config, store: Arc<dyn Store>) -> IdempotencyLayer {
+    IdempotencyLayer::new(store)
+        .require_key_on(["/v1/charges"])
+        .ttl(config.ttl)
+        .lease(config.lease)
+        .max_wait(config.max_wait)
+        .max_body_bytes(config.max_body_bytes)
+}
+
+#[derive(Clone)]
+struct Health {
+    store: Arc<dyn Store>,
+    ledger: Arc<dyn Ledger>,
+    metrics: PrometheusHandle,
+}
+
+/// The demo API behind `layer`, plus `/healthz`, `/readyz` and `/metrics`.
+pub fn router(layer: IdempotencyLayer, store: Arc<dyn Store>, ledger: Arc<dyn Ledger>) -> Router {
+    let health = Health {
+        store,
+        ledger: ledger.clone(),
+        metrics: crate::metrics::install(),
+    };
+    let ops = Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(health);
+    charges::routes(ledger)
+        .layer(layer)
+        .merge(ops)
+        .fallback(|| async {
+            charges::demo_problem(
+                StatusCode::NOT_FOUND,
+                "not-found",
+                "Not found",
+                "no such route",
+            )
+        })
+}
+
+async fn readyz(State(h): State<Health>) -> impl IntoResponse {
+    let store = h.store.ping().await.map_err(|e| e.to_string());
+    let ledger = h.ledger.ping().await.map_err(|e| e.to_string());
+    let ready = store.is_ok() && ledger.is_ok();
+    let body = serde_json::json!({
+        "ready": ready,
+        "store": { "name": h.store.name(), "ok": store.is_ok(), "error": store.err() },
+        "ledger": { "ok": ledger.is_ok(), "error": ledger.err() },
+    });
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+}
+
+async fn metrics(State(h): State<Health>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        h.metrics.render(),
+    )
+}
+
+/// Deletes expired records every `interval`, in batches, until the process ends.
+pub fn spawn_sweeper(store: Arc<dyn Store>, interval: Duration) -> tokio::task::JoinHandle<()> {
+    const BATCH: usize = 1_000;
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(interval).await;
+            loop {
+                let swept =
+                    crate::metrics::timed(store.name(), "sweep", store.sweep(crate::now(), BATCH))
+                        .await;
+                match swept {
+                    Ok(n) => {
+                        crate::metrics::swept(n);
+                        if n < BATCH as u64 {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "sweep failed; will retry");
+                        break;
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// The URL without its password, for messages.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let userinfo = &url[scheme_end + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}

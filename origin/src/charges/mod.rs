@@ -1,0 +1,273 @@
+//! The demo business API: charges that a double execution makes countable.
+//!
+//! * `POST /v1/charges` — `{"amount": int > 0, "currency": "abc", "customer": "id",
+//!   "simulate_latency_ms": 0..=10000}` → `201` with the charge. Invalid bodies get a
+//!   `400` problem with `Cache-Control: no-store`, so the key stays free.
+//! * `GET /v1/charges?customer=<id>` → `{"data": [...]}`.
+//!
+//! The ledger has no unique constraint on the idempotency key on purpose: a duplicate
+//! execution shows up as a second row.
+
+mod ledger;
+
+pub use ledger::{Ledger, LedgerError, MemoryLedger, PgLedger};
+
+use crate::idempotency::IdempotencyContext;
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::routing::post;
+use axum::{Extension, Router};
+use http::{header, HeaderValue, Response, StatusCode};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// One charge.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Charge {
+    /// `ch_` and 24 hex digits.
+    pub id: String,
+    /// In the currency's minor unit.
+    pub amount: i64,
+    /// Three lower-case letters.
+    pub currency: String,
+    /// The customer charged.
+    pub customer: String,
+    /// Unix seconds.
+    pub created: i64,
+}
+
+/// The longest `simulate_latency_ms` accepted.
+pub const MAX_SIMULATED_LATENCY_MS: u64 = 10_000;
+
+/// The charges routes over `ledger`.
+pub fn routes(ledger: Arc<dyn Ledger>) -> Router {
+    Router::new()
+        .route("/v1/charges", post(create).get(list))
+        .with_state(ledger)
+}
+
+/// A validated charge request.
+#[derive(Debug, PartialEq, Eq)]
+pub struct NewCharge {
+    amount: i64,
+    currency: String,
+    customer: String,
+    latency: Duration,
+}
+
+/// Validates a `POST /v1/charges` body; the error is a message for the client.
+pub fn validate(body: &[u8]) -> Result<NewCharge, String> {
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| format!("the body is not valid JSON: {e}"))?;
+    let Value::Object(mut obj) = value else {
+        return Err("the body must be a JSON object".into());
+    };
+    let amount = match take(&mut obj, "amount")? {
+        Value::Number(n) => n.as_i64().filter(|&a| a > 0),
+        _ => None,
+    }
+    .ok_or("amount must be a positive integer (in the currency's minor unit)")?;
+    let currency = match take(&mut obj, "currency")? {
+        Value::String(c) if c.len() == 3 && c.bytes().all(|b| b.is_ascii_alphabetic()) => {
+            c.to_ascii_lowercase()
+        }
+        _ => return Err("currency must be a three-letter ISO 4217 code, e.g. \"usd\"".into()),
+    };
+    let customer = match take(&mut obj, "customer")? {
+        Value::String(c) if !c.trim().is_empty() && c.len() <= 255 => c,
+        _ => return Err("customer must be a non-empty string of at most 255 bytes".into()),
+    };
+    let latency = match obj.remove("simulate_latency_ms") {
+        None | Some(Value::Null) => 0,
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .filter(|&ms| ms <= MAX_SIMULATED_LATENCY_MS)
+            .ok_or("simulate_latency_ms must be an integer from 0 to 10000")?,
+        Some(_) => return Err("simulate_latency_ms must be an integer from 0 to 10000".into()),
+    };
+    if let Some(unknown) = obj.keys().next() {
+        return Err(format!("unknown field {unknown:?}"));
+    }
+    Ok(NewCharge {
+        amount,
+        currency,
+        customer,
+        latency: Duration::from_millis(latency),
+    })
+}
+
+fn take(obj: &mut Map<String, Value>, field: &str) -> Result<Value, String> {
+    obj.remove(field)
+        .ok_or_else(|| format!("{field} is required"))
+}
+
+async fn create(
+    State(ledger): State<Arc<dyn Ledger>>,
+    context: Option<Extension<IdempotencyContext>>,
+    body: Bytes,
+) -> Response<Body> {
+    let new = match validate(&body) {
+        Ok(new) => new,
+        // no-store: the request was rejected before anything happened, so the key
+        // stays free for the corrected retry.
+        Err(detail) => {
+            return demo_problem(
+                StatusCode::BAD_REQUEST,
+                "invalid-charge",
+                "Invalid charge request",
+                &detail,
+            )
+        }
+    };
+    tokio::time::sleep(new.latency).await;
+    let charge = Charge {
+        id: new_charge_id(),
+        amount: new.amount,
+        currency: new.currency,
+        customer: new.customer,
+        created: i64::try_from(crate::now() / 1000).unwrap_or(i64::MAX),
+    };
+    let key = context.as_ref().map(|Extension(c)| c.key.as_str());
+    match ledger.insert(&charge, key).await {
+        Ok(()) => {
+            let mut res = json_response(StatusCode::CREATED, &json!(charge));
+            if let Ok(location) = HeaderValue::from_str(&format!("/v1/charges/{}", charge.id)) {
+                res.headers_mut().insert(header::LOCATION, location);
+            }
+            res
+        }
+        // Nothing was charged: 503 releases the key, so the retry may charge.
+        Err(e) => {
+            tracing::error!(error = %e, "ledger unavailable");
+            demo_problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ledger-unavailable",
+                "Ledger unavailable",
+                "the charge was not made; retry",
+            )
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct ListQuery {
+    customer: Option<String>,
+}
+
+async fn list(State(ledger): State<Arc<dyn Ledger>>, Query(q): Query<ListQuery>) -> Response<Body> {
+    let Some(customer) = q.customer.filter(|c| !c.is_empty()) else {
+        return demo_problem(
+            StatusCode::BAD_REQUEST,
+            "missing-customer",
+            "customer is required",
+            "use GET /v1/charges?customer=<id>",
+        );
+    };
+    match ledger.list(&customer).await {
+        Ok(data) => json_response(StatusCode::OK, &json!({ "data": data })),
+        Err(e) => {
+            tracing::error!(error = %e, "ledger unavailable");
+            demo_problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ledger-unavailable",
+                "Ledger unavailable",
+                "retry later",
+            )
+        }
+    }
+}
+
+fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
+    let mut res = Response::new(Body::from(value.to_string()));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    res
+}
+
+/// A problem+json answer of the demo API, marked `no-store`.
+pub fn demo_problem(status: StatusCode, slug: &str, title: &str, detail: &str) -> Response<Body> {
+    let body = json!({ "type": format!("urn:idem:demo:problem:{slug}"), "title": title, "status": status.as_u16(), "detail": detail });
+    let mut res = json_response(status, &body);
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    res
+}
+
+fn new_charge_id() -> String {
+    use sha2::{Digest, Sha256};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let mut h = Sha256::new();
+    h.update(nanos.to_be_bytes());
+    h.update(std::process::id().to_be_bytes());
+    h.update(COUNTER.fetch_add(1, Ordering::Relaxed).to_be_bytes());
+    format!("ch_{}", idem_core::hex(&h.finalize()[..12]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validates_charges() {
+        let ok =
+            validate(br#"{"amount":100,"currency":"USD","customer":"c1","simulate_latency_ms":5}"#)
+                .unwrap();
+        assert_eq!(
+            ok,
+            NewCharge {
+                amount: 100,
+                currency: "usd".into(),
+                customer: "c1".into(),
+                latency: Duration::from_millis(5)
+            }
+        );
+        for (body, needle) in [
+            (&b"not json"[..], "not valid JSON"),
+            (b"[]", "JSON object"),
+            (
+                br#"{"currency":"usd","customer":"c"}"#,
+                "amount is required",
+            ),
+            (
+                br#"{"amount":0,"currency":"usd","customer":"c"}"#,
+                "positive integer",
+            ),
+            (
+                br#"{"amount":1.5,"currency":"usd","customer":"c"}"#,
+                "positive integer",
+            ),
+            (
+                br#"{"amount":1,"currency":"usdd","customer":"c"}"#,
+                "three-letter",
+            ),
+            (
+                br#"{"amount":1,"currency":"usd","customer":""}"#,
+                "customer",
+            ),
+            (
+                br#"{"amount":1,"currency":"usd","customer":"c","simulate_latency_ms":10001}"#,
+                "0 to 10000",
+            ),
+            (
+                br#"{"amount":1,"currency":"usd","customer":"c","extra":1}"#,
+                "unknown field",
+            ),
+        ] {
+            let err = validate(body).unwrap_err();
+            assert!(err.contains(needle), "{err:?} should mention {needle:?}");
+        }
+    }
+}

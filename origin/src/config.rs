@@ -1,0 +1,166 @@
+//! The command line of `idem-origin`: every flag has an environment fallback.
+
+use crate::store::PgStrategy;
+use clap::{Parser, ValueEnum};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Which record store to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StoreKind {
+    /// In-process map: zero set-up, not durable, not shared between processes.
+    Memory,
+    /// Postgres: durable and shared; needs --database-url.
+    Postgres,
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// idem-origin: the idempotency layer in front of the demo charges API.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "idem-origin", version, about, long_about = None)]
+pub struct Config {
+    /// Address to listen on.
+    #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// Record store.
+    #[arg(long, env = "IDEM_STORE", value_enum, default_value_t = StoreKind::Memory)]
+    pub store: StoreKind,
+
+    /// Postgres URL, e.g. postgres://user@127.0.0.1:5432/idem (required with --store postgres;
+    /// also holds the demo's charges).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// How the Postgres store claims a key (`naive` is unsafe, for race tests only).
+    #[arg(long, env = "IDEM_PG_STRATEGY", value_enum, default_value_t = PgStrategy::OnConflict)]
+    pub pg_strategy: PgStrategy,
+
+    /// Postgres connection pool size.
+    #[arg(long, env = "IDEM_PG_POOL_SIZE", default_value_t = 16)]
+    pub pg_pool_size: usize,
+
+    /// How long a completed response is replayed (e.g. 24h, 90m, 30s).
+    #[arg(long, env = "IDEM_TTL", default_value = "24h", value_parser = parse_duration)]
+    pub ttl: Duration,
+
+    /// How long a claim survives without a heartbeat before a retry may take over.
+    #[arg(long, env = "IDEM_LEASE", default_value = "30s", value_parser = parse_duration)]
+    pub lease: Duration,
+
+    /// Upper bound on `Prefer: wait=N`.
+    #[arg(long, env = "IDEM_MAX_WAIT", default_value = "10s", value_parser = parse_duration)]
+    pub max_wait: Duration,
+
+    /// Largest accepted request body on guarded requests, in bytes.
+    #[arg(long, env = "IDEM_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Bound on connecting to and on each operation of the store.
+    #[arg(long, env = "IDEM_STORE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub store_timeout: Duration,
+
+    /// How often expired records are deleted (in batches).
+    #[arg(long, env = "IDEM_SWEEP_INTERVAL", default_value = "60s", value_parser = parse_duration)]
+    pub sweep_interval: Duration,
+
+    /// `naive` strategy only: pause between its SELECT and its INSERT.
+    #[arg(long, env = "IDEM_NAIVE_WINDOW", default_value = "20ms", value_parser = parse_duration)]
+    pub naive_window: Duration,
+
+    /// Log format.
+    #[arg(long, env = "IDEM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+impl Config {
+    /// Checks the combinations clap can't; the message names the flag to fix.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.store == StoreKind::Postgres
+            && self.database_url.as_deref().is_none_or(str::is_empty)
+        {
+            return Err("--store postgres needs --database-url (or DATABASE_URL), e.g. postgres://postgres@127.0.0.1:5432/idem".into());
+        }
+        if self.lease.is_zero() {
+            return Err("--lease must be greater than zero".into());
+        }
+        if self.ttl < self.lease {
+            return Err(format!(
+                "--ttl ({:?}) must be at least --lease ({:?})",
+                self.ttl, self.lease
+            ));
+        }
+        if self.pg_pool_size == 0 {
+            return Err("--pg-pool-size must be at least 1".into());
+        }
+        if self.max_body_bytes == 0 {
+            return Err("--max-body-bytes must be at least 1".into());
+        }
+        if self.store_timeout.is_zero() || self.sweep_interval.is_zero() {
+            return Err("--store-timeout and --sweep-interval must be greater than zero".into());
+        }
+        Ok(())
+    }
+}
+
+/// Parses `500ms`, `30s`, `5m`, `24h`, `7d`, or a bare number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (digits, unit) = s.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration: use e.g. 500ms, 30s, 5m, 24h, 7d"))?;
+    let ms_per = match unit.trim() {
+        "ms" => 1,
+        "" | "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        other => {
+            return Err(format!(
+                "unknown duration unit {other:?}: use ms, s, m, h or d"
+            ))
+        }
+    };
+    n.checked_mul(ms_per)
+        .map(Duration::from_millis)
+        .ok_or_else(|| format!("{s:?} is too long"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("24h"), Ok(Duration::from_secs(86_400)));
+        assert!(parse_duration("").is_err());
+        assert!(parse_duration("5 weeks").is_err());
+        assert!(parse_duration("-1s").is_err());
+        assert!(parse_duration("99999999999999999d").is_err());
+    }
+
+    #[test]
+    fn rejects_bad_combinations() {
+        let base = Config::try_parse_from(["idem-origin"]).unwrap();
+        assert_eq!(base.validate(), Ok(()));
+        let pg = Config::try_parse_from(["idem-origin", "--store", "postgres"]).unwrap();
+        assert!(pg.validate().unwrap_err().contains("--database-url"));
+        let short =
+            Config::try_parse_from(["idem-origin", "--ttl", "1s", "--lease", "30s"]).unwrap();
+        assert!(short.validate().unwrap_err().contains("--ttl"));
+        assert!(Config::try_parse_from(["idem-origin", "--store", "cassandra"]).is_err());
+        assert!(Config::try_parse_from(["idem-origin", "--listen", "nowhere"]).is_err());
+    }
+}

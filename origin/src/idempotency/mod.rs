@@ -1,0 +1,187 @@
+//! The idempotency middleware: [`IdempotencyLayer`] and [`IdempotencyService`].
+//!
+//! Guarded requests (POST and PATCH by default) that carry an `Idempotency-Key` run
+//! their handler at most once per (scope, key, TTL): concurrent retries get `409` (or
+//! wait, with `Prefer: wait=N`), later retries get the stored response with
+//! `Idempotent-Replayed: true`, and a reused key with a different request gets `422`.
+//! Every other request passes through untouched.
+//!
+//! ```
+//! use axum::{routing::post, Router};
+//! use idem_origin::idempotency::IdempotencyLayer;
+//! use idem_origin::store::MemoryStore;
+//! use std::{sync::Arc, time::Duration};
+//!
+//! let idempotency = IdempotencyLayer::new(Arc::new(MemoryStore::new()))
+//!     .require_key_on(["/v1/charges"])
+//!     .ttl(Duration::from_secs(24 * 60 * 60))
+//!     .lease(Duration::from_secs(30))
+//!     .max_wait(Duration::from_secs(10))
+//!     .max_body_bytes(256 * 1024);
+//!
+//! let app: Router = Router::new()
+//!     .route("/v1/charges", post(|| async { "charged once" }))
+//!     .layer(idempotency);
+//! ```
+//!
+//! The handler runs in its own task: a client that disconnects mid-request doesn't
+//! cancel it, and its answer is still stored for the retry. While it runs, the claim's
+//! lease is renewed; if the process dies, the lease runs out and the next retry takes
+//! over under a higher fencing token, and the dead holder's late writes are refused.
+//! The handler can read that token from the [`IdempotencyContext`] request extension to
+//! fence its own side effects.
+
+mod response;
+mod service;
+
+pub use service::IdempotencyService;
+
+use crate::store::Store;
+use http::{request::Parts, HeaderName, Method};
+use idem_core::{contract, IdempotencyKey, Policy, RecordKey, Scope};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the handler of an executing request can learn about its claim (a request
+/// extension).
+#[derive(Clone, Debug)]
+pub struct IdempotencyContext {
+    /// The request's key.
+    pub key: IdempotencyKey,
+    /// Where its record lives.
+    pub record_key: RecordKey,
+    /// The fencing token of this execution. Higher than that of any earlier holder.
+    pub token: u64,
+    /// Whether this execution took over from a holder whose lease expired.
+    pub took_over: bool,
+}
+
+type ScopeFn = dyn Fn(&Parts) -> Scope + Send + Sync;
+type RequireFn = dyn Fn(&Parts) -> bool + Send + Sync;
+
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) key_required: Arc<RequireFn>,
+    pub(crate) policy: Policy,
+    pub(crate) max_wait: Duration,
+    pub(crate) scope: Arc<ScopeFn>,
+    pub(crate) cached_headers: Vec<HeaderName>,
+    pub(crate) max_body_bytes: usize,
+}
+
+/// A tower layer that makes guarded requests idempotent. See the [module docs](self).
+#[derive(Clone)]
+pub struct IdempotencyLayer {
+    config: Arc<Config>,
+}
+
+impl IdempotencyLayer {
+    /// A layer over `store` with the defaults: POST and PATCH guarded, key optional,
+    /// 24 h TTL, 30 s lease, `Prefer: wait` capped at 10 s, scope from the bearer
+    /// token, 1 MiB body limit, and [`contract::DEFAULT_CACHED_HEADERS`] replayed.
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        IdempotencyLayer {
+            config: Arc::new(Config {
+                store,
+                methods: vec![Method::POST, Method::PATCH],
+                key_required: Arc::new(|_| false),
+                policy: Policy::default(),
+                max_wait: Duration::from_secs(10),
+                scope: Arc::new(bearer_scope),
+                cached_headers: contract::DEFAULT_CACHED_HEADERS
+                    .iter()
+                    .map(|h| HeaderName::from_static(h))
+                    .collect(),
+                max_body_bytes: 1024 * 1024,
+            }),
+        }
+    }
+
+    fn with(mut self, f: impl FnOnce(&mut Config)) -> Self {
+        f(Arc::make_mut(&mut self.config));
+        self
+    }
+
+    /// The methods that are guarded; every other method passes through.
+    pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
+        let methods = methods.into_iter().collect();
+        self.with(|c| c.methods = methods)
+    }
+
+    /// Requires a key on these exact paths (a guarded request without one gets `400`).
+    pub fn require_key_on<P: Into<String>>(self, paths: impl IntoIterator<Item = P>) -> Self {
+        let paths: Vec<String> = paths.into_iter().map(Into::into).collect();
+        self.require_key_when(move |parts| paths.iter().any(|p| p == parts.uri.path()))
+    }
+
+    /// Requires a key on every guarded request for which `required` returns true.
+    pub fn require_key_when(
+        self,
+        required: impl Fn(&Parts) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.with(|c| c.key_required = Arc::new(required))
+    }
+
+    /// How long a completed response is replayed.
+    pub fn ttl(self, ttl: Duration) -> Self {
+        self.with(|c| c.policy.ttl_ms = millis(ttl))
+    }
+
+    /// How long a claim lives without a heartbeat (heartbeats come every third of it).
+    pub fn lease(self, lease: Duration) -> Self {
+        self.with(|c| c.policy.lease_ms = millis(lease).max(3))
+    }
+
+    /// The longest a request with `Prefer: wait=N` waits for an in-flight attempt.
+    pub fn max_wait(self, max_wait: Duration) -> Self {
+        self.with(|c| c.max_wait = max_wait)
+    }
+
+    /// Who a key belongs to. The default hashes the `Authorization` header's bearer
+    /// token (see [`bearer_scope`]).
+    pub fn scope(self, scope: impl Fn(&Parts) -> Scope + Send + Sync + 'static) -> Self {
+        self.with(|c| c.scope = Arc::new(scope))
+    }
+
+    /// The response headers stored and replayed besides status and body.
+    pub fn cached_headers(self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
+        let headers = headers.into_iter().collect();
+        self.with(|c| c.cached_headers = headers)
+    }
+
+    /// The largest request body accepted on guarded requests (`413` above it).
+    pub fn max_body_bytes(self, limit: usize) -> Self {
+        self.with(|c| c.max_body_bytes = limit)
+    }
+}
+
+impl<S> tower::Layer<S> for IdempotencyLayer {
+    type Service = IdempotencyService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService::new(inner, self.config.clone())
+    }
+}
+
+/// The default scope: the `Authorization` header's bearer token (or, for another
+/// scheme, the whole header value), hashed; [`Scope::anonymous`] without one.
+pub fn bearer_scope(parts: &Parts) -> Scope {
+    match parts.headers.get(http::header::AUTHORIZATION) {
+        None => Scope::anonymous(),
+        Some(value) => {
+            let v = value.as_bytes();
+            match v.get(..7) {
+                Some(scheme) if scheme.eq_ignore_ascii_case(b"bearer ") => {
+                    Scope::from_credential(v[7..].trim_ascii())
+                }
+                _ => Scope::from_credential(v),
+            }
+        }
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,404 @@
+//! The per-request logic of [`super::IdempotencyLayer`].
+
+use super::response::{problem, replay};
+use super::{Config, IdempotencyContext};
+use crate::metrics::{self, Outcome};
+use crate::store::StoreError;
+use axum::body::Body;
+use bytes::Bytes;
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use http::{header, request::Parts, Request, Response};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use idem_core::contract::{self, Disposition, Problem, IDEMPOTENCY_KEY};
+use idem_core::{
+    Decision, Fingerprint, Holder, IdempotencyKey, RecordKey, RequestParts, StoredResponse,
+};
+use std::convert::Infallible;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tower::{Service, ServiceExt};
+
+/// The service made by [`super::IdempotencyLayer`] around an inner service (typically
+/// an axum `Router` or route). The inner service must be infallible, as axum's are.
+#[derive(Clone)]
+pub struct IdempotencyService<S> {
+    inner: S,
+    config: Arc<Config>,
+}
+
+impl<S> IdempotencyService<S> {
+    pub(crate) fn new(inner: S, config: Arc<Config>) -> Self {
+        IdempotencyService { inner, config }
+    }
+}
+
+impl<S, B> Service<Request<B>> for IdempotencyService<S>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // Take the service that was driven to readiness; leave a fresh clone behind.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let config = self.config.clone();
+        Box::pin(async move { Ok(handle(config, inner, req).await) })
+    }
+}
+
+async fn handle<S, B>(config: Arc<Config>, inner: S, req: Request<B>) -> Response<Body>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    if !config.methods.contains(req.method()) {
+        return pass_through(inner, req).await;
+    }
+    let (parts, body) = req.into_parts();
+    let key = match parse_key(&parts) {
+        Ok(Some(key)) => key,
+        Ok(None) if (config.key_required)(&parts) => {
+            return invalid(
+                Problem::KeyMissing,
+                "send an Idempotency-Key header, e.g. Idempotency-Key: \"<uuid>\"",
+            );
+        }
+        Ok(None) => return pass_through(inner, Request::from_parts(parts, body)).await,
+        Err(detail) => return invalid(Problem::KeyMalformed, &detail),
+    };
+    let body = match read_body(&parts, body, config.max_body_bytes).await {
+        Ok(body) => body,
+        Err(p) => {
+            let detail = format!("the limit is {} bytes", config.max_body_bytes);
+            return invalid(
+                p,
+                if p == Problem::BodyTooLarge {
+                    &detail
+                } else {
+                    "the request body could not be read"
+                },
+            );
+        }
+    };
+    let fingerprint = fingerprint(&parts, &body);
+    let record_key = RecordKey::new(&(config.scope)(&parts), &key);
+    let wait = parts
+        .headers
+        .get_all("prefer")
+        .iter()
+        .find_map(|v| contract::prefer_wait(v.as_bytes()))
+        .map(|secs| Duration::from_secs(secs).min(config.max_wait));
+    let deadline = wait.map(|w| Instant::now() + w);
+    let mut poll_every = Duration::from_millis(10);
+
+    loop {
+        let store = &config.store;
+        let decision = metrics::timed(
+            store.name(),
+            "claim",
+            store.claim(&record_key, &fingerprint, crate::now(), &config.policy),
+        )
+        .await;
+        let (claim, took_over) = match decision {
+            Err(e) => return unavailable(&e),
+            Ok(Decision::Execute(claim)) => (claim, false),
+            Ok(Decision::TakeOver(claim)) => (claim, true),
+            Ok(Decision::Replay(stored)) => {
+                metrics::outcome(Outcome::Replayed);
+                return replay(stored);
+            }
+            Ok(Decision::Mismatch) => {
+                metrics::outcome(Outcome::Mismatch);
+                return problem(
+                    Problem::Mismatch,
+                    Some("this Idempotency-Key was already used with a different method, path, content type or body"),
+                );
+            }
+            Ok(Decision::InFlight { .. }) => match deadline {
+                Some(deadline) if Instant::now() < deadline => {
+                    tokio::time::sleep(
+                        poll_every.min(deadline.saturating_duration_since(Instant::now())),
+                    )
+                    .await;
+                    poll_every = (poll_every * 2).min(Duration::from_millis(200));
+                    continue;
+                }
+                _ => {
+                    metrics::outcome(Outcome::InFlight);
+                    return problem(
+                        Problem::InFlight,
+                        Some("retry later, or send Prefer: wait=<seconds> to wait for it"),
+                    );
+                }
+            },
+        };
+        metrics::outcome(Outcome::Executed);
+        if took_over {
+            metrics::takeover();
+            tracing::warn!(key = %key, token = claim.token, "took over a claim whose holder's lease expired");
+        }
+        let holder = claim.holder();
+        let mut req = Request::from_parts(parts, Body::from(body));
+        req.extensions_mut().insert(IdempotencyContext {
+            key,
+            record_key: record_key.clone(),
+            token: claim.token,
+            took_over,
+        });
+        return execute(config, inner, req, record_key, holder).await;
+    }
+}
+
+async fn pass_through<S, B>(inner: S, req: Request<B>) -> Response<Body>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    match inner.oneshot(req.map(Body::new)).await {
+        Ok(res) => res,
+        Err(never) => match never {},
+    }
+}
+
+fn invalid(p: Problem, detail: &str) -> Response<Body> {
+    metrics::outcome(Outcome::Invalid);
+    problem(p, Some(detail))
+}
+
+fn unavailable(e: &StoreError) -> Response<Body> {
+    metrics::outcome(Outcome::Unavailable);
+    tracing::error!(error = %e, "idempotency store unavailable; refusing to run the handler unguarded");
+    problem(
+        Problem::StoreUnavailable,
+        Some("the idempotency store did not answer; the request was not processed"),
+    )
+}
+
+/// `Ok(None)` when absent; a client-facing message when malformed.
+fn parse_key(parts: &Parts) -> Result<Option<IdempotencyKey>, String> {
+    let mut values = parts.headers.get_all(IDEMPOTENCY_KEY).iter();
+    let Some(first) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err("send exactly one Idempotency-Key header".into());
+    }
+    IdempotencyKey::parse(first.as_bytes())
+        .map(Some)
+        .map_err(|e| e.to_string())
+}
+
+async fn read_body<B>(parts: &Parts, body: B, limit: usize) -> Result<Bytes, Problem>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(Problem::BodyTooLarge);
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<LengthLimitError>() => Err(Problem::BodyTooLarge),
+        Err(_) => Err(Problem::BodyUnreadable),
+    }
+}
+
+fn fingerprint(parts: &Parts, body: &[u8]) -> Fingerprint {
+    let content_type = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()));
+    Fingerprint::of(&RequestParts {
+        method: parts.method.as_str(),
+        path_and_query: parts.uri.path_and_query().map_or("/", |pq| pq.as_str()),
+        content_type: content_type.as_deref(),
+        body,
+    })
+}
+
+/// Runs the handler in its own task, so that it finishes — and its answer is stored —
+/// even if the client goes away.
+async fn execute<S>(
+    config: Arc<Config>,
+    inner: S,
+    req: Request<Body>,
+    key: RecordKey,
+    holder: Holder,
+) -> Response<Body>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let task = tokio::spawn(run_to_completion(config, inner, req, key, holder));
+    task.await.unwrap_or_else(|e| {
+        tracing::error!(error = %e, "idempotent execution task failed");
+        problem(Problem::HandlerPanicked, None)
+    })
+}
+
+async fn run_to_completion<S>(
+    config: Arc<Config>,
+    inner: S,
+    req: Request<Body>,
+    key: RecordKey,
+    holder: Holder,
+) -> Response<Body>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let heartbeat = tokio::spawn(keep_alive(config.clone(), key.clone(), holder));
+    let answer = AssertUnwindSafe(inner.oneshot(req)).catch_unwind().await;
+    let (parts, body) = match answer {
+        Ok(Ok(res)) => res.into_parts(),
+        Ok(Err(never)) => match never {},
+        Err(_) => {
+            // Execution began and may have had effects: the 500 is the result.
+            tracing::error!(key = %key.as_str(), "handler panicked; storing a 500 for this key");
+            problem(Problem::HandlerPanicked, None).into_parts()
+        }
+    };
+    let body = match body.collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            heartbeat.abort();
+            tracing::warn!(error = %e, "handler's response body failed; releasing the key");
+            release(&config, &key, &holder).await;
+            return problem(Problem::HandlerFailed, None);
+        }
+    };
+    heartbeat.abort();
+    let no_store = parts
+        .headers
+        .get(header::CACHE_CONTROL)
+        .map(|v| v.as_bytes());
+    match contract::disposition(parts.status.as_u16(), no_store) {
+        Disposition::Release => {
+            metrics::released();
+            release(&config, &key, &holder).await;
+        }
+        Disposition::Store => {
+            let headers = config
+                .cached_headers
+                .iter()
+                .flat_map(|name| {
+                    parts
+                        .headers
+                        .get_all(name)
+                        .iter()
+                        .map(move |v| (name.as_str().to_owned(), v.as_bytes().to_vec()))
+                })
+                .collect();
+            let stored = StoredResponse {
+                status: parts.status.as_u16(),
+                headers,
+                body: body.to_vec(),
+            };
+            complete(&config, &key, &holder, stored).await;
+        }
+    }
+    Response::from_parts(parts, Body::from(body))
+}
+
+/// Renews the lease every third of it until aborted, or until fenced out.
+async fn keep_alive(config: Arc<Config>, key: RecordKey, holder: Holder) {
+    let every = Duration::from_millis((config.policy.lease_ms / 3).max(1));
+    loop {
+        tokio::time::sleep(every).await;
+        let store = &config.store;
+        match metrics::timed(
+            store.name(),
+            "heartbeat",
+            store.heartbeat(&key, &holder, crate::now(), &config.policy),
+        )
+        .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(refusal)) => {
+                metrics::fenced("heartbeat");
+                tracing::warn!(key = %key.as_str(), token = holder.token, %refusal, "lost the claim while the handler runs");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(key = %key.as_str(), error = %e, "heartbeat failed; will retry")
+            }
+        }
+    }
+}
+
+/// Backoff between attempts to write a completion or a release: until the write
+/// lands, the key stays claimed, and after the lease a retry would run again.
+const WRITE_BACKOFF_MS: [u64; 6] = [0, 25, 50, 100, 200, 400];
+
+async fn complete(config: &Config, key: &RecordKey, holder: &Holder, stored: StoredResponse) {
+    let store = &config.store;
+    for delay in WRITE_BACKOFF_MS {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        match metrics::timed(
+            store.name(),
+            "complete",
+            store.complete(key, holder, stored.clone(), crate::now(), &config.policy),
+        )
+        .await
+        {
+            Ok(Ok(())) => return,
+            Ok(Err(refusal)) => {
+                metrics::fenced("complete");
+                tracing::warn!(key = %key.as_str(), token = holder.token, %refusal, "late completion refused: another attempt owns this key");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(key = %key.as_str(), error = %e, "storing the response failed; retrying")
+            }
+        }
+    }
+    metrics::write_lost("complete");
+    tracing::error!(key = %key.as_str(), "could not store the response; a retry after the lease will run the handler again");
+}
+
+async fn release(config: &Config, key: &RecordKey, holder: &Holder) {
+    let store = &config.store;
+    for delay in WRITE_BACKOFF_MS {
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        match metrics::timed(
+            store.name(),
+            "release",
+            store.release(key, holder, crate::now()),
+        )
+        .await
+        {
+            Ok(Ok(())) => return,
+            Ok(Err(refusal)) => {
+                metrics::fenced("release");
+                tracing::warn!(key = %key.as_str(), %refusal, "release refused");
+                return;
+            }
+            Err(e) => tracing::warn!(key = %key.as_str(), error = %e, "release failed; retrying"),
+        }
+    }
+    metrics::write_lost("release");
+    tracing::error!(key = %key.as_str(), "could not release the key; it frees itself when the lease ends");
+}

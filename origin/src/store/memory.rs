@@ -1,0 +1,125 @@
+//! The embedded default store: a map behind a mutex. Fast, and gone when the process
+//! exits — not durable, and not shared between processes.
+
+use super::{HolderWrite, Store, StoreError};
+use async_trait::async_trait;
+use idem_core::{
+    decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, StoredResponse,
+};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// An in-process store.
+#[derive(Default)]
+pub struct MemoryStore {
+    records: Mutex<HashMap<RecordKey, Record>>,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many records are held (expired ones included until swept).
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether no record is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RecordKey, Record>> {
+        // A panic while holding the lock can't leave a half-written record (every
+        // write is a single insert/remove), so a poisoned map is still consistent.
+        self.records.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn holder_write(
+        &self,
+        key: &RecordKey,
+        holder: &Holder,
+        next: impl FnOnce() -> Record,
+    ) -> HolderWrite {
+        let mut map = self.lock();
+        holder.check(map.get(key))?;
+        map.insert(key.clone(), next());
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    async fn claim(
+        &self,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
+        now: Millis,
+        policy: &Policy,
+    ) -> Result<Decision, StoreError> {
+        let mut map = self.lock();
+        let decision = decide(map.get(key), fingerprint, now, policy);
+        if let Decision::Execute(c) | Decision::TakeOver(c) = &decision {
+            map.insert(key.clone(), c.record.clone());
+        }
+        Ok(decision)
+    }
+
+    async fn heartbeat(
+        &self,
+        key: &RecordKey,
+        holder: &Holder,
+        now: Millis,
+        policy: &Policy,
+    ) -> Result<HolderWrite, StoreError> {
+        Ok(self.holder_write(key, holder, || holder.renewed(now, policy)))
+    }
+
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        holder: &Holder,
+        response: StoredResponse,
+        now: Millis,
+        policy: &Policy,
+    ) -> Result<HolderWrite, StoreError> {
+        Ok(self.holder_write(key, holder, || holder.completed(response, now, policy)))
+    }
+
+    async fn release(
+        &self,
+        key: &RecordKey,
+        holder: &Holder,
+        now: Millis,
+    ) -> Result<HolderWrite, StoreError> {
+        Ok(self.holder_write(key, holder, || holder.released(now)))
+    }
+
+    async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
+        Ok(self.lock().get(key).cloned())
+    }
+
+    async fn sweep(&self, now: Millis, batch: usize) -> Result<u64, StoreError> {
+        let mut map = self.lock();
+        let expired: Vec<RecordKey> = map
+            .iter()
+            .filter(|(_, r)| r.expires_at() < now)
+            .map(|(k, _)| k.clone())
+            .take(batch)
+            .collect();
+        for k in &expired {
+            map.remove(k);
+        }
+        Ok(expired.len() as u64)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
