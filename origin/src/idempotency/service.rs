@@ -278,7 +278,10 @@ where
         Err(_) => {
             // Execution began and may have had effects: the 500 is the result.
             tracing::error!(key = %key.as_str(), "handler panicked; storing a 500 for this key");
-            problem(Problem::HandlerPanicked, None).into_parts()
+            let (mut parts, body) = problem(Problem::HandlerPanicked, None).into_parts();
+            // Unlike idem's other problems, this one is the request's result: cacheable.
+            parts.headers.remove(header::CACHE_CONTROL);
+            (parts, body)
         }
     };
     let body = match body.collect().await {
