@@ -1,0 +1,74 @@
+//! The binary's command line: bad configuration gets a readable message and a
+//! non-zero exit, before anything is served.
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem-origin"));
+    cmd.args(args)
+        .env_remove("DATABASE_URL")
+        .env_remove("IDEM_STORE");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("the binary runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn postgres_without_a_url_is_refused() {
+    let o = run(&["--store", "postgres"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("--store postgres needs --database-url"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn unknown_store_and_bad_durations_are_refused_by_name() {
+    let o = run(&["--store", "cassandra"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("cassandra"), "{}", stderr(&o));
+    let o = run(&["--lease", "soon"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("not a duration"), "{}", stderr(&o));
+    let o = run(&[], &[("IDEM_TTL", "1s"), ("IDEM_LEASE", "30s")]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--ttl"), "{}", stderr(&o));
+}
+
+#[test]
+fn an_unreachable_database_fails_fast_with_the_reason() {
+    let started = Instant::now();
+    let o = run(
+        &[
+            "--store",
+            "postgres",
+            "--database-url",
+            "postgres://idem:secret@127.0.0.1:1/idem",
+            "--store-timeout",
+            "2s",
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(err.contains("cannot use the Postgres store"), "{err}");
+    assert!(!err.contains("secret"), "the password is redacted: {err}");
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn a_busy_port_is_reported() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let o = run(&["--listen", &addr], &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("cannot listen on"), "{}", stderr(&o));
+}
