@@ -1,0 +1,57 @@
+//! The README's configuration reference is generated from the clap definitions; this
+//! test fails when the two drift apart, and prints the table to paste.
+
+use clap::CommandFactory;
+use idem_origin::config::Config;
+
+fn reference_table() -> String {
+    let mut out = String::from("| flag | environment | default | meaning |\n|---|---|---|---|\n");
+    for arg in Config::command().get_arguments() {
+        let Some(long) = arg.get_long() else { continue };
+        if long == "help" || long == "version" {
+            continue;
+        }
+        let env = arg
+            .get_env()
+            .map(|e| format!("`{}`", e.to_string_lossy()))
+            .unwrap_or_default();
+        let default = arg
+            .get_default_values()
+            .iter()
+            .map(|v| format!("`{}`", v.to_string_lossy()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+        if !help.is_empty() && !help.ends_with('.') {
+            help.push('.');
+        }
+        let values: Vec<String> = arg
+            .get_possible_values()
+            .iter()
+            .map(|v| format!("`{}`", v.get_name()))
+            .collect();
+        if !values.is_empty() {
+            help.push_str(&format!(" One of {}.", values.join(", ")));
+        }
+        out.push_str(&format!("| `--{long}` | {env} | {default} | {help} |\n"));
+    }
+    out
+}
+
+#[test]
+fn readme_configuration_reference_matches_the_cli() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let start = readme
+        .find("<!-- config:start -->\n")
+        .expect("README has the config:start marker")
+        + "<!-- config:start -->\n".len();
+    let end = readme
+        .find("<!-- config:end -->")
+        .expect("README has the config:end marker");
+    let expected = reference_table();
+    assert!(
+        readme[start..end] == expected,
+        "README.md's configuration reference is out of date; replace it with:\n\n{expected}"
+    );
+}
