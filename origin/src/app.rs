@@ -96,6 +96,14 @@ pub fn router(layer: IdempotencyLayer, store: Arc<dyn Store>, ledger: Arc<dyn Le
                 "no such route",
             )
         })
+        .method_not_allowed_fallback(|| async {
+            charges::demo_problem(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+                "this route does not accept that method",
+            )
+        })
 }
 
 async fn readyz(State(h): State<Health>) -> impl IntoResponse {

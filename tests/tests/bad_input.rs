@@ -176,5 +176,21 @@ async fn unknown_routes_are_404_problems() {
         .await
         .unwrap();
     assert_eq!(res.status(), 400, "listing needs a customer");
+    assert_eq!(res.headers()["content-type"], "application/problem+json");
+    let res = client()
+        .get(origin.url("/v1/charges?customer=a&customer=b"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 400, "a query that does not deserialize");
+    assert_eq!(res.headers()["content-type"], "application/problem+json");
+    let res = client()
+        .put(origin.url("/v1/charges"))
+        .header("idempotency-key", "x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 405);
+    assert_eq!(res.headers()["content-type"], "application/problem+json");
     assert_untouched(&db).await;
 }

@@ -209,3 +209,36 @@ async fn a_fenced_holder_cannot_complete_renew_or_release() {
     );
     assert_eq!(db.charges_for("late-1").await, 1);
 }
+
+#[tokio::test]
+async fn a_live_holder_keeps_its_claim_past_the_lease_by_heartbeats() {
+    let db = TestDb::new("heartbeat").await;
+    let origin = TestOrigin::start(&[
+        "--store",
+        "postgres",
+        "--database-url",
+        &db.url,
+        "--lease",
+        "600ms",
+    ])
+    .await;
+    let http = client();
+    let body = charge_body("c", 100, 2000);
+    let first = tokio::spawn({
+        let (http, url, body) = (http.clone(), origin.url(""), body.clone());
+        async move { post_charge(&http, &url, Some("hb-1"), &body).await.status() }
+    });
+    // Well past several leases, the holder is alive and renewing: no takeover.
+    let mut in_flight = 0;
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let s = post_charge(&http, &origin.url(""), Some("hb-1"), &body)
+            .await
+            .status();
+        assert_eq!(s, 409, "a live holder must not be taken over");
+        in_flight += 1;
+    }
+    assert_eq!(first.await.unwrap(), 201);
+    assert_eq!(db.charges_for("hb-1").await, 1);
+    report("takeover", &format!("live holder, 600 ms lease, 2 s handler: {in_flight} retries over 1.5 s all 409, 1 charge"));
+}

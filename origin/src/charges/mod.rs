@@ -14,6 +14,7 @@ pub use ledger::{Ledger, LedgerError, MemoryLedger, PgLedger};
 
 use crate::idempotency::IdempotencyContext;
 use axum::body::{Body, Bytes};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::routing::post;
 use axum::{Extension, Router};
@@ -157,8 +158,15 @@ struct ListQuery {
     customer: Option<String>,
 }
 
-async fn list(State(ledger): State<Arc<dyn Ledger>>, Query(q): Query<ListQuery>) -> Response<Body> {
-    let Some(customer) = q.customer.filter(|c| !c.is_empty()) else {
+async fn list(
+    State(ledger): State<Arc<dyn Ledger>>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Response<Body> {
+    let customer = query
+        .ok()
+        .and_then(|Query(q)| q.customer)
+        .filter(|c| !c.is_empty());
+    let Some(customer) = customer else {
         return demo_problem(
             StatusCode::BAD_REQUEST,
             "missing-customer",

@@ -1,0 +1,74 @@
+//! Expired records are deleted in batches; live ones are kept.
+
+use idem_core::{Decision, Fingerprint, IdempotencyKey, Policy, RecordKey, Scope, StoredResponse};
+use idem_origin::store::postgres::PgOptions;
+use idem_origin::store::{MemoryStore, PostgresStore, Store};
+use idem_tests::TestDb;
+
+async fn fill(store: &dyn Store, n: usize, prefix: &str, now: u64, ttl_ms: u64) {
+    let policy = Policy {
+        lease_ms: 10,
+        ttl_ms,
+    };
+    for i in 0..n {
+        let key = RecordKey::new(
+            &Scope::anonymous(),
+            &IdempotencyKey::parse(format!("{prefix}-{i}").as_bytes()).unwrap(),
+        );
+        let fp = Fingerprint([i as u8; 32]);
+        let Decision::Execute(c) = store.claim(&key, &fp, now, &policy).await.unwrap() else {
+            panic!("new key executes")
+        };
+        let done = StoredResponse {
+            status: 201,
+            headers: vec![],
+            body: vec![],
+        };
+        store
+            .complete(&key, &c.holder(), done, now, &policy)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}
+
+async fn sweeps_only_expired(store: &dyn Store) {
+    let now = 1_000_000;
+    fill(store, 25, "old", now, 1_000).await; // expires at now + 1 s
+    fill(store, 5, "new", now, 3_600_000).await;
+    let later = now + 5_000;
+    assert_eq!(store.sweep(later, 10).await.unwrap(), 10, "one batch");
+    assert_eq!(store.sweep(later, 10).await.unwrap(), 10);
+    assert_eq!(store.sweep(later, 10).await.unwrap(), 5);
+    assert_eq!(
+        store.sweep(later, 10).await.unwrap(),
+        0,
+        "live records stay"
+    );
+    let kept = RecordKey::new(
+        &Scope::anonymous(),
+        &IdempotencyKey::parse(b"new-3").unwrap(),
+    );
+    assert!(store
+        .get(&kept)
+        .await
+        .unwrap()
+        .is_some_and(|r| r.is_completed()));
+}
+
+#[tokio::test]
+async fn postgres_sweeps_expired_records_in_batches() {
+    let db = TestDb::new("sweep").await;
+    let store = PostgresStore::connect(&db.url, PgOptions::default())
+        .await
+        .unwrap();
+    sweeps_only_expired(&store).await;
+    assert_eq!(db.count("SELECT count(*) FROM idem_records").await, 5);
+}
+
+#[tokio::test]
+async fn memory_sweeps_expired_records_in_batches() {
+    let store = MemoryStore::new();
+    sweeps_only_expired(&store).await;
+    assert_eq!(store.len(), 5);
+}
