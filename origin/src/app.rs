@@ -3,7 +3,8 @@
 use crate::charges::{self, Ledger, MemoryLedger, PgLedger};
 use crate::config::{Config, StoreKind};
 use crate::idempotency::IdempotencyLayer;
-use crate::store::{postgres::PgOptions, MemoryStore, PostgresStore, Store};
+use crate::store::tiered::outbox::OutboxOptions;
+use crate::store::{postgres::PgOptions, MemoryStore, PostgresStore, RedisOptions, RedisStore, Store, TieredStore};
 use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -26,27 +27,36 @@ pub struct Origin {
 /// Connects the configured stores and builds the router.
 pub async fn build(config: &Config) -> Result<Origin, String> {
     config.validate()?;
-    let (store, ledger): (Arc<dyn Store>, Arc<dyn Ledger>) = match config.store {
-        StoreKind::Memory => (
-            Arc::new(MemoryStore::new()),
-            Arc::new(MemoryLedger::default()),
-        ),
-        StoreKind::Postgres => {
-            let url = config.database_url.as_deref().unwrap_or_default();
-            let options = PgOptions {
-                strategy: config.pg_strategy,
-                pool_size: config.pg_pool_size,
-                timeout: config.store_timeout,
-                naive_window: config.naive_window,
-            };
-            let store = PostgresStore::connect(url, options)
-                .await
-                .map_err(|e| format!("cannot use the Postgres store at {}: {e}", redact(url)))?;
-            let ledger = PgLedger::new(store.pool().clone())
-                .await
-                .map_err(|e| format!("cannot create the charges table: {e}"))?;
-            (Arc::new(store), Arc::new(ledger))
+    let pg = match (&config.database_url, config.store) {
+        (Some(url), _) if !url.is_empty() => Some(Arc::new(connect_postgres(config, url).await?)),
+        _ => None,
+    };
+    let redis = match (&config.redis_url, config.store) {
+        (Some(urls), StoreKind::Redis | StoreKind::Tiered) => {
+            let options = RedisOptions { cluster: config.redis_cluster.then_some(true), timeout: config.store_timeout };
+            Some(RedisStore::connect(urls, options).await.map_err(|e| format!("cannot use Redis at {}: {e}", redact(urls)))?)
         }
+        _ => None,
+    };
+    // The demo's charges live in Postgres whenever there is one, else in memory.
+    let ledger: Arc<dyn Ledger> = match &pg {
+        Some(pg) => Arc::new(PgLedger::new(pg.pool().clone()).await.map_err(|e| format!("cannot create the charges table: {e}"))?),
+        None => Arc::new(MemoryLedger::default()),
+    };
+    let store: Arc<dyn Store> = match (config.store, pg, redis) {
+        (StoreKind::Memory, _, _) => Arc::new(MemoryStore::new()),
+        (StoreKind::Postgres, Some(pg), _) => pg,
+        (StoreKind::Redis, _, Some(redis)) => Arc::new(redis),
+        (StoreKind::Tiered, Some(pg), Some(redis)) => {
+            let outbox = OutboxOptions {
+                capacity: config.outbox_capacity,
+                batch: config.outbox_batch,
+                enqueue_wait: config.outbox_wait,
+                ..OutboxOptions::default()
+            };
+            Arc::new(TieredStore::new(redis, pg, config.durability, outbox))
+        }
+        _ => unreachable!("Config::validate checked the URLs each store needs"),
     };
     let layer = layer(config, store.clone());
     Ok(Origin {
@@ -54,6 +64,16 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
         store,
         ledger,
     })
+}
+
+async fn connect_postgres(config: &Config, url: &str) -> Result<PostgresStore, String> {
+    let options = PgOptions {
+        strategy: config.pg_strategy,
+        pool_size: config.pg_pool_size,
+        timeout: config.store_timeout,
+        naive_window: config.naive_window,
+    };
+    PostgresStore::connect(url, options).await.map_err(|e| format!("cannot use the Postgres store at {}: {e}", redact(url)))
 }
 
 /// The idempotency layer as configured.

@@ -1,6 +1,6 @@
 //! The command line of `idem-origin`: every flag has an environment fallback.
 
-use crate::store::PgStrategy;
+use crate::store::{Durability, PgStrategy};
 use clap::{Parser, ValueEnum};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -12,6 +12,10 @@ pub enum StoreKind {
     Memory,
     /// Postgres: durable and shared; needs --database-url.
     Postgres,
+    /// Redis or Redis Cluster: fast and shared; needs --redis-url.
+    Redis,
+    /// Redis hot path over the Postgres authority; needs --redis-url and --database-url.
+    Tiered,
 }
 
 /// Log line format.
@@ -39,6 +43,33 @@ pub struct Config {
     /// also holds the demo's charges).
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
+
+    /// Redis URL, or a comma-separated list of Redis Cluster nodes
+    /// (redis://127.0.0.1:7000,redis://127.0.0.1:7001,…). Required with --store redis|tiered.
+    #[arg(long, env = "IDEM_REDIS_URL", hide_env_values = true)]
+    pub redis_url: Option<String>,
+
+    /// Treat --redis-url as a Redis Cluster. Without it, a list of URLs is a cluster
+    /// and a single URL is asked (INFO cluster).
+    #[arg(long, env = "IDEM_REDIS_CLUSTER")]
+    pub redis_cluster: bool,
+
+    /// Tiered store: when claims and completions reach Postgres.
+    #[arg(long, env = "IDEM_DURABILITY", value_enum, default_value_t = Durability::Sync)]
+    pub durability: Durability,
+
+    /// Tiered async: records the outbox queues before writers wait.
+    #[arg(long, env = "IDEM_OUTBOX_CAPACITY", default_value_t = 10_000)]
+    pub outbox_capacity: usize,
+
+    /// Tiered async: most records per write-behind batch.
+    #[arg(long, env = "IDEM_OUTBOX_BATCH", default_value_t = 500)]
+    pub outbox_batch: usize,
+
+    /// Tiered async: how long a request waits for room in a full outbox before it
+    /// is refused with 503.
+    #[arg(long, env = "IDEM_OUTBOX_WAIT", default_value = "1s", value_parser = parse_duration)]
+    pub outbox_wait: Duration,
 
     /// How the Postgres store claims a key (`naive` is unsafe, for race tests only).
     #[arg(long, env = "IDEM_PG_STRATEGY", value_enum, default_value_t = PgStrategy::OnConflict)]
@@ -88,6 +119,19 @@ impl Config {
             && self.database_url.as_deref().is_none_or(str::is_empty)
         {
             return Err("--store postgres needs --database-url (or DATABASE_URL), e.g. postgres://postgres@127.0.0.1:5432/idem".into());
+        }
+        let missing = |v: &Option<String>| v.as_deref().is_none_or(str::is_empty);
+        if matches!(self.store, StoreKind::Redis | StoreKind::Tiered) && missing(&self.redis_url) {
+            return Err(format!(
+                "--store {} needs --redis-url (or IDEM_REDIS_URL), e.g. redis://127.0.0.1:6379",
+                if self.store == StoreKind::Redis { "redis" } else { "tiered" }
+            ));
+        }
+        if self.store == StoreKind::Tiered && missing(&self.database_url) {
+            return Err("--store tiered needs --database-url (or DATABASE_URL) for the Postgres authority".into());
+        }
+        if self.outbox_capacity == 0 || self.outbox_batch == 0 {
+            return Err("--outbox-capacity and --outbox-batch must be at least 1".into());
         }
         if self.lease.is_zero() {
             return Err("--lease must be greater than zero".into());
@@ -157,6 +201,10 @@ mod tests {
         assert_eq!(base.validate(), Ok(()));
         let pg = Config::try_parse_from(["idem-origin", "--store", "postgres"]).unwrap();
         assert!(pg.validate().unwrap_err().contains("--database-url"));
+        let redis = Config::try_parse_from(["idem-origin", "--store", "redis"]).unwrap();
+        assert!(redis.validate().unwrap_err().contains("--redis-url"));
+        let tiered = Config::try_parse_from(["idem-origin", "--store", "tiered", "--redis-url", "redis://x"]).unwrap();
+        assert!(tiered.validate().unwrap_err().contains("--database-url"));
         let short =
             Config::try_parse_from(["idem-origin", "--ttl", "1s", "--lease", "30s"]).unwrap();
         assert!(short.validate().unwrap_err().contains("--ttl"));

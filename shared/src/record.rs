@@ -81,6 +81,13 @@ impl Record {
         matches!(self, Record::Completed { .. })
     }
 
+    /// Whether this record may replace `current` when a copy of the authority's state
+    /// is written to a cache or written behind: it never moves a key backwards — not to
+    /// an older token, nor from completed back to in-progress under the same token.
+    pub fn supersedes(&self, current: &Record) -> bool {
+        (self.token(), self.state_code()) >= (current.token(), current.state_code())
+    }
+
     /// The state as a small integer, for stores that index or filter on it
     /// (0 = in progress, 1 = completed). Same values as in the encoding.
     pub fn state_code(&self) -> u8 {
@@ -294,6 +301,17 @@ mod tests {
         };
         assert_eq!(Record::decode(&ip.encode()), Ok(ip));
         assert_eq!(Record::decode(&completed().encode()), Ok(completed()));
+    }
+
+    #[test]
+    fn newer_tokens_and_completion_supersede() {
+        let ip = |token| Record::InProgress { fingerprint: Fingerprint([1; 32]), token, lease_until: 5, expires_at: 6 };
+        let done = completed(); // token 42
+        assert!(done.supersedes(&ip(42)));
+        assert!(!ip(42).supersedes(&done), "never back to in-progress under the same token");
+        assert!(ip(43).supersedes(&done), "a later claim (after expiry) wins");
+        assert!(!ip(41).supersedes(&ip(42)));
+        assert!(ip(42).supersedes(&ip(42)), "the same holder's newer write (a heartbeat) passes");
     }
 
     #[test]

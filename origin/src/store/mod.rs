@@ -6,15 +6,19 @@
 
 use async_trait::async_trait;
 use idem_core::{
-    Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, Refusal, StoredResponse,
+    decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, Refusal, StoredResponse,
 };
 use std::fmt;
 
 pub mod memory;
 pub mod postgres;
+pub mod redis;
+pub mod tiered;
 
+pub use self::redis::{RedisOptions, RedisStore};
 pub use memory::MemoryStore;
 pub use postgres::{PgStrategy, PostgresStore};
+pub use tiered::{Durability, TieredStore};
 
 /// A store failed to answer; the request must not run unguarded (fail closed).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,6 +98,72 @@ pub trait Store: Send + Sync + 'static {
 
     /// Checks that the backend answers.
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Writes out anything buffered (the async tiered store's outbox) and stops
+    /// buffering; called once at shutdown.
+    async fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// What an insert-if-absent found.
+pub(crate) enum Insert {
+    /// The key had no record; ours is stored.
+    Stored,
+    /// The key has this record; nothing was written.
+    Existing(Record),
+    /// A concurrent insert won, but its row is not visible to this statement yet
+    /// (Postgres: committed after the statement's snapshot). Ask again.
+    NotYetVisible,
+}
+
+/// The two atomic primitives a claim needs from a store without locks.
+#[async_trait]
+pub(crate) trait CasRecords: Sync {
+    /// Stores `record` only if the key has none.
+    async fn insert_if_absent(&self, key: &RecordKey, record: &Record) -> Result<Insert, StoreError>;
+    /// Replaces the record only if it still carries the token `expected`.
+    async fn replace(&self, key: &RecordKey, expected: u64, record: &Record) -> Result<bool, StoreError>;
+}
+
+/// CAS attempts before a claim gives up with [`StoreError::Contention`].
+const MAX_CLAIM_ROUNDS: usize = 16;
+
+/// A claim on a compare-and-swap store: assume the key is new (one round trip in the
+/// common case); otherwise let the core decide on the existing record and, when the
+/// decision is a claim, swap it in only if nobody got there first. Returns the decision
+/// and the record it leaves stored.
+pub(crate) async fn claim_by_cas(
+    store: &impl CasRecords,
+    key: &RecordKey,
+    fp: &Fingerprint,
+    now: Millis,
+    policy: &Policy,
+) -> Result<(Decision, Option<Record>), StoreError> {
+    for _ in 0..MAX_CLAIM_ROUNDS {
+        let fresh = decide(None, fp, now, policy);
+        let Decision::Execute(claim) = &fresh else { unreachable!("no record always executes") };
+        let existing = match store.insert_if_absent(key, &claim.record).await? {
+            Insert::Stored => {
+                let record = claim.record.clone();
+                return Ok((fresh, Some(record)));
+            }
+            Insert::Existing(existing) => existing,
+            Insert::NotYetVisible => continue,
+        };
+        let decision = decide(Some(&existing), fp, now, policy);
+        match &decision {
+            Decision::Execute(c) | Decision::TakeOver(c) => {
+                let expected = c.replaces.expect("a claim over an existing record names its token");
+                if store.replace(key, expected, &c.record).await? {
+                    let record = c.record.clone();
+                    return Ok((decision, Some(record)));
+                }
+            }
+            _ => return Ok((decision, Some(existing))),
+        }
+    }
+    Err(StoreError::Contention)
 }
 
 pub(crate) fn decode(bytes: &[u8]) -> Result<Record, StoreError> {

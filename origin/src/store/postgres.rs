@@ -13,11 +13,11 @@
 //! Holder writes (heartbeat, complete, release) are one `UPDATE … WHERE token = $t AND
 //! state = 0` each: exactly [`idem_core::Holder::check`]'s precondition.
 
-use super::{decode, HolderWrite, Store, StoreError};
+use super::{claim_by_cas, decode, CasRecords, HolderWrite, Insert, Store, StoreError};
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use idem_core::{
-    decide, Claim, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, StoredResponse,
+    decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, StoredResponse,
 };
 use std::str::FromStr;
 use std::time::Duration;
@@ -68,8 +68,6 @@ pub struct PostgresStore {
 const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("postgres/0001_records.sql"))];
 /// Arbitrary constant: serialises concurrent migrators across processes.
 const MIGRATION_LOCK: i64 = 0x1de4_0001;
-/// CAS attempts before a claim gives up with [`StoreError::Contention`].
-const MAX_CLAIM_ROUNDS: usize = 16;
 
 const CLAIM_INSERT: &str = "WITH ins AS (
         INSERT INTO idem_records (id, token, state, expires_at, record) VALUES ($1, $2, $3, $4, $5)
@@ -84,6 +82,13 @@ const UPSERT: &str =
         expires_at = EXCLUDED.expires_at, record = EXCLUDED.record";
 const HOLDER_WRITE: &str =
     "UPDATE idem_records SET state = $3, expires_at = $4, record = $5 WHERE id = $1 AND token = $2 AND state = 0";
+/// The write-behind upsert: many records in one statement, each applied only if it
+/// supersedes the stored row — `Record::supersedes` in SQL.
+const UPSERT_SUPERSEDING: &str = "INSERT INTO idem_records (id, token, state, expires_at, record)
+    SELECT * FROM unnest($1::text[], $2::int8[], $3::int2[], $4::int8[], $5::bytea[])
+    ON CONFLICT (id) DO UPDATE SET token = EXCLUDED.token, state = EXCLUDED.state,
+        expires_at = EXCLUDED.expires_at, record = EXCLUDED.record
+    WHERE (EXCLUDED.token, EXCLUDED.state) >= (idem_records.token, idem_records.state)";
 const GET: &str = "SELECT record FROM idem_records WHERE id = $1";
 const SWEEP: &str = "DELETE FROM idem_records WHERE id IN (
     SELECT id FROM idem_records WHERE expires_at < $1 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
@@ -106,12 +111,33 @@ fn sql_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
+/// The column values of a record, in the order the statements take them.
+struct Row {
+    token: i64,
+    state: i16,
+    expires_at: i64,
+    record: Vec<u8>,
+}
+
+impl Row {
+    fn of(record: &Record) -> Row {
+        Row {
+            token: sql_i64(record.token()),
+            state: i16::from(record.state_code()),
+            expires_at: sql_i64(record.expires_at()),
+            record: record.encode(),
+        }
+    }
+}
+
+type Client = deadpool_postgres::Client;
+
 impl PostgresStore {
     /// Connects (bounded by `options.timeout`) and applies pending migrations.
     pub async fn connect(url: &str, options: PgOptions) -> Result<Self, StoreError> {
         let pool = pool(url, options.pool_size, options.timeout)?;
         let store = PostgresStore { pool, options };
-        store.bounded(store.migrate()).await?;
+        store.with_client(async |c| migrate(c).await).await?;
         Ok(store)
     }
 
@@ -125,262 +151,141 @@ impl PostgresStore {
         self.options.strategy
     }
 
-    async fn bounded<T>(
-        &self,
-        op: impl std::future::Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        tokio::time::timeout(self.options.timeout, op)
-            .await
-            .unwrap_or_else(|_| {
-                Err(StoreError::Unavailable(format!(
-                    "no answer within {:?}",
-                    self.options.timeout
-                )))
-            })
-    }
-
-    async fn migrate(&self) -> Result<(), StoreError> {
-        let mut client = self.pool.get().await.map_err(unavailable)?;
-        let tx = client.transaction().await.map_err(unavailable)?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-            .await
-            .map_err(unavailable)?;
-        tx.batch_execute(
-            "CREATE TABLE IF NOT EXISTS idem_schema_migrations (
-                version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
-        )
-        .await
-        .map_err(unavailable)?;
-        let applied: Vec<i32> = tx
-            .query("SELECT version FROM idem_schema_migrations", &[])
-            .await
-            .map_err(unavailable)?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        for (version, sql) in MIGRATIONS {
-            if !applied.contains(version) {
-                tx.batch_execute(sql).await.map_err(unavailable)?;
-                tx.execute(
-                    "INSERT INTO idem_schema_migrations (version) VALUES ($1)",
-                    &[version],
-                )
-                .await
-                .map_err(unavailable)?;
-                tracing::info!(version, "applied migration");
-            }
-        }
-        tx.commit().await.map_err(unavailable)
-    }
-
-    async fn claim_on_conflict(
-        &self,
-        key: &RecordKey,
-        fp: &Fingerprint,
-        now: Millis,
-        policy: &Policy,
-    ) -> Result<Decision, StoreError> {
-        let client = self.pool.get().await.map_err(unavailable)?;
-        let insert = client
-            .prepare_cached(CLAIM_INSERT)
-            .await
-            .map_err(unavailable)?;
-        for _ in 0..MAX_CLAIM_ROUNDS {
-            // Optimistically assume the key is new: one round trip in the common case.
-            let fresh = decide(None, fp, now, policy);
-            let Decision::Execute(claim) = &fresh else {
-                unreachable!("no record always executes")
-            };
-            let row = client
-                .query_one(
-                    &insert,
-                    &[
-                        &key.as_str(),
-                        &sql_i64(claim.token),
-                        &i16::from(claim.record.state_code()),
-                        &sql_i64(claim.record.expires_at()),
-                        &claim.record.encode(),
-                    ],
-                )
-                .await
-                .map_err(unavailable)?;
-            if row.get::<_, i32>(0) == 1 {
-                return Ok(fresh);
-            }
-            // Conflict. The row may have been committed after this statement's snapshot,
-            // in which case it is not visible yet: go round again.
-            let Some(bytes) = row.get::<_, Option<Vec<u8>>>(1) else {
-                continue;
-            };
-            let existing = decode(&bytes)?;
-            let decision = decide(Some(&existing), fp, now, policy);
-            match &decision {
-                Decision::Execute(c) | Decision::TakeOver(c) => {
-                    if self.replace(&client, key, c).await? {
-                        return Ok(decision);
-                    }
-                }
-                _ => return Ok(decision),
-            }
-        }
-        Err(StoreError::Contention)
-    }
-
-    async fn replace(
-        &self,
-        client: &deadpool_postgres::Client,
-        key: &RecordKey,
-        c: &Claim,
-    ) -> Result<bool, StoreError> {
-        let expected = c
-            .replaces
-            .expect("a claim over an existing record names its token");
-        let stmt = client.prepare_cached(REPLACE).await.map_err(unavailable)?;
-        let n = client
-            .execute(
-                &stmt,
-                &[
-                    &key.as_str(),
-                    &sql_i64(expected),
-                    &sql_i64(c.token),
-                    &i16::from(c.record.state_code()),
-                    &sql_i64(c.record.expires_at()),
-                    &c.record.encode(),
-                ],
-            )
-            .await
-            .map_err(unavailable)?;
-        Ok(n == 1)
-    }
-
-    async fn claim_advisory_lock(
-        &self,
-        key: &RecordKey,
-        fp: &Fingerprint,
-        now: Millis,
-        policy: &Policy,
-    ) -> Result<Decision, StoreError> {
-        let mut client = self.pool.get().await.map_err(unavailable)?;
-        let tx = client.transaction().await.map_err(unavailable)?;
-        tx.execute(
-            "SELECT pg_advisory_xact_lock(hashtext($1))",
-            &[&key.as_str()],
-        )
-        .await
-        .map_err(unavailable)?;
-        let get = tx.prepare_cached(GET).await.map_err(unavailable)?;
-        let existing = match tx
-            .query_opt(&get, &[&key.as_str()])
-            .await
-            .map_err(unavailable)?
-        {
-            Some(row) => Some(decode(row.get::<_, &[u8]>(0))?),
-            None => None,
+    /// Runs `f` on a pooled connection; the whole (pool wait included) is bounded by
+    /// the store timeout, so an unreachable database answers within it.
+    async fn with_client<T>(&self, f: impl AsyncFnOnce(&mut Client) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        let op = async {
+            let mut client = self.pool.get().await.map_err(unavailable)?;
+            f(&mut client).await
         };
-        let decision = decide(existing.as_ref(), fp, now, policy);
-        if let Decision::Execute(c) | Decision::TakeOver(c) = &decision {
-            // The lock serialises every claim on this key, so an upsert is safe here.
-            let upsert = tx.prepare_cached(UPSERT).await.map_err(unavailable)?;
-            tx.execute(
-                &upsert,
-                &[
-                    &key.as_str(),
-                    &sql_i64(c.token),
-                    &i16::from(c.record.state_code()),
-                    &sql_i64(c.record.expires_at()),
-                    &c.record.encode(),
-                ],
-            )
-            .await
-            .map_err(unavailable)?;
+        match tokio::time::timeout(self.options.timeout, op).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Unavailable(format!("postgres: no answer within {:?}", self.options.timeout))),
         }
-        tx.commit().await.map_err(unavailable)?;
-        Ok(decision)
+    }
+
+    async fn claim_advisory_lock(&self, key: &RecordKey, fp: &Fingerprint, now: Millis, policy: &Policy) -> Result<Decision, StoreError> {
+        self.with_client(async |client| {
+            let tx = client.transaction().await.map_err(unavailable)?;
+            tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&key.as_str()]).await.map_err(unavailable)?;
+            let get = tx.prepare_cached(GET).await.map_err(unavailable)?;
+            let existing = match tx.query_opt(&get, &[&key.as_str()]).await.map_err(unavailable)? {
+                Some(row) => Some(decode(row.get::<_, &[u8]>(0))?),
+                None => None,
+            };
+            let decision = decide(existing.as_ref(), fp, now, policy);
+            if let Decision::Execute(c) | Decision::TakeOver(c) = &decision {
+                // The lock serialises every claim on this key, so an upsert is safe here.
+                let r = Row::of(&c.record);
+                let upsert = tx.prepare_cached(UPSERT).await.map_err(unavailable)?;
+                tx.execute(&upsert, &[&key.as_str(), &r.token, &r.state, &r.expires_at, &r.record])
+                    .await
+                    .map_err(unavailable)?;
+            }
+            tx.commit().await.map_err(unavailable)?;
+            Ok(decision)
+        })
+        .await
     }
 
     /// The bug this project exists to prevent: read, think, write — with nothing
     /// stopping a concurrent retry from doing the same in between.
-    async fn claim_naive(
-        &self,
-        key: &RecordKey,
-        fp: &Fingerprint,
-        now: Millis,
-        policy: &Policy,
-    ) -> Result<Decision, StoreError> {
+    async fn claim_naive(&self, key: &RecordKey, fp: &Fingerprint, now: Millis, policy: &Policy) -> Result<Decision, StoreError> {
         let existing = self.get_record(key).await?;
         let decision = decide(existing.as_ref(), fp, now, policy);
         if let Decision::Execute(c) | Decision::TakeOver(c) = &decision {
             tokio::time::sleep(self.options.naive_window).await;
-            let client = self.pool.get().await.map_err(unavailable)?;
-            let upsert = client.prepare_cached(UPSERT).await.map_err(unavailable)?;
-            client
-                .execute(
-                    &upsert,
-                    &[
-                        &key.as_str(),
-                        &sql_i64(c.token),
-                        &i16::from(c.record.state_code()),
-                        &sql_i64(c.record.expires_at()),
-                        &c.record.encode(),
-                    ],
-                )
-                .await
-                .map_err(unavailable)?;
+            let r = Row::of(&c.record);
+            self.with_client(async |client| {
+                let upsert = client.prepare_cached(UPSERT).await.map_err(unavailable)?;
+                client
+                    .execute(&upsert, &[&key.as_str(), &r.token, &r.state, &r.expires_at, &r.record])
+                    .await
+                    .map_err(unavailable)
+            })
+            .await?;
         }
         Ok(decision)
     }
 
-    async fn get_record(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
-        let client = self.pool.get().await.map_err(unavailable)?;
-        let stmt = client.prepare_cached(GET).await.map_err(unavailable)?;
-        match client
-            .query_opt(&stmt, &[&key.as_str()])
-            .await
-            .map_err(unavailable)?
-        {
-            Some(row) => Ok(Some(decode(row.get::<_, &[u8]>(0))?)),
-            None => Ok(None),
-        }
+    /// Reads a record.
+    pub(crate) async fn get_record(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
+        let bytes = self
+            .with_client(async |client| {
+                let stmt = client.prepare_cached(GET).await.map_err(unavailable)?;
+                let row = client.query_opt(&stmt, &[&key.as_str()]).await.map_err(unavailable)?;
+                Ok(row.map(|r| r.get::<_, Vec<u8>>(0)))
+            })
+            .await?;
+        bytes.map(|b| decode(&b)).transpose()
     }
 
     /// `UPDATE … WHERE token = $t AND state = 0`; when it matches nothing, the current
     /// record tells the core's precondition which refusal it is.
-    async fn holder_write(
-        &self,
-        key: &RecordKey,
-        holder: &Holder,
-        next: Record,
-    ) -> Result<HolderWrite, StoreError> {
-        let client = self.pool.get().await.map_err(unavailable)?;
-        let stmt = client
-            .prepare_cached(HOLDER_WRITE)
-            .await
-            .map_err(unavailable)?;
-        let n = client
-            .execute(
-                &stmt,
-                &[
-                    &key.as_str(),
-                    &sql_i64(holder.token),
-                    &i16::from(next.state_code()),
-                    &sql_i64(next.expires_at()),
-                    &next.encode(),
-                ],
-            )
-            .await
-            .map_err(unavailable)?;
+    pub(crate) async fn holder_write(&self, key: &RecordKey, holder: &Holder, next: &Record) -> Result<HolderWrite, StoreError> {
+        let r = Row::of(next);
+        let n = self
+            .with_client(async |client| {
+                let stmt = client.prepare_cached(HOLDER_WRITE).await.map_err(unavailable)?;
+                client
+                    .execute(&stmt, &[&key.as_str(), &sql_i64(holder.token), &r.state, &r.expires_at, &r.record])
+                    .await
+                    .map_err(unavailable)
+            })
+            .await?;
         if n == 1 {
             return Ok(Ok(()));
         }
-        drop(client);
         let current = self.get_record(key).await?;
         match holder.check(current.as_ref()) {
             Err(refusal) => Ok(Err(refusal)),
-            // The record changed back between the two statements (it can't: tokens only
-            // grow); report it as contention rather than guess.
+            // Tokens only grow, so the record can't have changed back between the two
+            // statements; report contention rather than guess.
             Ok(()) => Err(StoreError::Contention),
         }
     }
+
+    /// Writes a batch behind (the tiered store's outbox): one statement, one commit.
+    /// `batch` must hold each key at most once.
+    pub(crate) async fn upsert_superseding(&self, batch: &[(RecordKey, Record)]) -> Result<u64, StoreError> {
+        let ids: Vec<&str> = batch.iter().map(|(k, _)| k.as_str()).collect();
+        let rows: Vec<Row> = batch.iter().map(|(_, r)| Row::of(r)).collect();
+        let tokens: Vec<i64> = rows.iter().map(|r| r.token).collect();
+        let states: Vec<i16> = rows.iter().map(|r| r.state).collect();
+        let expiries: Vec<i64> = rows.iter().map(|r| r.expires_at).collect();
+        let records: Vec<&[u8]> = rows.iter().map(|r| r.record.as_slice()).collect();
+        self.with_client(async |client| {
+            let stmt = client.prepare_cached(UPSERT_SUPERSEDING).await.map_err(unavailable)?;
+            client.execute(&stmt, &[&ids, &tokens, &states, &expiries, &records]).await.map_err(unavailable)
+        })
+        .await
+    }
+}
+
+async fn migrate(client: &mut Client) -> Result<(), StoreError> {
+    let tx = client.transaction().await.map_err(unavailable)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await.map_err(unavailable)?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS idem_schema_migrations (
+            version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
+    )
+    .await
+    .map_err(unavailable)?;
+    let applied: Vec<i32> = tx
+        .query("SELECT version FROM idem_schema_migrations", &[])
+        .await
+        .map_err(unavailable)?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for (version, sql) in MIGRATIONS {
+        if !applied.contains(version) {
+            tx.batch_execute(sql).await.map_err(unavailable)?;
+            tx.execute("INSERT INTO idem_schema_migrations (version) VALUES ($1)", &[version]).await.map_err(unavailable)?;
+            tracing::info!(version, "applied migration");
+        }
+    }
+    tx.commit().await.map_err(unavailable)
 }
 
 /// A bounded pool for `url`; connecting is lazy, so this never blocks.
@@ -388,13 +293,7 @@ pub fn pool(url: &str, size: usize, timeout: Duration) -> Result<Pool, StoreErro
     let mut config = tokio_postgres::Config::from_str(url)
         .map_err(|e| StoreError::Unavailable(format!("invalid database URL: {e}")))?;
     config.connect_timeout(timeout);
-    let manager = Manager::from_config(
-        config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
+    let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
     Pool::builder(manager)
         .max_size(size.max(1))
         .runtime(Runtime::Tokio1)
@@ -406,86 +305,82 @@ pub fn pool(url: &str, size: usize, timeout: Duration) -> Result<Pool, StoreErro
 }
 
 #[async_trait]
+impl CasRecords for PostgresStore {
+    /// One statement: insert if absent, and otherwise return the existing row.
+    async fn insert_if_absent(&self, key: &RecordKey, record: &Record) -> Result<Insert, StoreError> {
+        let r = Row::of(record);
+        let (inserted, existing) = self
+            .with_client(async |client| {
+                let stmt = client.prepare_cached(CLAIM_INSERT).await.map_err(unavailable)?;
+                let row = client
+                    .query_one(&stmt, &[&key.as_str(), &r.token, &r.state, &r.expires_at, &r.record])
+                    .await
+                    .map_err(unavailable)?;
+                Ok((row.get::<_, i32>(0) == 1, row.get::<_, Option<Vec<u8>>>(1)))
+            })
+            .await?;
+        Ok(match (inserted, existing) {
+            (true, _) => Insert::Stored,
+            (false, Some(bytes)) => Insert::Existing(decode(&bytes)?),
+            // The winner committed after this statement's snapshot: not visible yet.
+            (false, None) => Insert::NotYetVisible,
+        })
+    }
+
+    async fn replace(&self, key: &RecordKey, expected: u64, record: &Record) -> Result<bool, StoreError> {
+        let r = Row::of(record);
+        let n = self
+            .with_client(async |client| {
+                let stmt = client.prepare_cached(REPLACE).await.map_err(unavailable)?;
+                client
+                    .execute(&stmt, &[&key.as_str(), &sql_i64(expected), &r.token, &r.state, &r.expires_at, &r.record])
+                    .await
+                    .map_err(unavailable)
+            })
+            .await?;
+        Ok(n == 1)
+    }
+}
+
+#[async_trait]
 impl Store for PostgresStore {
     fn name(&self) -> &'static str {
         "postgres"
     }
 
-    async fn claim(
-        &self,
-        key: &RecordKey,
-        fp: &Fingerprint,
-        now: Millis,
-        policy: &Policy,
-    ) -> Result<Decision, StoreError> {
-        self.bounded(async {
-            match self.options.strategy {
-                PgStrategy::OnConflict => self.claim_on_conflict(key, fp, now, policy).await,
-                PgStrategy::AdvisoryLock => self.claim_advisory_lock(key, fp, now, policy).await,
-                PgStrategy::Naive => self.claim_naive(key, fp, now, policy).await,
-            }
-        })
-        .await
+    async fn claim(&self, key: &RecordKey, fp: &Fingerprint, now: Millis, policy: &Policy) -> Result<Decision, StoreError> {
+        match self.options.strategy {
+            PgStrategy::OnConflict => Ok(claim_by_cas(self, key, fp, now, policy).await?.0),
+            PgStrategy::AdvisoryLock => self.claim_advisory_lock(key, fp, now, policy).await,
+            PgStrategy::Naive => self.claim_naive(key, fp, now, policy).await,
+        }
     }
 
-    async fn heartbeat(
-        &self,
-        key: &RecordKey,
-        holder: &Holder,
-        now: Millis,
-        policy: &Policy,
-    ) -> Result<HolderWrite, StoreError> {
-        self.bounded(self.holder_write(key, holder, holder.renewed(now, policy)))
-            .await
+    async fn heartbeat(&self, key: &RecordKey, holder: &Holder, now: Millis, policy: &Policy) -> Result<HolderWrite, StoreError> {
+        self.holder_write(key, holder, &holder.renewed(now, policy)).await
     }
 
-    async fn complete(
-        &self,
-        key: &RecordKey,
-        holder: &Holder,
-        response: StoredResponse,
-        now: Millis,
-        policy: &Policy,
-    ) -> Result<HolderWrite, StoreError> {
-        self.bounded(self.holder_write(key, holder, holder.completed(response, now, policy)))
-            .await
+    async fn complete(&self, key: &RecordKey, holder: &Holder, response: StoredResponse, now: Millis, policy: &Policy) -> Result<HolderWrite, StoreError> {
+        self.holder_write(key, holder, &holder.completed(response, now, policy)).await
     }
 
-    async fn release(
-        &self,
-        key: &RecordKey,
-        holder: &Holder,
-        now: Millis,
-    ) -> Result<HolderWrite, StoreError> {
-        self.bounded(self.holder_write(key, holder, holder.released(now)))
-            .await
+    async fn release(&self, key: &RecordKey, holder: &Holder, now: Millis) -> Result<HolderWrite, StoreError> {
+        self.holder_write(key, holder, &holder.released(now)).await
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
-        self.bounded(self.get_record(key)).await
+        self.get_record(key).await
     }
 
     async fn sweep(&self, now: Millis, batch: usize) -> Result<u64, StoreError> {
-        self.bounded(async {
-            let client = self.pool.get().await.map_err(unavailable)?;
+        self.with_client(async |client| {
             let stmt = client.prepare_cached(SWEEP).await.map_err(unavailable)?;
-            client
-                .execute(&stmt, &[&sql_i64(now), &(batch as i64)])
-                .await
-                .map_err(unavailable)
+            client.execute(&stmt, &[&sql_i64(now), &(batch as i64)]).await.map_err(unavailable)
         })
         .await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.bounded(async {
-            let client = self.pool.get().await.map_err(unavailable)?;
-            client
-                .simple_query("SELECT 1")
-                .await
-                .map_err(unavailable)
-                .map(drop)
-        })
-        .await
+        self.with_client(async |client| client.simple_query("SELECT 1").await.map_err(unavailable).map(drop)).await
     }
 }

@@ -1,0 +1,281 @@
+//! Records in Redis — standalone or Redis Cluster.
+//!
+//! Each record is one hash, `idem:{<record key>}` (fields `t` token, `s` state, `r` the
+//! core's encoding), expiring by `PEXPIREAT`. Every operation is one Lua script on that
+//! one key; the braces are a hash tag, so a cluster never sees a cross-slot call, and
+//! the fencing token lives inside the record rather than in a second key.
+//!
+//! The scripts are primitives — insert-if-absent, compare-and-swap on the token, the
+//! holder precondition, supersede-only mirroring — and the core decides which to run.
+
+use super::{claim_by_cas, decode, CasRecords, HolderWrite, Insert, Store, StoreError};
+use async_trait::async_trait;
+use idem_core::{Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, StoredResponse};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Script, Value};
+use std::sync::LazyLock;
+use std::time::Duration;
+
+/// Records stay in Redis this long past their logical expiry, so a claim in the same
+/// instant still sees the token, and small clock differences between origins and
+/// Redis don't matter.
+const EXPIRY_GRACE_MS: u64 = 1_000;
+
+static INSERT_IF_ABSENT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redis/insert_if_absent.lua")));
+static REPLACE_IF_TOKEN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redis/replace_if_token.lua")));
+static HOLDER_WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redis/holder_write.lua")));
+static MIRROR: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redis/mirror.lua")));
+static GET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redis/get.lua")));
+
+/// Connection settings of [`RedisStore`].
+#[derive(Clone, Debug)]
+pub struct RedisOptions {
+    /// `Some(true)`: Redis Cluster; `Some(false)`: standalone; `None`: a list of URLs
+    /// means a cluster, a single URL is asked (`INFO cluster`).
+    pub cluster: Option<bool>,
+    /// Bound on connecting and on every operation.
+    pub timeout: Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        RedisOptions { cluster: None, timeout: Duration::from_secs(2) }
+    }
+}
+
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+/// Redis-backed [`Store`].
+pub struct RedisStore {
+    conn: Conn,
+    timeout: Duration,
+}
+
+fn unavailable(e: redis::RedisError) -> StoreError {
+    StoreError::Unavailable(format!("redis: {e}"))
+}
+
+fn redis_key(key: &RecordKey) -> String {
+    format!("idem:{{{}}}", key.as_str())
+}
+
+fn pexpire_at(record: &Record) -> u64 {
+    record.expires_at().saturating_add(EXPIRY_GRACE_MS)
+}
+
+impl RedisStore {
+    /// Connects to `urls` — one URL, or a comma-separated list of cluster nodes.
+    pub async fn connect(urls: &str, options: RedisOptions) -> Result<Self, StoreError> {
+        let nodes: Vec<&str> = urls.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+        if nodes.is_empty() {
+            return Err(StoreError::Unavailable("no Redis URL given".into()));
+        }
+        let timeout = options.timeout;
+        let cluster = match options.cluster {
+            Some(c) => c,
+            None if nodes.len() > 1 => true,
+            None => Self::single(nodes[0], timeout).await?.cluster_enabled().await?,
+        };
+        let store = if cluster { Self::cluster(&nodes, timeout).await? } else { Self::single(nodes[0], timeout).await? };
+        store.ping().await?;
+        Ok(store)
+    }
+
+    async fn single(url: &str, timeout: Duration) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(|e| StoreError::Unavailable(format!("invalid Redis URL: {e}")))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let conn = tokio::time::timeout(timeout, ConnectionManager::new_with_config(client, config))
+            .await
+            .map_err(|_| StoreError::Unavailable(format!("redis: no connection to {url} within {timeout:?}")))?
+            .map_err(unavailable)?;
+        Ok(RedisStore { conn: Conn::Single(conn), timeout })
+    }
+
+    async fn cluster(nodes: &[&str], timeout: Duration) -> Result<Self, StoreError> {
+        let client = redis::cluster::ClusterClientBuilder::new(nodes.to_vec())
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            .retries(6)
+            .min_retry_wait(50)
+            .max_retry_wait(1_000)
+            .build()
+            .map_err(|e| StoreError::Unavailable(format!("invalid Redis Cluster configuration: {e}")))?;
+        let conn = tokio::time::timeout(timeout, client.get_async_connection())
+            .await
+            .map_err(|_| StoreError::Unavailable(format!("redis cluster: no connection within {timeout:?}")))?
+            .map_err(unavailable)?;
+        Ok(RedisStore { conn: Conn::Cluster(conn), timeout })
+    }
+
+    async fn cluster_enabled(&self) -> Result<bool, StoreError> {
+        let info: String = self.cmd(redis::cmd("INFO").arg("cluster")).await?;
+        Ok(info.lines().any(|l| l.trim() == "cluster_enabled:1"))
+    }
+
+    /// Whether this store talks to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.conn, Conn::Cluster(_))
+    }
+
+    async fn bounded<T>(&self, op: impl std::future::Future<Output = redis::RedisResult<T>>) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.timeout, op).await {
+            Ok(r) => r.map_err(unavailable),
+            Err(_) => Err(StoreError::Unavailable(format!("redis: no answer within {:?}", self.timeout))),
+        }
+    }
+
+    async fn cmd<T: redis::FromRedisValue>(&self, cmd: &mut redis::Cmd) -> Result<T, StoreError> {
+        match self.conn.clone() {
+            Conn::Single(mut c) => self.bounded(cmd.query_async(&mut c)).await,
+            Conn::Cluster(mut c) => self.bounded(cmd.query_async(&mut c)).await,
+        }
+    }
+
+    async fn run<T: redis::FromRedisValue>(&self, script: &Script, key: &RecordKey, args: ScriptArgs<'_>) -> Result<T, StoreError> {
+        let mut invocation = script.key(redis_key(key));
+        args.apply(&mut invocation);
+        match self.conn.clone() {
+            Conn::Single(mut c) => self.bounded(invocation.invoke_async(&mut c)).await,
+            Conn::Cluster(mut c) => self.bounded(invocation.invoke_async(&mut c)).await,
+        }
+    }
+
+    /// Stores `record` at `key` unless Redis already holds a record that supersedes it.
+    pub(crate) async fn mirror(&self, key: &RecordKey, record: &Record) -> Result<bool, StoreError> {
+        let written: i64 = self.run(&MIRROR, key, ScriptArgs::record(record)).await?;
+        Ok(written == 1)
+    }
+
+    /// The holder write under the core's precondition, executed by the script.
+    pub(crate) async fn holder_write(&self, key: &RecordKey, holder: &Holder, next: &Record) -> Result<HolderWrite, StoreError> {
+        let reply: Vec<Value> = self.run(&HOLDER_WRITE, key, ScriptArgs::holder(holder.token, next)).await?;
+        match reply.as_slice() {
+            [Value::Int(1)] => Ok(Ok(())),
+            [Value::Int(0), rest @ ..] => {
+                let current = match rest.first() {
+                    Some(Value::BulkString(bytes)) => Some(decode(bytes)?),
+                    _ => None,
+                };
+                match holder.check(current.as_ref()) {
+                    Err(refusal) => Ok(Err(refusal)),
+                    Ok(()) => Err(StoreError::Contention),
+                }
+            }
+            other => Err(StoreError::Corrupt(format!("unexpected script reply {other:?}"))),
+        }
+    }
+
+    /// Reads a record.
+    pub(crate) async fn read(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
+        let bytes: Option<Vec<u8>> = self.run(&GET, key, ScriptArgs::None).await?;
+        bytes.map(|b| decode(&b)).transpose()
+    }
+}
+
+/// The argument lists of the scripts.
+enum ScriptArgs<'a> {
+    None,
+    /// token, state, record, pexpireat
+    Record(&'a Record),
+    /// expected token, then as `Record`
+    Replace(u64, &'a Record),
+    /// holder token, state, record, pexpireat
+    Holder(u64, &'a Record),
+}
+
+impl<'a> ScriptArgs<'a> {
+    fn record(r: &'a Record) -> Self {
+        ScriptArgs::Record(r)
+    }
+    fn holder(token: u64, r: &'a Record) -> Self {
+        ScriptArgs::Holder(token, r)
+    }
+    fn apply(self, inv: &mut redis::ScriptInvocation<'_>) {
+        let record = match self {
+            ScriptArgs::None => return,
+            ScriptArgs::Record(r) => {
+                inv.arg(r.token());
+                r
+            }
+            ScriptArgs::Replace(expected, r) => {
+                inv.arg(expected).arg(r.token());
+                r
+            }
+            ScriptArgs::Holder(token, r) => {
+                inv.arg(token);
+                r
+            }
+        };
+        inv.arg(record.state_code()).arg(record.encode()).arg(pexpire_at(record));
+    }
+}
+
+#[async_trait]
+impl CasRecords for RedisStore {
+    async fn insert_if_absent(&self, key: &RecordKey, record: &Record) -> Result<Insert, StoreError> {
+        let existing: Option<Vec<u8>> = self.run(&INSERT_IF_ABSENT, key, ScriptArgs::record(record)).await?;
+        Ok(match existing {
+            None => Insert::Stored,
+            Some(bytes) => Insert::Existing(decode(&bytes)?),
+        })
+    }
+
+    async fn replace(&self, key: &RecordKey, expected: u64, record: &Record) -> Result<bool, StoreError> {
+        let replaced: i64 = self.run(&REPLACE_IF_TOKEN, key, ScriptArgs::Replace(expected, record)).await?;
+        Ok(replaced == 1)
+    }
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    fn name(&self) -> &'static str {
+        if self.is_cluster() {
+            "redis-cluster"
+        } else {
+            "redis"
+        }
+    }
+
+    async fn claim(&self, key: &RecordKey, fp: &Fingerprint, now: Millis, policy: &Policy) -> Result<Decision, StoreError> {
+        Ok(claim_by_cas(self, key, fp, now, policy).await?.0)
+    }
+
+    async fn heartbeat(&self, key: &RecordKey, holder: &Holder, now: Millis, policy: &Policy) -> Result<HolderWrite, StoreError> {
+        self.holder_write(key, holder, &holder.renewed(now, policy)).await
+    }
+
+    async fn complete(&self, key: &RecordKey, holder: &Holder, response: StoredResponse, now: Millis, policy: &Policy) -> Result<HolderWrite, StoreError> {
+        self.holder_write(key, holder, &holder.completed(response, now, policy)).await
+    }
+
+    async fn release(&self, key: &RecordKey, holder: &Holder, now: Millis) -> Result<HolderWrite, StoreError> {
+        self.holder_write(key, holder, &holder.released(now)).await
+    }
+
+    async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
+        self.read(key).await
+    }
+
+    /// Redis expires records itself.
+    async fn sweep(&self, _now: Millis, _batch: usize) -> Result<u64, StoreError> {
+        Ok(0)
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let pong: String = self.cmd(&mut redis::cmd("PING")).await?;
+        if pong == "PONG" {
+            Ok(())
+        } else {
+            Err(StoreError::Unavailable(format!("redis answered {pong:?} to PING")))
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! Redis as the hot path, Postgres as the authority.
+//!
+//! * `sync`: a retry of a known key is answered from Redis (replay, 409, 422). A claim
+//!   is made in Postgres (insert-if-absent / CAS) before the handler runs, and every
+//!   holder write goes to Postgres first, then to Redis. Redis only ever mirrors
+//!   Postgres, so losing Redis loses nothing; while Redis is unreachable, Postgres
+//!   alone serves (degraded, but safe).
+//! * `async`: Redis alone decides on the hot path; claims and completions reach
+//!   Postgres through the [`outbox`]. A Redis failover that loses a claim not yet
+//!   replicated nor written behind lets a retry run again: that window is the price.
+//!
+//! Both: when Redis has no record (evicted, flushed, failed over), Postgres is asked
+//! before the handler runs — a completed record found there is written back to Redis
+//! and replayed, an in-progress one answers 409 (the cold path).
+
+pub mod outbox;
+
+use super::{claim_by_cas, CasRecords, HolderWrite, Insert, PostgresStore, RedisStore, Store, StoreError};
+use async_trait::async_trait;
+use idem_core::{decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, StoredResponse};
+use outbox::{Outbox, OutboxOptions};
+use std::sync::Arc;
+
+/// When a claim and a completion reach Postgres.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Durability {
+    /// Before the handler runs / before the answer is returned: a Redis crash loses nothing.
+    Sync,
+    /// Written behind by a batching outbox: faster, and a Redis crash can lose a claim.
+    Async,
+}
+
+/// The tiered [`Store`].
+pub struct TieredStore {
+    redis: RedisStore,
+    pg: Arc<PostgresStore>,
+    outbox: Option<Outbox>,
+}
+
+impl TieredStore {
+    /// Layers `redis` over `pg`.
+    pub fn new(redis: RedisStore, pg: Arc<PostgresStore>, durability: Durability, outbox: OutboxOptions) -> Self {
+        let outbox = match durability {
+            Durability::Sync => None,
+            Durability::Async => Some(Outbox::start(pg.clone(), outbox)),
+        };
+        TieredStore { redis, pg, outbox }
+    }
+
+    /// The durability mode.
+    pub fn durability(&self) -> Durability {
+        if self.outbox.is_some() {
+            Durability::Async
+        } else {
+            Durability::Sync
+        }
+    }
+
+    fn redis_failed(&self, op: &'static str, e: &StoreError) {
+        metrics::counter!("idem_tiered_redis_errors_total", "op" => op).increment(1);
+        tracing::warn!(op, error = %e, "redis failed; Postgres decides alone");
+    }
+
+    /// Makes Redis hold `record`: swap out the record we saw (`expected`), or else
+    /// write it if it supersedes whatever Redis has. Best effort: Redis is a cache here.
+    async fn mirror(&self, key: &RecordKey, expected: Option<u64>, record: &Record) {
+        let swapped = match expected {
+            Some(t) => self.redis.replace(key, t, record).await,
+            None => Ok(false),
+        };
+        let result = match swapped {
+            Ok(true) => Ok(true),
+            Ok(false) => self.redis.mirror(key, record).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = result {
+            self.redis_failed("mirror", &e);
+        }
+    }
+
+    async fn claim_sync(&self, key: &RecordKey, fp: &Fingerprint, now: Millis, policy: &Policy) -> Result<Decision, StoreError> {
+        let Decision::Execute(provisional) = decide(None, fp, now, policy) else { unreachable!("no record always executes") };
+        // 1. Redis: a retry of a key it knows is answered without touching Postgres.
+        let seen = match self.redis.insert_if_absent(key, &provisional.record).await {
+            Ok(Insert::Existing(record)) => {
+                let decision = decide(Some(&record), fp, now, policy);
+                if !matches!(decision, Decision::Execute(_) | Decision::TakeOver(_)) {
+                    return Ok(decision);
+                }
+                Some(record.token())
+            }
+            Ok(Insert::Stored) => Some(provisional.token),
+            Ok(Insert::NotYetVisible) => None,
+            Err(e) => {
+                self.redis_failed("claim", &e);
+                None
+            }
+        };
+        // 2. Postgres, the authority, decides and claims.
+        let (decision, record) = match claim_by_cas(&*self.pg, key, fp, now, policy).await {
+            Ok(done) => done,
+            Err(e) => {
+                // Don't leave our provisional record answering 409 for a claim that never happened.
+                if seen == Some(provisional.token) {
+                    let _ = self.redis.holder_write(key, &provisional.holder(), &provisional.holder().released(now)).await;
+                }
+                return Err(e);
+            }
+        };
+        // 3. Redis mirrors what Postgres now holds (this is also the cold path's write-back).
+        if let Some(record) = &record {
+            self.mirror(key, seen, record).await;
+        }
+        Ok(decision)
+    }
+
+    async fn holder_write(&self, key: &RecordKey, holder: &Holder, next: Record) -> Result<HolderWrite, StoreError> {
+        match &self.outbox {
+            None => {
+                let written = self.pg.holder_write(key, holder, &next).await?;
+                if written.is_ok() {
+                    self.mirror(key, None, &next).await;
+                }
+                Ok(written)
+            }
+            Some(outbox) => {
+                let slot = outbox.reserve().await?;
+                let written = self.redis.holder_write(key, holder, &next).await?;
+                if written.is_ok() {
+                    slot.send(key.clone(), next);
+                }
+                Ok(written)
+            }
+        }
+    }
+}
+
+/// The `async` hot path: Redis, with the cold path folded into insert-if-absent.
+struct ColdPath<'a>(&'a TieredStore);
+
+#[async_trait]
+impl CasRecords for ColdPath<'_> {
+    async fn insert_if_absent(&self, key: &RecordKey, record: &Record) -> Result<Insert, StoreError> {
+        let tiered = self.0;
+        match tiered.redis.insert_if_absent(key, record).await? {
+            Insert::Stored => {}
+            other => return Ok(other),
+        }
+        // Redis had nothing. Postgres may still know the key (Redis lost it).
+        let authority = match tiered.pg.get_record(key).await {
+            Ok(found) => found,
+            Err(e) => {
+                let holder = Holder { fingerprint: *record.fingerprint(), token: record.token() };
+                let _ = tiered.redis.holder_write(key, &holder, &holder.released(0)).await;
+                return Err(e);
+            }
+        };
+        match authority {
+            None => Ok(Insert::Stored),
+            Some(found) => {
+                metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
+                // Put the authority's record back in place of ours; the core decides on it.
+                if tiered.redis.replace(key, record.token(), &found).await? {
+                    Ok(Insert::Existing(found))
+                } else {
+                    Ok(Insert::NotYetVisible)
+                }
+            }
+        }
+    }
+
+    async fn replace(&self, key: &RecordKey, expected: u64, record: &Record) -> Result<bool, StoreError> {
+        self.0.redis.replace(key, expected, record).await
+    }
+}
+
+#[async_trait]
+impl Store for TieredStore {
+    fn name(&self) -> &'static str {
+        match self.durability() {
+            Durability::Sync => "tiered-sync",
+            Durability::Async => "tiered-async",
+        }
+    }
+
+    async fn claim(&self, key: &RecordKey, fp: &Fingerprint, now: Millis, policy: &Policy) -> Result<Decision, StoreError> {
+        let Some(outbox) = &self.outbox else {
+            return self.claim_sync(key, fp, now, policy).await;
+        };
+        // Reserve before writing anything: a full outbox refuses the claim cleanly.
+        let slot = outbox.reserve().await?;
+        let (decision, record) = claim_by_cas(&ColdPath(self), key, fp, now, policy).await?;
+        if let (Decision::Execute(_) | Decision::TakeOver(_), Some(record)) = (&decision, record) {
+            slot.send(key.clone(), record);
+        }
+        Ok(decision)
+    }
+
+    async fn heartbeat(&self, key: &RecordKey, holder: &Holder, now: Millis, policy: &Policy) -> Result<HolderWrite, StoreError> {
+        self.holder_write(key, holder, holder.renewed(now, policy)).await
+    }
+
+    async fn complete(&self, key: &RecordKey, holder: &Holder, response: StoredResponse, now: Millis, policy: &Policy) -> Result<HolderWrite, StoreError> {
+        self.holder_write(key, holder, holder.completed(response, now, policy)).await
+    }
+
+    async fn release(&self, key: &RecordKey, holder: &Holder, now: Millis) -> Result<HolderWrite, StoreError> {
+        self.holder_write(key, holder, holder.released(now)).await
+    }
+
+    async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
+        match self.redis.read(key).await {
+            Ok(Some(record)) => Ok(Some(record)),
+            Ok(None) => self.pg.get_record(key).await,
+            Err(e) if self.outbox.is_none() => {
+                self.redis_failed("get", &e);
+                self.pg.get_record(key).await
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn sweep(&self, now: Millis, batch: usize) -> Result<u64, StoreError> {
+        self.pg.sweep(now, batch).await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.pg.ping().await?;
+        match self.redis.ping().await {
+            // In sync mode Postgres alone can serve: not ready only if it is down.
+            Err(e) if self.outbox.is_none() => {
+                self.redis_failed("ping", &e);
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    async fn flush(&self) -> Result<(), StoreError> {
+        if let Some(outbox) = &self.outbox {
+            outbox.flush().await;
+        }
+        Ok(())
+    }
+}
