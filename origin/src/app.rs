@@ -33,7 +33,11 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
     };
     let redis = match (&config.redis_url, config.store) {
         (Some(urls), StoreKind::Redis | StoreKind::Tiered) => {
-            let options = RedisOptions { cluster: config.redis_cluster.then_some(true), timeout: config.store_timeout };
+            let options = RedisOptions {
+                cluster: config.redis_cluster.then_some(true),
+                timeout: config.store_timeout,
+                namespace: config.redis_namespace.clone(),
+            };
             Some(RedisStore::connect(urls, options).await.map_err(|e| format!("cannot use Redis at {}: {e}", redact(urls)))?)
         }
         _ => None,

@@ -54,6 +54,10 @@ pub struct Config {
     #[arg(long, env = "IDEM_REDIS_CLUSTER")]
     pub redis_cluster: bool,
 
+    /// Prefix of every Redis key, so several deployments can share one Redis.
+    #[arg(long, env = "IDEM_REDIS_NAMESPACE", default_value = "idem")]
+    pub redis_namespace: String,
+
     /// Tiered store: when claims and completions reach Postgres.
     #[arg(long, env = "IDEM_DURABILITY", value_enum, default_value_t = Durability::Sync)]
     pub durability: Durability,
@@ -129,6 +133,9 @@ impl Config {
         }
         if self.store == StoreKind::Tiered && missing(&self.database_url) {
             return Err("--store tiered needs --database-url (or DATABASE_URL) for the Postgres authority".into());
+        }
+        if self.redis_namespace.is_empty() || self.redis_namespace.contains(['{', '}']) {
+            return Err("--redis-namespace must be non-empty and free of braces".into());
         }
         if self.outbox_capacity == 0 || self.outbox_batch == 0 {
             return Err("--outbox-capacity and --outbox-batch must be at least 1".into());

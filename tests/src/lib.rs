@@ -21,6 +21,25 @@ pub fn database_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/idem".into())
 }
 
+/// The standalone Redis the tests use (`IDEM_TEST_REDIS_URL`).
+pub fn redis_url() -> String {
+    std::env::var("IDEM_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// The Redis Cluster nodes the tests use (`IDEM_TEST_REDIS_CLUSTER_URLS`, comma-separated).
+pub fn redis_cluster_urls() -> String {
+    std::env::var("IDEM_TEST_REDIS_CLUSTER_URLS").unwrap_or_else(|_| {
+        (7000..7006).map(|p| format!("redis://127.0.0.1:{p}")).collect::<Vec<_>>().join(",")
+    })
+}
+
+/// A Redis key namespace no other test (or earlier run) uses.
+pub fn unique_namespace(label: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    format!("test-{label}-{}-{nanos}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+}
+
 /// A schema of its own for one test, so tests can count rows in parallel.
 pub struct TestDb {
     /// The schema's name.
@@ -155,6 +174,11 @@ impl TestOrigin {
             origin_store: store,
             server,
         }
+    }
+
+    /// Flushes the store (the async outbox) as a graceful shutdown does.
+    pub async fn flush(&self) {
+        self.origin_store.flush().await.expect("store flushes");
     }
 
     /// `http://addr` + `path`.

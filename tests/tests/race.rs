@@ -2,7 +2,9 @@
 //! safe strategy charges exactly once per key; `naive` charges more (which is what
 //! shows the test can fail).
 
-use idem_tests::{charge_body, client, post_charge, report, TestDb, TestOrigin};
+use idem_tests::{
+    charge_body, client, post_charge, redis_cluster_urls, redis_url, report, unique_namespace, TestDb, TestOrigin,
+};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use tokio::sync::Barrier;
@@ -72,37 +74,21 @@ async fn race(db: &TestDb, origin: &TestOrigin, label: &str) -> Race {
     }
 }
 
-async fn safe_strategy(strategy: &str) {
-    let db = TestDb::new(&strategy.replace('-', "_")).await;
-    let origin = TestOrigin::start(&[
-        "--store",
-        "postgres",
-        "--database-url",
-        &db.url,
-        "--pg-strategy",
-        strategy,
-        "--pg-pool-size",
-        "24",
-    ])
-    .await;
-    let r = race(&db, &origin, strategy).await;
-    assert_eq!(
-        r.charges, KEYS as i64,
-        "{strategy}: exactly one charge per key"
-    );
+/// Races an origin built from `args` (plus the test database) and checks that every
+/// key was charged exactly once and every answer for a key carried that one charge.
+async fn exactly_once(label: &str, args: &[&str]) -> (TestDb, TestOrigin) {
+    let db = TestDb::new(&label.replace('-', "_")).await;
+    let mut all = vec!["--database-url", db.url.as_str(), "--pg-pool-size", "24"];
+    all.extend_from_slice(args);
+    let origin = TestOrigin::start(&all).await;
+    let r = race(&db, &origin, label).await;
+    assert_eq!(r.charges, KEYS as i64, "{label}: exactly one charge per key");
     assert_eq!(r.double_charged_keys, 0);
     assert_eq!(r.statuses.values().sum::<usize>(), KEYS * RETRIES);
-    assert!(
-        r.statuses.keys().all(|s| *s == 201 || *s == 409),
-        "{strategy}: only 201 and 409 expected, got {:?}",
-        r.statuses
-    );
+    assert!(r.statuses.keys().all(|s| *s == 201 || *s == 409), "{label}: only 201 and 409 expected, got {:?}", r.statuses);
     // Every 201 for a key carried the same charge.
     assert_eq!(r.ids.len(), KEYS);
-    assert!(
-        r.ids.values().all(|ids| ids.len() == 1),
-        "{strategy}: a key answered with two different charges"
-    );
+    assert!(r.ids.values().all(|ids| ids.len() == 1), "{label}: a key answered with two different charges");
 
     // Every key retried once more, waiting if needed: all replay the one charge.
     let http = client();
@@ -123,6 +109,11 @@ async fn safe_strategy(strategy: &str) {
         assert_eq!(json["id"].as_str(), Some(ids[0].as_str()));
     }
     assert_eq!(db.charges().await, KEYS as i64);
+    (db, origin)
+}
+
+async fn safe_strategy(strategy: &str) {
+    exactly_once(strategy, &["--store", "postgres", "--pg-strategy", strategy]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -208,4 +199,39 @@ async fn naive_double_charges() {
         r.charges
     );
     assert!(r.double_charged_keys > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_standalone_charges_exactly_once_per_key() {
+    let ns = unique_namespace("race");
+    exactly_once("redis", &["--store", "redis", "--redis-url", &redis_url(), "--redis-namespace", &ns]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_cluster_charges_exactly_once_per_key() {
+    let ns = unique_namespace("race");
+    let urls = redis_cluster_urls();
+    exactly_once("redis-cluster", &["--store", "redis", "--redis-url", &urls, "--redis-namespace", &ns]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tiered_sync_charges_exactly_once_per_key_and_postgres_holds_every_answer() {
+    let ns = unique_namespace("race");
+    let urls = redis_cluster_urls();
+    let (db, _origin) =
+        exactly_once("tiered-sync", &["--store", "tiered", "--redis-url", &urls, "--redis-namespace", &ns]).await;
+    assert_eq!(db.count("SELECT count(*) FROM idem_records WHERE state = 1").await, KEYS as i64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tiered_async_charges_exactly_once_per_key_and_writes_every_answer_behind() {
+    let ns = unique_namespace("race");
+    let urls = redis_cluster_urls();
+    let (db, origin) = exactly_once(
+        "tiered-async",
+        &["--store", "tiered", "--durability", "async", "--redis-url", &urls, "--redis-namespace", &ns],
+    )
+    .await;
+    origin.flush().await;
+    assert_eq!(db.count("SELECT count(*) FROM idem_records WHERE state = 1").await, KEYS as i64);
 }

@@ -36,11 +36,14 @@ pub struct RedisOptions {
     pub cluster: Option<bool>,
     /// Bound on connecting and on every operation.
     pub timeout: Duration,
+    /// Prefix of every key (`<namespace>:{<record key>}`), so several deployments
+    /// can share one Redis.
+    pub namespace: String,
 }
 
 impl Default for RedisOptions {
     fn default() -> Self {
-        RedisOptions { cluster: None, timeout: Duration::from_secs(2) }
+        RedisOptions { cluster: None, timeout: Duration::from_secs(2), namespace: "idem".into() }
     }
 }
 
@@ -54,14 +57,11 @@ enum Conn {
 pub struct RedisStore {
     conn: Conn,
     timeout: Duration,
+    namespace: String,
 }
 
 fn unavailable(e: redis::RedisError) -> StoreError {
     StoreError::Unavailable(format!("redis: {e}"))
-}
-
-fn redis_key(key: &RecordKey) -> String {
-    format!("idem:{{{}}}", key.as_str())
 }
 
 fn pexpire_at(record: &Record) -> u64 {
@@ -79,14 +79,23 @@ impl RedisStore {
         let cluster = match options.cluster {
             Some(c) => c,
             None if nodes.len() > 1 => true,
-            None => Self::single(nodes[0], timeout).await?.cluster_enabled().await?,
+            None => {
+                let probe = RedisStore { conn: Self::single(nodes[0], timeout).await?, timeout, namespace: String::new() };
+                probe.cluster_enabled().await?
+            }
         };
-        let store = if cluster { Self::cluster(&nodes, timeout).await? } else { Self::single(nodes[0], timeout).await? };
+        let conn = if cluster { Self::cluster(&nodes, timeout).await? } else { Self::single(nodes[0], timeout).await? };
+        let store = RedisStore { conn, timeout, namespace: options.namespace };
         store.ping().await?;
         Ok(store)
     }
 
-    async fn single(url: &str, timeout: Duration) -> Result<Self, StoreError> {
+    /// `<namespace>:{<record key>}` — the braces make the record key a hash tag.
+    fn redis_key(&self, key: &RecordKey) -> String {
+        format!("{}:{{{}}}", self.namespace, key.as_str())
+    }
+
+    async fn single(url: &str, timeout: Duration) -> Result<Conn, StoreError> {
         let client = redis::Client::open(url).map_err(|e| StoreError::Unavailable(format!("invalid Redis URL: {e}")))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
@@ -97,10 +106,10 @@ impl RedisStore {
             .await
             .map_err(|_| StoreError::Unavailable(format!("redis: no connection to {url} within {timeout:?}")))?
             .map_err(unavailable)?;
-        Ok(RedisStore { conn: Conn::Single(conn), timeout })
+        Ok(Conn::Single(conn))
     }
 
-    async fn cluster(nodes: &[&str], timeout: Duration) -> Result<Self, StoreError> {
+    async fn cluster(nodes: &[&str], timeout: Duration) -> Result<Conn, StoreError> {
         let client = redis::cluster::ClusterClientBuilder::new(nodes.to_vec())
             .connection_timeout(timeout)
             .response_timeout(timeout)
@@ -113,7 +122,7 @@ impl RedisStore {
             .await
             .map_err(|_| StoreError::Unavailable(format!("redis cluster: no connection within {timeout:?}")))?
             .map_err(unavailable)?;
-        Ok(RedisStore { conn: Conn::Cluster(conn), timeout })
+        Ok(Conn::Cluster(conn))
     }
 
     async fn cluster_enabled(&self) -> Result<bool, StoreError> {
@@ -141,7 +150,7 @@ impl RedisStore {
     }
 
     async fn run<T: redis::FromRedisValue>(&self, script: &Script, key: &RecordKey, args: ScriptArgs<'_>) -> Result<T, StoreError> {
-        let mut invocation = script.key(redis_key(key));
+        let mut invocation = script.key(self.redis_key(key));
         args.apply(&mut invocation);
         match self.conn.clone() {
             Conn::Single(mut c) => self.bounded(invocation.invoke_async(&mut c)).await,
