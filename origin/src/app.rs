@@ -4,7 +4,9 @@ use crate::charges::{self, Ledger, MemoryLedger, PgLedger};
 use crate::config::{Config, StoreKind};
 use crate::idempotency::IdempotencyLayer;
 use crate::store::tiered::outbox::OutboxOptions;
-use crate::store::{postgres::PgOptions, MemoryStore, PostgresStore, RedisOptions, RedisStore, Store, TieredStore};
+use crate::store::{
+    postgres::PgOptions, MemoryStore, PostgresStore, RedisOptions, RedisStore, Store, TieredStore,
+};
 use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -38,13 +40,21 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
                 timeout: config.store_timeout,
                 namespace: config.redis_namespace.clone(),
             };
-            Some(RedisStore::connect(urls, options).await.map_err(|e| format!("cannot use Redis at {}: {e}", redact(urls)))?)
+            Some(
+                RedisStore::connect(urls, options)
+                    .await
+                    .map_err(|e| format!("cannot use Redis at {}: {e}", redact(urls)))?,
+            )
         }
         _ => None,
     };
     // The demo's charges live in Postgres whenever there is one, else in memory.
     let ledger: Arc<dyn Ledger> = match &pg {
-        Some(pg) => Arc::new(PgLedger::new(pg.pool().clone()).await.map_err(|e| format!("cannot create the charges table: {e}"))?),
+        Some(pg) => Arc::new(
+            PgLedger::new(pg.pool().clone())
+                .await
+                .map_err(|e| format!("cannot create the charges table: {e}"))?,
+        ),
         None => Arc::new(MemoryLedger::default()),
     };
     let store: Arc<dyn Store> = match (config.store, pg, redis) {
@@ -77,7 +87,9 @@ async fn connect_postgres(config: &Config, url: &str) -> Result<PostgresStore, S
         timeout: config.store_timeout,
         naive_window: config.naive_window,
     };
-    PostgresStore::connect(url, options).await.map_err(|e| format!("cannot use the Postgres store at {}: {e}", redact(url)))
+    PostgresStore::connect(url, options)
+        .await
+        .map_err(|e| format!("cannot use the Postgres store at {}: {e}", redact(url)))
 }
 
 /// The idempotency layer as configured.

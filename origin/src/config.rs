@@ -128,11 +128,18 @@ impl Config {
         if matches!(self.store, StoreKind::Redis | StoreKind::Tiered) && missing(&self.redis_url) {
             return Err(format!(
                 "--store {} needs --redis-url (or IDEM_REDIS_URL), e.g. redis://127.0.0.1:6379",
-                if self.store == StoreKind::Redis { "redis" } else { "tiered" }
+                if self.store == StoreKind::Redis {
+                    "redis"
+                } else {
+                    "tiered"
+                }
             ));
         }
         if self.store == StoreKind::Tiered && missing(&self.database_url) {
-            return Err("--store tiered needs --database-url (or DATABASE_URL) for the Postgres authority".into());
+            return Err(
+                "--store tiered needs --database-url (or DATABASE_URL) for the Postgres authority"
+                    .into(),
+            );
         }
         if self.redis_namespace.is_empty() || self.redis_namespace.contains(['{', '}']) {
             return Err("--redis-namespace must be non-empty and free of braces".into());
@@ -210,7 +217,14 @@ mod tests {
         assert!(pg.validate().unwrap_err().contains("--database-url"));
         let redis = Config::try_parse_from(["idem-origin", "--store", "redis"]).unwrap();
         assert!(redis.validate().unwrap_err().contains("--redis-url"));
-        let tiered = Config::try_parse_from(["idem-origin", "--store", "tiered", "--redis-url", "redis://x"]).unwrap();
+        let tiered = Config::try_parse_from([
+            "idem-origin",
+            "--store",
+            "tiered",
+            "--redis-url",
+            "redis://x",
+        ])
+        .unwrap();
         assert!(tiered.validate().unwrap_err().contains("--database-url"));
         let short =
             Config::try_parse_from(["idem-origin", "--ttl", "1s", "--lease", "30s"]).unwrap();

@@ -305,13 +305,27 @@ mod tests {
 
     #[test]
     fn newer_tokens_and_completion_supersede() {
-        let ip = |token| Record::InProgress { fingerprint: Fingerprint([1; 32]), token, lease_until: 5, expires_at: 6 };
+        let ip = |token| Record::InProgress {
+            fingerprint: Fingerprint([1; 32]),
+            token,
+            lease_until: 5,
+            expires_at: 6,
+        };
         let done = completed(); // token 42
         assert!(done.supersedes(&ip(42)));
-        assert!(!ip(42).supersedes(&done), "never back to in-progress under the same token");
-        assert!(ip(43).supersedes(&done), "a later claim (after expiry) wins");
+        assert!(
+            !ip(42).supersedes(&done),
+            "never back to in-progress under the same token"
+        );
+        assert!(
+            ip(43).supersedes(&done),
+            "a later claim (after expiry) wins"
+        );
         assert!(!ip(41).supersedes(&ip(42)));
-        assert!(ip(42).supersedes(&ip(42)), "the same holder's newer write (a heartbeat) passes");
+        assert!(
+            ip(42).supersedes(&ip(42)),
+            "the same holder's newer write (a heartbeat) passes"
+        );
     }
 
     #[test]

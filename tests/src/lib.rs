@@ -5,6 +5,8 @@
 //! Postgres is found at `IDEM_TEST_DATABASE_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/idem` (what `scripts/services-start` starts).
 
+pub mod procs;
+
 use clap::Parser;
 use idem_origin::app::Origin;
 use idem_origin::config::Config;
@@ -29,15 +31,25 @@ pub fn redis_url() -> String {
 /// The Redis Cluster nodes the tests use (`IDEM_TEST_REDIS_CLUSTER_URLS`, comma-separated).
 pub fn redis_cluster_urls() -> String {
     std::env::var("IDEM_TEST_REDIS_CLUSTER_URLS").unwrap_or_else(|_| {
-        (7000..7006).map(|p| format!("redis://127.0.0.1:{p}")).collect::<Vec<_>>().join(",")
+        (7000..7006)
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",")
     })
 }
 
 /// A Redis key namespace no other test (or earlier run) uses.
 pub fn unique_namespace(label: &str) -> String {
     static N: AtomicU32 = AtomicU32::new(0);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    format!("test-{label}-{}-{nanos}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!(
+        "test-{label}-{}-{nanos}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// A schema of its own for one test, so tests can count rows in parallel.
@@ -339,4 +351,65 @@ pub fn report(name: &str, line: &str) {
         let _ = writeln!(f, "{line}");
     }
     eprintln!("[{name}] {line}");
+}
+
+/// An `idem-origin` process (the binary cargo built next to the test executables).
+pub struct OriginProcess;
+
+impl OriginProcess {
+    /// The binary's path: `target/<profile>/idem-origin`.
+    pub fn binary() -> std::path::PathBuf {
+        let exe = std::env::current_exe().unwrap();
+        let bin = exe
+            .parent()
+            .and_then(|d| d.parent())
+            .unwrap()
+            .join("idem-origin");
+        assert!(
+            bin.exists(),
+            "{} is missing: build it with `cargo build -p idem-origin`",
+            bin.display()
+        );
+        bin
+    }
+
+    /// Starts it on a free port with `args`; returns the child and its base URL once
+    /// `/healthz` answers. Its log goes to `target/idem-reports/origin-<port>.log`.
+    pub async fn spawn(args: &[&str]) -> (std::process::Child, String) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let listen = format!("127.0.0.1:{port}");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/idem-reports");
+        let _ = std::fs::create_dir_all(&dir);
+        let log = std::fs::File::create(dir.join(format!("origin-{port}.log"))).unwrap();
+        let mut child = std::process::Command::new(Self::binary())
+            .args(["--listen", &listen])
+            .args(args)
+            .env("NO_COLOR", "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let base = format!("http://{listen}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while client()
+            .get(format!("{base}/healthz"))
+            .send()
+            .await
+            .is_err()
+        {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("origin process exited with {status} at start-up");
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "origin process did not start"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        (child, base)
+    }
 }

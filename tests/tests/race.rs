@@ -3,7 +3,8 @@
 //! shows the test can fail).
 
 use idem_tests::{
-    charge_body, client, post_charge, redis_cluster_urls, redis_url, report, unique_namespace, TestDb, TestOrigin,
+    charge_body, client, post_charge, redis_cluster_urls, redis_url, report, unique_namespace,
+    TestDb, TestOrigin,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -82,13 +83,23 @@ async fn exactly_once(label: &str, args: &[&str]) -> (TestDb, TestOrigin) {
     all.extend_from_slice(args);
     let origin = TestOrigin::start(&all).await;
     let r = race(&db, &origin, label).await;
-    assert_eq!(r.charges, KEYS as i64, "{label}: exactly one charge per key");
+    assert_eq!(
+        r.charges, KEYS as i64,
+        "{label}: exactly one charge per key"
+    );
     assert_eq!(r.double_charged_keys, 0);
     assert_eq!(r.statuses.values().sum::<usize>(), KEYS * RETRIES);
-    assert!(r.statuses.keys().all(|s| *s == 201 || *s == 409), "{label}: only 201 and 409 expected, got {:?}", r.statuses);
+    assert!(
+        r.statuses.keys().all(|s| *s == 201 || *s == 409),
+        "{label}: only 201 and 409 expected, got {:?}",
+        r.statuses
+    );
     // Every 201 for a key carried the same charge.
     assert_eq!(r.ids.len(), KEYS);
-    assert!(r.ids.values().all(|ids| ids.len() == 1), "{label}: a key answered with two different charges");
+    assert!(
+        r.ids.values().all(|ids| ids.len() == 1),
+        "{label}: a key answered with two different charges"
+    );
 
     // Every key retried once more, waiting if needed: all replay the one charge.
     let http = client();
@@ -113,7 +124,11 @@ async fn exactly_once(label: &str, args: &[&str]) -> (TestDb, TestOrigin) {
 }
 
 async fn safe_strategy(strategy: &str) {
-    exactly_once(strategy, &["--store", "postgres", "--pg-strategy", strategy]).await;
+    exactly_once(
+        strategy,
+        &["--store", "postgres", "--pg-strategy", strategy],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -204,23 +219,59 @@ async fn naive_double_charges() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_standalone_charges_exactly_once_per_key() {
     let ns = unique_namespace("race");
-    exactly_once("redis", &["--store", "redis", "--redis-url", &redis_url(), "--redis-namespace", &ns]).await;
+    exactly_once(
+        "redis",
+        &[
+            "--store",
+            "redis",
+            "--redis-url",
+            &redis_url(),
+            "--redis-namespace",
+            &ns,
+        ],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_cluster_charges_exactly_once_per_key() {
     let ns = unique_namespace("race");
     let urls = redis_cluster_urls();
-    exactly_once("redis-cluster", &["--store", "redis", "--redis-url", &urls, "--redis-namespace", &ns]).await;
+    exactly_once(
+        "redis-cluster",
+        &[
+            "--store",
+            "redis",
+            "--redis-url",
+            &urls,
+            "--redis-namespace",
+            &ns,
+        ],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tiered_sync_charges_exactly_once_per_key_and_postgres_holds_every_answer() {
     let ns = unique_namespace("race");
     let urls = redis_cluster_urls();
-    let (db, _origin) =
-        exactly_once("tiered-sync", &["--store", "tiered", "--redis-url", &urls, "--redis-namespace", &ns]).await;
-    assert_eq!(db.count("SELECT count(*) FROM idem_records WHERE state = 1").await, KEYS as i64);
+    let (db, _origin) = exactly_once(
+        "tiered-sync",
+        &[
+            "--store",
+            "tiered",
+            "--redis-url",
+            &urls,
+            "--redis-namespace",
+            &ns,
+        ],
+    )
+    .await;
+    assert_eq!(
+        db.count("SELECT count(*) FROM idem_records WHERE state = 1")
+            .await,
+        KEYS as i64
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -229,9 +280,22 @@ async fn tiered_async_charges_exactly_once_per_key_and_writes_every_answer_behin
     let urls = redis_cluster_urls();
     let (db, origin) = exactly_once(
         "tiered-async",
-        &["--store", "tiered", "--durability", "async", "--redis-url", &urls, "--redis-namespace", &ns],
+        &[
+            "--store",
+            "tiered",
+            "--durability",
+            "async",
+            "--redis-url",
+            &urls,
+            "--redis-namespace",
+            &ns,
+        ],
     )
     .await;
     origin.flush().await;
-    assert_eq!(db.count("SELECT count(*) FROM idem_records WHERE state = 1").await, KEYS as i64);
+    assert_eq!(
+        db.count("SELECT count(*) FROM idem_records WHERE state = 1")
+            .await,
+        KEYS as i64
+    );
 }

@@ -6,61 +6,8 @@ use idem_core::{
 };
 use idem_origin::store::postgres::PgOptions;
 use idem_origin::store::{PostgresStore, Store};
-use idem_tests::{charge_body, client, post_charge, report, TestDb, TestOrigin};
-use std::process::{Child, Command, Stdio};
+use idem_tests::{charge_body, client, post_charge, report, OriginProcess, TestDb, TestOrigin};
 use std::time::{Duration, Instant};
-
-fn origin_binary() -> std::path::PathBuf {
-    // target/<profile>/deps/takeover-… → target/<profile>/idem-origin
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .and_then(|d| d.parent())
-        .unwrap()
-        .join("idem-origin");
-    assert!(
-        bin.exists(),
-        "{} is missing: build it with `cargo build -p idem-origin`",
-        bin.display()
-    );
-    bin
-}
-
-async fn spawn_origin_process(db: &TestDb, lease: &str) -> (Child, String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
-    let child = Command::new(origin_binary())
-        .args([
-            "--listen",
-            &listen,
-            "--store",
-            "postgres",
-            "--database-url",
-            &db.url,
-            "--lease",
-            lease,
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let base = format!("http://{listen}");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while client()
-        .get(format!("{base}/healthz"))
-        .send()
-        .await
-        .is_err()
-    {
-        assert!(Instant::now() < deadline, "origin process did not start");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    (child, base)
-}
 
 async fn record_token(db: &TestDb) -> (i64, i16) {
     let row = db
@@ -75,7 +22,15 @@ async fn record_token(db: &TestDb) -> (i64, i16) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_holder_is_taken_over_after_its_lease_and_charged_once() {
     let db = TestDb::new("kill9").await;
-    let (mut holder, holder_url) = spawn_origin_process(&db, "1s").await;
+    let (mut holder, holder_url) = OriginProcess::spawn(&[
+        "--store",
+        "postgres",
+        "--database-url",
+        &db.url,
+        "--lease",
+        "1s",
+    ])
+    .await;
     let body = charge_body("c", 100, 1500);
     let doomed = tokio::spawn({
         let body = body.clone();

@@ -6,7 +6,8 @@
 
 use async_trait::async_trait;
 use idem_core::{
-    decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, Refusal, StoredResponse,
+    decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, Refusal,
+    StoredResponse,
 };
 use std::fmt;
 
@@ -121,9 +122,18 @@ pub(crate) enum Insert {
 #[async_trait]
 pub(crate) trait CasRecords: Sync {
     /// Stores `record` only if the key has none.
-    async fn insert_if_absent(&self, key: &RecordKey, record: &Record) -> Result<Insert, StoreError>;
+    async fn insert_if_absent(
+        &self,
+        key: &RecordKey,
+        record: &Record,
+    ) -> Result<Insert, StoreError>;
     /// Replaces the record only if it still carries the token `expected`.
-    async fn replace(&self, key: &RecordKey, expected: u64, record: &Record) -> Result<bool, StoreError>;
+    async fn replace(
+        &self,
+        key: &RecordKey,
+        expected: u64,
+        record: &Record,
+    ) -> Result<bool, StoreError>;
 }
 
 /// CAS attempts before a claim gives up with [`StoreError::Contention`].
@@ -142,7 +152,9 @@ pub(crate) async fn claim_by_cas(
 ) -> Result<(Decision, Option<Record>), StoreError> {
     for _ in 0..MAX_CLAIM_ROUNDS {
         let fresh = decide(None, fp, now, policy);
-        let Decision::Execute(claim) = &fresh else { unreachable!("no record always executes") };
+        let Decision::Execute(claim) = &fresh else {
+            unreachable!("no record always executes")
+        };
         let existing = match store.insert_if_absent(key, &claim.record).await? {
             Insert::Stored => {
                 let record = claim.record.clone();
@@ -154,7 +166,9 @@ pub(crate) async fn claim_by_cas(
         let decision = decide(Some(&existing), fp, now, policy);
         match &decision {
             Decision::Execute(c) | Decision::TakeOver(c) => {
-                let expected = c.replaces.expect("a claim over an existing record names its token");
+                let expected = c
+                    .replaces
+                    .expect("a claim over an existing record names its token");
                 if store.replace(key, expected, &c.record).await? {
                     let record = c.record.clone();
                     return Ok((decision, Some(record)));

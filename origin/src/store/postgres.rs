@@ -153,23 +153,44 @@ impl PostgresStore {
 
     /// Runs `f` on a pooled connection; the whole (pool wait included) is bounded by
     /// the store timeout, so an unreachable database answers within it.
-    async fn with_client<T>(&self, f: impl AsyncFnOnce(&mut Client) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    async fn with_client<T>(
+        &self,
+        f: impl AsyncFnOnce(&mut Client) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let op = async {
             let mut client = self.pool.get().await.map_err(unavailable)?;
             f(&mut client).await
         };
         match tokio::time::timeout(self.options.timeout, op).await {
             Ok(result) => result,
-            Err(_) => Err(StoreError::Unavailable(format!("postgres: no answer within {:?}", self.options.timeout))),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "postgres: no answer within {:?}",
+                self.options.timeout
+            ))),
         }
     }
 
-    async fn claim_advisory_lock(&self, key: &RecordKey, fp: &Fingerprint, now: Millis, policy: &Policy) -> Result<Decision, StoreError> {
+    async fn claim_advisory_lock(
+        &self,
+        key: &RecordKey,
+        fp: &Fingerprint,
+        now: Millis,
+        policy: &Policy,
+    ) -> Result<Decision, StoreError> {
         self.with_client(async |client| {
             let tx = client.transaction().await.map_err(unavailable)?;
-            tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&key.as_str()]).await.map_err(unavailable)?;
+            tx.execute(
+                "SELECT pg_advisory_xact_lock(hashtext($1))",
+                &[&key.as_str()],
+            )
+            .await
+            .map_err(unavailable)?;
             let get = tx.prepare_cached(GET).await.map_err(unavailable)?;
-            let existing = match tx.query_opt(&get, &[&key.as_str()]).await.map_err(unavailable)? {
+            let existing = match tx
+                .query_opt(&get, &[&key.as_str()])
+                .await
+                .map_err(unavailable)?
+            {
                 Some(row) => Some(decode(row.get::<_, &[u8]>(0))?),
                 None => None,
             };
@@ -178,9 +199,12 @@ impl PostgresStore {
                 // The lock serialises every claim on this key, so an upsert is safe here.
                 let r = Row::of(&c.record);
                 let upsert = tx.prepare_cached(UPSERT).await.map_err(unavailable)?;
-                tx.execute(&upsert, &[&key.as_str(), &r.token, &r.state, &r.expires_at, &r.record])
-                    .await
-                    .map_err(unavailable)?;
+                tx.execute(
+                    &upsert,
+                    &[&key.as_str(), &r.token, &r.state, &r.expires_at, &r.record],
+                )
+                .await
+                .map_err(unavailable)?;
             }
             tx.commit().await.map_err(unavailable)?;
             Ok(decision)
@@ -190,7 +214,13 @@ impl PostgresStore {
 
     /// The bug this project exists to prevent: read, think, write — with nothing
     /// stopping a concurrent retry from doing the same in between.
-    async fn claim_naive(&self, key: &RecordKey, fp: &Fingerprint, now: Millis, policy: &Policy) -> Result<Decision, StoreError> {
+    async fn claim_naive(
+        &self,
+        key: &RecordKey,
+        fp: &Fingerprint,
+        now: Millis,
+        policy: &Policy,
+    ) -> Result<Decision, StoreError> {
         let existing = self.get_record(key).await?;
         let decision = decide(existing.as_ref(), fp, now, policy);
         if let Decision::Execute(c) | Decision::TakeOver(c) = &decision {
@@ -199,7 +229,10 @@ impl PostgresStore {
             self.with_client(async |client| {
                 let upsert = client.prepare_cached(UPSERT).await.map_err(unavailable)?;
                 client
-                    .execute(&upsert, &[&key.as_str(), &r.token, &r.state, &r.expires_at, &r.record])
+                    .execute(
+                        &upsert,
+                        &[&key.as_str(), &r.token, &r.state, &r.expires_at, &r.record],
+                    )
                     .await
                     .map_err(unavailable)
             })
@@ -213,7 +246,10 @@ impl PostgresStore {
         let bytes = self
             .with_client(async |client| {
                 let stmt = client.prepare_cached(GET).await.map_err(unavailable)?;
-                let row = client.query_opt(&stmt, &[&key.as_str()]).await.map_err(unavailable)?;
+                let row = client
+                    .query_opt(&stmt, &[&key.as_str()])
+                    .await
+                    .map_err(unavailable)?;
                 Ok(row.map(|r| r.get::<_, Vec<u8>>(0)))
             })
             .await?;
@@ -222,13 +258,30 @@ impl PostgresStore {
 
     /// `UPDATE … WHERE token = $t AND state = 0`; when it matches nothing, the current
     /// record tells the core's precondition which refusal it is.
-    pub(crate) async fn holder_write(&self, key: &RecordKey, holder: &Holder, next: &Record) -> Result<HolderWrite, StoreError> {
+    pub(crate) async fn holder_write(
+        &self,
+        key: &RecordKey,
+        holder: &Holder,
+        next: &Record,
+    ) -> Result<HolderWrite, StoreError> {
         let r = Row::of(next);
         let n = self
             .with_client(async |client| {
-                let stmt = client.prepare_cached(HOLDER_WRITE).await.map_err(unavailable)?;
+                let stmt = client
+                    .prepare_cached(HOLDER_WRITE)
+                    .await
+                    .map_err(unavailable)?;
                 client
-                    .execute(&stmt, &[&key.as_str(), &sql_i64(holder.token), &r.state, &r.expires_at, &r.record])
+                    .execute(
+                        &stmt,
+                        &[
+                            &key.as_str(),
+                            &sql_i64(holder.token),
+                            &r.state,
+                            &r.expires_at,
+                            &r.record,
+                        ],
+                    )
                     .await
                     .map_err(unavailable)
             })
@@ -247,7 +300,10 @@ impl PostgresStore {
 
     /// Writes a batch behind (the tiered store's outbox): one statement, one commit.
     /// `batch` must hold each key at most once.
-    pub(crate) async fn upsert_superseding(&self, batch: &[(RecordKey, Record)]) -> Result<u64, StoreError> {
+    pub(crate) async fn upsert_superseding(
+        &self,
+        batch: &[(RecordKey, Record)],
+    ) -> Result<u64, StoreError> {
         let ids: Vec<&str> = batch.iter().map(|(k, _)| k.as_str()).collect();
         let rows: Vec<Row> = batch.iter().map(|(_, r)| Row::of(r)).collect();
         let tokens: Vec<i64> = rows.iter().map(|r| r.token).collect();
@@ -255,8 +311,14 @@ impl PostgresStore {
         let expiries: Vec<i64> = rows.iter().map(|r| r.expires_at).collect();
         let records: Vec<&[u8]> = rows.iter().map(|r| r.record.as_slice()).collect();
         self.with_client(async |client| {
-            let stmt = client.prepare_cached(UPSERT_SUPERSEDING).await.map_err(unavailable)?;
-            client.execute(&stmt, &[&ids, &tokens, &states, &expiries, &records]).await.map_err(unavailable)
+            let stmt = client
+                .prepare_cached(UPSERT_SUPERSEDING)
+                .await
+                .map_err(unavailable)?;
+            client
+                .execute(&stmt, &[&ids, &tokens, &states, &expiries, &records])
+                .await
+                .map_err(unavailable)
         })
         .await
     }
@@ -264,7 +326,9 @@ impl PostgresStore {
 
 async fn migrate(client: &mut Client) -> Result<(), StoreError> {
     let tx = client.transaction().await.map_err(unavailable)?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await.map_err(unavailable)?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await
+        .map_err(unavailable)?;
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS idem_schema_migrations (
             version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())",
@@ -281,7 +345,12 @@ async fn migrate(client: &mut Client) -> Result<(), StoreError> {
     for (version, sql) in MIGRATIONS {
         if !applied.contains(version) {
             tx.batch_execute(sql).await.map_err(unavailable)?;
-            tx.execute("INSERT INTO idem_schema_migrations (version) VALUES ($1)", &[version]).await.map_err(unavailable)?;
+            tx.execute(
+                "INSERT INTO idem_schema_migrations (version) VALUES ($1)",
+                &[version],
+            )
+            .await
+            .map_err(unavailable)?;
             tracing::info!(version, "applied migration");
         }
     }
@@ -293,7 +362,13 @@ pub fn pool(url: &str, size: usize, timeout: Duration) -> Result<Pool, StoreErro
     let mut config = tokio_postgres::Config::from_str(url)
         .map_err(|e| StoreError::Unavailable(format!("invalid database URL: {e}")))?;
     config.connect_timeout(timeout);
-    let manager = Manager::from_config(config, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
     Pool::builder(manager)
         .max_size(size.max(1))
         .runtime(Runtime::Tokio1)
@@ -307,13 +382,23 @@ pub fn pool(url: &str, size: usize, timeout: Duration) -> Result<Pool, StoreErro
 #[async_trait]
 impl CasRecords for PostgresStore {
     /// One statement: insert if absent, and otherwise return the existing row.
-    async fn insert_if_absent(&self, key: &RecordKey, record: &Record) -> Result<Insert, StoreError> {
+    async fn insert_if_absent(
+        &self,
+        key: &RecordKey,
+        record: &Record,
+    ) -> Result<Insert, StoreError> {
         let r = Row::of(record);
         let (inserted, existing) = self
             .with_client(async |client| {
-                let stmt = client.prepare_cached(CLAIM_INSERT).await.map_err(unavailable)?;
+                let stmt = client
+                    .prepare_cached(CLAIM_INSERT)
+                    .await
+                    .map_err(unavailable)?;
                 let row = client
-                    .query_one(&stmt, &[&key.as_str(), &r.token, &r.state, &r.expires_at, &r.record])
+                    .query_one(
+                        &stmt,
+                        &[&key.as_str(), &r.token, &r.state, &r.expires_at, &r.record],
+                    )
                     .await
                     .map_err(unavailable)?;
                 Ok((row.get::<_, i32>(0) == 1, row.get::<_, Option<Vec<u8>>>(1)))
@@ -327,13 +412,28 @@ impl CasRecords for PostgresStore {
         })
     }
 
-    async fn replace(&self, key: &RecordKey, expected: u64, record: &Record) -> Result<bool, StoreError> {
+    async fn replace(
+        &self,
+        key: &RecordKey,
+        expected: u64,
+        record: &Record,
+    ) -> Result<bool, StoreError> {
         let r = Row::of(record);
         let n = self
             .with_client(async |client| {
                 let stmt = client.prepare_cached(REPLACE).await.map_err(unavailable)?;
                 client
-                    .execute(&stmt, &[&key.as_str(), &sql_i64(expected), &r.token, &r.state, &r.expires_at, &r.record])
+                    .execute(
+                        &stmt,
+                        &[
+                            &key.as_str(),
+                            &sql_i64(expected),
+                            &r.token,
+                            &r.state,
+                            &r.expires_at,
+                            &r.record,
+                        ],
+                    )
                     .await
                     .map_err(unavailable)
             })
@@ -348,7 +448,13 @@ impl Store for PostgresStore {
         "postgres"
     }
 
-    async fn claim(&self, key: &RecordKey, fp: &Fingerprint, now: Millis, policy: &Policy) -> Result<Decision, StoreError> {
+    async fn claim(
+        &self,
+        key: &RecordKey,
+        fp: &Fingerprint,
+        now: Millis,
+        policy: &Policy,
+    ) -> Result<Decision, StoreError> {
         match self.options.strategy {
             PgStrategy::OnConflict => Ok(claim_by_cas(self, key, fp, now, policy).await?.0),
             PgStrategy::AdvisoryLock => self.claim_advisory_lock(key, fp, now, policy).await,
@@ -356,15 +462,35 @@ impl Store for PostgresStore {
         }
     }
 
-    async fn heartbeat(&self, key: &RecordKey, holder: &Holder, now: Millis, policy: &Policy) -> Result<HolderWrite, StoreError> {
-        self.holder_write(key, holder, &holder.renewed(now, policy)).await
+    async fn heartbeat(
+        &self,
+        key: &RecordKey,
+        holder: &Holder,
+        now: Millis,
+        policy: &Policy,
+    ) -> Result<HolderWrite, StoreError> {
+        self.holder_write(key, holder, &holder.renewed(now, policy))
+            .await
     }
 
-    async fn complete(&self, key: &RecordKey, holder: &Holder, response: StoredResponse, now: Millis, policy: &Policy) -> Result<HolderWrite, StoreError> {
-        self.holder_write(key, holder, &holder.completed(response, now, policy)).await
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        holder: &Holder,
+        response: StoredResponse,
+        now: Millis,
+        policy: &Policy,
+    ) -> Result<HolderWrite, StoreError> {
+        self.holder_write(key, holder, &holder.completed(response, now, policy))
+            .await
     }
 
-    async fn release(&self, key: &RecordKey, holder: &Holder, now: Millis) -> Result<HolderWrite, StoreError> {
+    async fn release(
+        &self,
+        key: &RecordKey,
+        holder: &Holder,
+        now: Millis,
+    ) -> Result<HolderWrite, StoreError> {
         self.holder_write(key, holder, &holder.released(now)).await
     }
 
@@ -375,12 +501,22 @@ impl Store for PostgresStore {
     async fn sweep(&self, now: Millis, batch: usize) -> Result<u64, StoreError> {
         self.with_client(async |client| {
             let stmt = client.prepare_cached(SWEEP).await.map_err(unavailable)?;
-            client.execute(&stmt, &[&sql_i64(now), &(batch as i64)]).await.map_err(unavailable)
+            client
+                .execute(&stmt, &[&sql_i64(now), &(batch as i64)])
+                .await
+                .map_err(unavailable)
         })
         .await
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        self.with_client(async |client| client.simple_query("SELECT 1").await.map_err(unavailable).map(drop)).await
+        self.with_client(async |client| {
+            client
+                .simple_query("SELECT 1")
+                .await
+                .map_err(unavailable)
+                .map(drop)
+        })
+        .await
     }
 }

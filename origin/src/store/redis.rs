@@ -14,7 +14,8 @@ use idem_core::{Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Script, Value};
-use std::sync::LazyLock;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 /// Records stay in Redis this long past their logical expiry, so a claim in the same
@@ -22,9 +23,12 @@ use std::time::Duration;
 /// Redis don't matter.
 const EXPIRY_GRACE_MS: u64 = 1_000;
 
-static INSERT_IF_ABSENT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redis/insert_if_absent.lua")));
-static REPLACE_IF_TOKEN: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redis/replace_if_token.lua")));
-static HOLDER_WRITE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redis/holder_write.lua")));
+static INSERT_IF_ABSENT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("redis/insert_if_absent.lua")));
+static REPLACE_IF_TOKEN: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("redis/replace_if_token.lua")));
+static HOLDER_WRITE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("redis/holder_write.lua")));
 static MIRROR: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redis/mirror.lua")));
 static GET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redis/get.lua")));
 
@@ -43,14 +47,69 @@ pub struct RedisOptions {
 
 impl Default for RedisOptions {
     fn default() -> Self {
-        RedisOptions { cluster: None, timeout: Duration::from_secs(2), namespace: "idem".into() }
+        RedisOptions {
+            cluster: None,
+            timeout: Duration::from_secs(2),
+            namespace: "idem".into(),
+        }
     }
 }
 
 #[derive(Clone)]
 enum Conn {
     Single(ConnectionManager),
-    Cluster(ClusterConnection),
+    Cluster(Arc<SelfHealingCluster>),
+}
+
+/// A cluster connection that is rebuilt from scratch after repeated failures.
+///
+/// redis-rs's cluster connection can wedge after a failover under load — every later
+/// request times out although the cluster is healthy again (seen here with 1.8: a
+/// master killed under 100 concurrent writers; see redis-rs issues #2092 and #1528
+/// for the family of bugs). A fresh connection reads the new topology, so after
+/// `REBUILD_AFTER` consecutive failures one is built in the background and swapped in.
+struct SelfHealingCluster {
+    client: redis::cluster::ClusterClient,
+    conn: std::sync::RwLock<ClusterConnection>,
+    consecutive_failures: AtomicU32,
+    rebuilding: AtomicBool,
+    timeout: Duration,
+}
+
+const REBUILD_AFTER: u32 = 3;
+
+impl SelfHealingCluster {
+    fn connection(&self) -> ClusterConnection {
+        self.conn.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn observe<T>(self: &Arc<Self>, result: &Result<T, StoreError>) {
+        if result.is_ok() {
+            self.consecutive_failures.store(0, Ordering::Relaxed);
+            return;
+        }
+        let failures = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures >= REBUILD_AFTER && !self.rebuilding.swap(true, Ordering::AcqRel) {
+            let this = self.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(this.timeout * 2, this.client.get_async_connection())
+                    .await
+                {
+                    Ok(Ok(fresh)) => {
+                        *this.conn.write().unwrap_or_else(|p| p.into_inner()) = fresh;
+                        this.consecutive_failures.store(0, Ordering::Relaxed);
+                        metrics::counter!("idem_redis_cluster_reconnects_total").increment(1);
+                        tracing::warn!(failures, "rebuilt the Redis Cluster connection");
+                    }
+                    Ok(Err(e)) => {
+                        tracing::warn!(error = %e, "rebuilding the Redis Cluster connection failed")
+                    }
+                    Err(_) => tracing::warn!("rebuilding the Redis Cluster connection timed out"),
+                }
+                this.rebuilding.store(false, Ordering::Release);
+            });
+        }
+    }
 }
 
 /// Redis-backed [`Store`].
@@ -71,7 +130,11 @@ fn pexpire_at(record: &Record) -> u64 {
 impl RedisStore {
     /// Connects to `urls` — one URL, or a comma-separated list of cluster nodes.
     pub async fn connect(urls: &str, options: RedisOptions) -> Result<Self, StoreError> {
-        let nodes: Vec<&str> = urls.split(',').map(str::trim).filter(|s| !s.is_empty()).collect();
+        let nodes: Vec<&str> = urls
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect();
         if nodes.is_empty() {
             return Err(StoreError::Unavailable("no Redis URL given".into()));
         }
@@ -80,12 +143,24 @@ impl RedisStore {
             Some(c) => c,
             None if nodes.len() > 1 => true,
             None => {
-                let probe = RedisStore { conn: Self::single(nodes[0], timeout).await?, timeout, namespace: String::new() };
+                let probe = RedisStore {
+                    conn: Self::single(nodes[0], timeout).await?,
+                    timeout,
+                    namespace: String::new(),
+                };
                 probe.cluster_enabled().await?
             }
         };
-        let conn = if cluster { Self::cluster(&nodes, timeout).await? } else { Self::single(nodes[0], timeout).await? };
-        let store = RedisStore { conn, timeout, namespace: options.namespace };
+        let conn = if cluster {
+            Self::cluster(&nodes, timeout).await?
+        } else {
+            Self::single(nodes[0], timeout).await?
+        };
+        let store = RedisStore {
+            conn,
+            timeout,
+            namespace: options.namespace,
+        };
         store.ping().await?;
         Ok(store)
     }
@@ -96,33 +171,48 @@ impl RedisStore {
     }
 
     async fn single(url: &str, timeout: Duration) -> Result<Conn, StoreError> {
-        let client = redis::Client::open(url).map_err(|e| StoreError::Unavailable(format!("invalid Redis URL: {e}")))?;
+        let client = redis::Client::open(url)
+            .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL: {e}")))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500));
-        let conn = tokio::time::timeout(timeout, ConnectionManager::new_with_config(client, config))
-            .await
-            .map_err(|_| StoreError::Unavailable(format!("redis: no connection to {url} within {timeout:?}")))?
-            .map_err(unavailable)?;
+        let conn =
+            tokio::time::timeout(timeout, ConnectionManager::new_with_config(client, config))
+                .await
+                .map_err(|_| {
+                    StoreError::Unavailable(format!(
+                        "redis: no connection to {url} within {timeout:?}"
+                    ))
+                })?
+                .map_err(unavailable)?;
         Ok(Conn::Single(conn))
     }
 
     async fn cluster(nodes: &[&str], timeout: Duration) -> Result<Conn, StoreError> {
         let client = redis::cluster::ClusterClientBuilder::new(nodes.to_vec())
             .connection_timeout(timeout)
-            .response_timeout(timeout)
             .retries(6)
             .min_retry_wait(50)
             .max_retry_wait(1_000)
             .build()
-            .map_err(|e| StoreError::Unavailable(format!("invalid Redis Cluster configuration: {e}")))?;
+            .map_err(|e| {
+                StoreError::Unavailable(format!("invalid Redis Cluster configuration: {e}"))
+            })?;
         let conn = tokio::time::timeout(timeout, client.get_async_connection())
             .await
-            .map_err(|_| StoreError::Unavailable(format!("redis cluster: no connection within {timeout:?}")))?
+            .map_err(|_| {
+                StoreError::Unavailable(format!("redis cluster: no connection within {timeout:?}"))
+            })?
             .map_err(unavailable)?;
-        Ok(Conn::Cluster(conn))
+        Ok(Conn::Cluster(Arc::new(SelfHealingCluster {
+            client,
+            conn: std::sync::RwLock::new(conn),
+            consecutive_failures: AtomicU32::new(0),
+            rebuilding: AtomicBool::new(false),
+            timeout,
+        })))
     }
 
     async fn cluster_enabled(&self) -> Result<bool, StoreError> {
@@ -135,38 +225,70 @@ impl RedisStore {
         matches!(self.conn, Conn::Cluster(_))
     }
 
-    async fn bounded<T>(&self, op: impl std::future::Future<Output = redis::RedisResult<T>>) -> Result<T, StoreError> {
+    async fn bounded<T>(
+        &self,
+        op: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, StoreError> {
         match tokio::time::timeout(self.timeout, op).await {
             Ok(r) => r.map_err(unavailable),
-            Err(_) => Err(StoreError::Unavailable(format!("redis: no answer within {:?}", self.timeout))),
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "redis: no answer within {:?}",
+                self.timeout
+            ))),
         }
     }
 
     async fn cmd<T: redis::FromRedisValue>(&self, cmd: &mut redis::Cmd) -> Result<T, StoreError> {
-        match self.conn.clone() {
-            Conn::Single(mut c) => self.bounded(cmd.query_async(&mut c)).await,
-            Conn::Cluster(mut c) => self.bounded(cmd.query_async(&mut c)).await,
+        match &self.conn {
+            Conn::Single(c) => self.bounded(cmd.query_async(&mut c.clone())).await,
+            Conn::Cluster(h) => {
+                let result = self.bounded(cmd.query_async(&mut h.connection())).await;
+                h.observe(&result);
+                result
+            }
         }
     }
 
-    async fn run<T: redis::FromRedisValue>(&self, script: &Script, key: &RecordKey, args: ScriptArgs<'_>) -> Result<T, StoreError> {
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        script: &Script,
+        key: &RecordKey,
+        args: ScriptArgs<'_>,
+    ) -> Result<T, StoreError> {
         let mut invocation = script.key(self.redis_key(key));
         args.apply(&mut invocation);
-        match self.conn.clone() {
-            Conn::Single(mut c) => self.bounded(invocation.invoke_async(&mut c)).await,
-            Conn::Cluster(mut c) => self.bounded(invocation.invoke_async(&mut c)).await,
+        match &self.conn {
+            Conn::Single(c) => self.bounded(invocation.invoke_async(&mut c.clone())).await,
+            Conn::Cluster(h) => {
+                let result = self
+                    .bounded(invocation.invoke_async(&mut h.connection()))
+                    .await;
+                h.observe(&result);
+                result
+            }
         }
     }
 
     /// Stores `record` at `key` unless Redis already holds a record that supersedes it.
-    pub(crate) async fn mirror(&self, key: &RecordKey, record: &Record) -> Result<bool, StoreError> {
+    pub(crate) async fn mirror(
+        &self,
+        key: &RecordKey,
+        record: &Record,
+    ) -> Result<bool, StoreError> {
         let written: i64 = self.run(&MIRROR, key, ScriptArgs::record(record)).await?;
         Ok(written == 1)
     }
 
     /// The holder write under the core's precondition, executed by the script.
-    pub(crate) async fn holder_write(&self, key: &RecordKey, holder: &Holder, next: &Record) -> Result<HolderWrite, StoreError> {
-        let reply: Vec<Value> = self.run(&HOLDER_WRITE, key, ScriptArgs::holder(holder.token, next)).await?;
+    pub(crate) async fn holder_write(
+        &self,
+        key: &RecordKey,
+        holder: &Holder,
+        next: &Record,
+    ) -> Result<HolderWrite, StoreError> {
+        let reply: Vec<Value> = self
+            .run(&HOLDER_WRITE, key, ScriptArgs::holder(holder.token, next))
+            .await?;
         match reply.as_slice() {
             [Value::Int(1)] => Ok(Ok(())),
             [Value::Int(0), rest @ ..] => {
@@ -179,7 +301,9 @@ impl RedisStore {
                     Ok(()) => Err(StoreError::Contention),
                 }
             }
-            other => Err(StoreError::Corrupt(format!("unexpected script reply {other:?}"))),
+            other => Err(StoreError::Corrupt(format!(
+                "unexpected script reply {other:?}"
+            ))),
         }
     }
 
@@ -224,22 +348,41 @@ impl<'a> ScriptArgs<'a> {
                 r
             }
         };
-        inv.arg(record.state_code()).arg(record.encode()).arg(pexpire_at(record));
+        inv.arg(record.state_code())
+            .arg(record.encode())
+            .arg(pexpire_at(record));
     }
 }
 
 #[async_trait]
 impl CasRecords for RedisStore {
-    async fn insert_if_absent(&self, key: &RecordKey, record: &Record) -> Result<Insert, StoreError> {
-        let existing: Option<Vec<u8>> = self.run(&INSERT_IF_ABSENT, key, ScriptArgs::record(record)).await?;
+    async fn insert_if_absent(
+        &self,
+        key: &RecordKey,
+        record: &Record,
+    ) -> Result<Insert, StoreError> {
+        let existing: Option<Vec<u8>> = self
+            .run(&INSERT_IF_ABSENT, key, ScriptArgs::record(record))
+            .await?;
         Ok(match existing {
             None => Insert::Stored,
             Some(bytes) => Insert::Existing(decode(&bytes)?),
         })
     }
 
-    async fn replace(&self, key: &RecordKey, expected: u64, record: &Record) -> Result<bool, StoreError> {
-        let replaced: i64 = self.run(&REPLACE_IF_TOKEN, key, ScriptArgs::Replace(expected, record)).await?;
+    async fn replace(
+        &self,
+        key: &RecordKey,
+        expected: u64,
+        record: &Record,
+    ) -> Result<bool, StoreError> {
+        let replaced: i64 = self
+            .run(
+                &REPLACE_IF_TOKEN,
+                key,
+                ScriptArgs::Replace(expected, record),
+            )
+            .await?;
         Ok(replaced == 1)
     }
 }
@@ -254,19 +397,45 @@ impl Store for RedisStore {
         }
     }
 
-    async fn claim(&self, key: &RecordKey, fp: &Fingerprint, now: Millis, policy: &Policy) -> Result<Decision, StoreError> {
+    async fn claim(
+        &self,
+        key: &RecordKey,
+        fp: &Fingerprint,
+        now: Millis,
+        policy: &Policy,
+    ) -> Result<Decision, StoreError> {
         Ok(claim_by_cas(self, key, fp, now, policy).await?.0)
     }
 
-    async fn heartbeat(&self, key: &RecordKey, holder: &Holder, now: Millis, policy: &Policy) -> Result<HolderWrite, StoreError> {
-        self.holder_write(key, holder, &holder.renewed(now, policy)).await
+    async fn heartbeat(
+        &self,
+        key: &RecordKey,
+        holder: &Holder,
+        now: Millis,
+        policy: &Policy,
+    ) -> Result<HolderWrite, StoreError> {
+        self.holder_write(key, holder, &holder.renewed(now, policy))
+            .await
     }
 
-    async fn complete(&self, key: &RecordKey, holder: &Holder, response: StoredResponse, now: Millis, policy: &Policy) -> Result<HolderWrite, StoreError> {
-        self.holder_write(key, holder, &holder.completed(response, now, policy)).await
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        holder: &Holder,
+        response: StoredResponse,
+        now: Millis,
+        policy: &Policy,
+    ) -> Result<HolderWrite, StoreError> {
+        self.holder_write(key, holder, &holder.completed(response, now, policy))
+            .await
     }
 
-    async fn release(&self, key: &RecordKey, holder: &Holder, now: Millis) -> Result<HolderWrite, StoreError> {
+    async fn release(
+        &self,
+        key: &RecordKey,
+        holder: &Holder,
+        now: Millis,
+    ) -> Result<HolderWrite, StoreError> {
         self.holder_write(key, holder, &holder.released(now)).await
     }
 
@@ -284,7 +453,9 @@ impl Store for RedisStore {
         if pong == "PONG" {
             Ok(())
         } else {
-            Err(StoreError::Unavailable(format!("redis answered {pong:?} to PING")))
+            Err(StoreError::Unavailable(format!(
+                "redis answered {pong:?} to PING"
+            )))
         }
     }
 }

@@ -15,9 +15,14 @@
 
 pub mod outbox;
 
-use super::{claim_by_cas, CasRecords, HolderWrite, Insert, PostgresStore, RedisStore, Store, StoreError};
+use super::{
+    claim_by_cas, CasRecords, HolderWrite, Insert, PostgresStore, RedisStore, Store, StoreError,
+};
 use async_trait::async_trait;
-use idem_core::{decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, StoredResponse};
+use idem_core::{
+    decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, Refusal,
+    StoredResponse,
+};
 use outbox::{Outbox, OutboxOptions};
 use std::sync::Arc;
 
@@ -39,7 +44,12 @@ pub struct TieredStore {
 
 impl TieredStore {
     /// Layers `redis` over `pg`.
-    pub fn new(redis: RedisStore, pg: Arc<PostgresStore>, durability: Durability, outbox: OutboxOptions) -> Self {
+    pub fn new(
+        redis: RedisStore,
+        pg: Arc<PostgresStore>,
+        durability: Durability,
+        outbox: OutboxOptions,
+    ) -> Self {
         let outbox = match durability {
             Durability::Sync => None,
             Durability::Async => Some(Outbox::start(pg.clone(), outbox)),
@@ -78,8 +88,16 @@ impl TieredStore {
         }
     }
 
-    async fn claim_sync(&self, key: &RecordKey, fp: &Fingerprint, now: Millis, policy: &Policy) -> Result<Decision, StoreError> {
-        let Decision::Execute(provisional) = decide(None, fp, now, policy) else { unreachable!("no record always executes") };
+    async fn claim_sync(
+        &self,
+        key: &RecordKey,
+        fp: &Fingerprint,
+        now: Millis,
+        policy: &Policy,
+    ) -> Result<Decision, StoreError> {
+        let Decision::Execute(provisional) = decide(None, fp, now, policy) else {
+            unreachable!("no record always executes")
+        };
         // 1. Redis: a retry of a key it knows is answered without touching Postgres.
         let seen = match self.redis.insert_if_absent(key, &provisional.record).await {
             Ok(Insert::Existing(record)) => {
@@ -102,7 +120,14 @@ impl TieredStore {
             Err(e) => {
                 // Don't leave our provisional record answering 409 for a claim that never happened.
                 if seen == Some(provisional.token) {
-                    let _ = self.redis.holder_write(key, &provisional.holder(), &provisional.holder().released(now)).await;
+                    let _ = self
+                        .redis
+                        .holder_write(
+                            key,
+                            &provisional.holder(),
+                            &provisional.holder().released(now),
+                        )
+                        .await;
                 }
                 return Err(e);
             }
@@ -114,7 +139,12 @@ impl TieredStore {
         Ok(decision)
     }
 
-    async fn holder_write(&self, key: &RecordKey, holder: &Holder, next: Record) -> Result<HolderWrite, StoreError> {
+    async fn holder_write(
+        &self,
+        key: &RecordKey,
+        holder: &Holder,
+        next: Record,
+    ) -> Result<HolderWrite, StoreError> {
         match &self.outbox {
             None => {
                 let written = self.pg.holder_write(key, holder, &next).await?;
@@ -125,7 +155,17 @@ impl TieredStore {
             }
             Some(outbox) => {
                 let slot = outbox.reserve().await?;
-                let written = self.redis.holder_write(key, holder, &next).await?;
+                let mut written = self.redis.holder_write(key, holder, &next).await?;
+                if written == Err(Refusal::Missing) {
+                    // Redis lost the record (failover, flush) after it was written behind:
+                    // the authority decides whether this holder still owns the key.
+                    let authority = self.pg.get_record(key).await?;
+                    written = holder.check(authority.as_ref());
+                    if written.is_ok() {
+                        metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
+                        self.redis.mirror(key, &next).await?;
+                    }
+                }
                 if written.is_ok() {
                     slot.send(key.clone(), next);
                 }
@@ -140,7 +180,11 @@ struct ColdPath<'a>(&'a TieredStore);
 
 #[async_trait]
 impl CasRecords for ColdPath<'_> {
-    async fn insert_if_absent(&self, key: &RecordKey, record: &Record) -> Result<Insert, StoreError> {
+    async fn insert_if_absent(
+        &self,
+        key: &RecordKey,
+        record: &Record,
+    ) -> Result<Insert, StoreError> {
         let tiered = self.0;
         match tiered.redis.insert_if_absent(key, record).await? {
             Insert::Stored => {}
@@ -150,8 +194,14 @@ impl CasRecords for ColdPath<'_> {
         let authority = match tiered.pg.get_record(key).await {
             Ok(found) => found,
             Err(e) => {
-                let holder = Holder { fingerprint: *record.fingerprint(), token: record.token() };
-                let _ = tiered.redis.holder_write(key, &holder, &holder.released(0)).await;
+                let holder = Holder {
+                    fingerprint: *record.fingerprint(),
+                    token: record.token(),
+                };
+                let _ = tiered
+                    .redis
+                    .holder_write(key, &holder, &holder.released(0))
+                    .await;
                 return Err(e);
             }
         };
@@ -169,7 +219,12 @@ impl CasRecords for ColdPath<'_> {
         }
     }
 
-    async fn replace(&self, key: &RecordKey, expected: u64, record: &Record) -> Result<bool, StoreError> {
+    async fn replace(
+        &self,
+        key: &RecordKey,
+        expected: u64,
+        record: &Record,
+    ) -> Result<bool, StoreError> {
         self.0.redis.replace(key, expected, record).await
     }
 }
@@ -183,7 +238,13 @@ impl Store for TieredStore {
         }
     }
 
-    async fn claim(&self, key: &RecordKey, fp: &Fingerprint, now: Millis, policy: &Policy) -> Result<Decision, StoreError> {
+    async fn claim(
+        &self,
+        key: &RecordKey,
+        fp: &Fingerprint,
+        now: Millis,
+        policy: &Policy,
+    ) -> Result<Decision, StoreError> {
         let Some(outbox) = &self.outbox else {
             return self.claim_sync(key, fp, now, policy).await;
         };
@@ -196,15 +257,35 @@ impl Store for TieredStore {
         Ok(decision)
     }
 
-    async fn heartbeat(&self, key: &RecordKey, holder: &Holder, now: Millis, policy: &Policy) -> Result<HolderWrite, StoreError> {
-        self.holder_write(key, holder, holder.renewed(now, policy)).await
+    async fn heartbeat(
+        &self,
+        key: &RecordKey,
+        holder: &Holder,
+        now: Millis,
+        policy: &Policy,
+    ) -> Result<HolderWrite, StoreError> {
+        self.holder_write(key, holder, holder.renewed(now, policy))
+            .await
     }
 
-    async fn complete(&self, key: &RecordKey, holder: &Holder, response: StoredResponse, now: Millis, policy: &Policy) -> Result<HolderWrite, StoreError> {
-        self.holder_write(key, holder, holder.completed(response, now, policy)).await
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        holder: &Holder,
+        response: StoredResponse,
+        now: Millis,
+        policy: &Policy,
+    ) -> Result<HolderWrite, StoreError> {
+        self.holder_write(key, holder, holder.completed(response, now, policy))
+            .await
     }
 
-    async fn release(&self, key: &RecordKey, holder: &Holder, now: Millis) -> Result<HolderWrite, StoreError> {
+    async fn release(
+        &self,
+        key: &RecordKey,
+        holder: &Holder,
+        now: Millis,
+    ) -> Result<HolderWrite, StoreError> {
         self.holder_write(key, holder, holder.released(now)).await
     }
 

@@ -65,7 +65,12 @@ impl Outbox {
         let (tx, rx) = mpsc::channel(options.capacity.max(1));
         let shutdown = Arc::new(Notify::new());
         let writer = tokio::spawn(write_behind(pg, rx, options.clone(), shutdown.clone()));
-        Outbox { tx, enqueue_wait: options.enqueue_wait, shutdown, writer: Mutex::new(Some(writer)) }
+        Outbox {
+            tx,
+            enqueue_wait: options.enqueue_wait,
+            shutdown,
+            writer: Mutex::new(Some(writer)),
+        }
     }
 
     /// Reserves a slot, waiting at most `enqueue_wait`.
@@ -95,7 +100,12 @@ impl Outbox {
     }
 }
 
-async fn write_behind(pg: Arc<PostgresStore>, mut rx: mpsc::Receiver<Entry>, options: OutboxOptions, shutdown: Arc<Notify>) -> u64 {
+async fn write_behind(
+    pg: Arc<PostgresStore>,
+    mut rx: mpsc::Receiver<Entry>,
+    options: OutboxOptions,
+    shutdown: Arc<Notify>,
+) -> u64 {
     let mut written = 0u64;
     let mut drain_until: Option<Instant> = None;
     loop {
@@ -115,7 +125,10 @@ async fn write_behind(pg: Arc<PostgresStore>, mut rx: mpsc::Receiver<Entry>, opt
         while let Some((key, record)) = next.take() {
             taken += 1;
             // One row per key per statement: keep the record that supersedes.
-            if batch.get(&key).is_none_or(|current| record.supersedes(current)) {
+            if batch
+                .get(&key)
+                .is_none_or(|current| record.supersedes(current))
+            {
                 batch.insert(key, record);
             }
             if taken < options.batch {

@@ -1,0 +1,484 @@
+//! Real faults on real processes, each bounded in time, each counting charges:
+//! a Redis Cluster master killed mid-race, a Redis flushed mid-run, Postgres stopped
+//! under load, Redis gone in `redis` mode, SIGTERM during async load.
+
+use idem_core::{IdempotencyKey, RecordKey, Scope};
+use idem_origin::charges::MemoryLedger;
+use idem_origin::idempotency::IdempotencyLayer;
+use idem_origin::store::postgres::PgOptions;
+use idem_origin::store::{PostgresStore, RedisOptions, RedisStore, Store};
+use idem_tests::procs::{redis_cli, PgProc, RedisClusterProc, RedisProc};
+use idem_tests::{
+    charge_body, client, post_charge, redis_url, report, unique_namespace, OriginProcess, TestDb,
+    TestOrigin,
+};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+type Answers = BTreeMap<u16, usize>;
+
+fn count(answers: &mut Answers, status: u16) {
+    *answers.entry(status).or_insert(0) += 1;
+}
+
+fn keys(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i}")).collect()
+}
+
+/// Fires every key with `retries` concurrent attempts, a wave of keys every `step`,
+/// in the background.
+fn spread_load(
+    base: String,
+    keys: Vec<String>,
+    retries: usize,
+    latency_ms: u64,
+    step: Duration,
+    per_wave: usize,
+) -> tokio::task::JoinHandle<Answers> {
+    tokio::spawn(async move {
+        let http = client();
+        let mut tasks = Vec::new();
+        for wave in keys.chunks(per_wave) {
+            for key in wave {
+                for _ in 0..retries {
+                    let (http, base, key) = (http.clone(), base.clone(), key.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let body = charge_body(&format!("cus-{key}"), 100, latency_ms);
+                        match http
+                            .post(format!("{base}/v1/charges"))
+                            .header("idempotency-key", key.as_str())
+                            .header("content-type", "application/json")
+                            .body(body)
+                            .send()
+                            .await
+                        {
+                            Ok(res) => res.status().as_u16(),
+                            Err(_) => 0, // connection failed
+                        }
+                    }));
+                }
+            }
+            tokio::time::sleep(step).await;
+        }
+        let mut answers = Answers::new();
+        for t in tasks {
+            count(&mut answers, t.await.unwrap());
+        }
+        answers
+    })
+}
+
+/// What a client with backoff does afterwards: retry every key until it gets its
+/// answer (a 201, first or replayed). Returns the answers seen on the way.
+async fn settle(base: &str, keys: &[String], latency_ms: u64, within: Duration) -> Answers {
+    let http = client();
+    let deadline = Instant::now() + within;
+    let mut answers = Answers::new();
+    for key in keys {
+        loop {
+            let res = http
+                .post(format!("{base}/v1/charges"))
+                .header("idempotency-key", key.as_str())
+                .header("content-type", "application/json")
+                .header("prefer", "wait=5")
+                .body(charge_body(&format!("cus-{key}"), 100, latency_ms))
+                .send()
+                .await;
+            let status = res.map(|r| r.status().as_u16()).unwrap_or(0);
+            count(&mut answers, status);
+            if status == 201 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "key {key} still answered {status} after {within:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    answers
+}
+
+async fn charge_counts(db: &TestDb) -> (i64, i64, i64) {
+    let charges = db.charges().await;
+    let keys = db
+        .count("SELECT count(DISTINCT idempotency_key) FROM charges")
+        .await;
+    let doubled = db.count("SELECT count(*) FROM (SELECT 1 FROM charges GROUP BY idempotency_key HAVING count(*) > 1) d").await;
+    (charges, keys, doubled)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn killing_a_cluster_master_mid_race_loses_nothing_in_sync_mode() {
+    let mut cluster = tokio::task::block_in_place(|| RedisClusterProc::start("failover"));
+    for durability in ["sync", "async"] {
+        let db = TestDb::new(&format!("failover_{durability}")).await;
+        let ns = unique_namespace("failover");
+        let urls = cluster.urls();
+        let origin = TestOrigin::start(&[
+            "--store",
+            "tiered",
+            "--durability",
+            durability,
+            "--redis-url",
+            &urls,
+            "--redis-namespace",
+            &ns,
+            "--database-url",
+            &db.url,
+            "--store-timeout",
+            "1s",
+            "--lease",
+            "3s",
+        ])
+        .await;
+        let all = keys(&format!("fo-{durability}"), 120);
+        let load = spread_load(
+            origin.url(""),
+            all.clone(),
+            8,
+            200,
+            Duration::from_millis(100),
+            4,
+        );
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let victim = tokio::task::block_in_place(|| cluster.a_master());
+        cluster.nodes[victim].kill();
+        let killed_at = Instant::now();
+        let during = load.await.unwrap();
+        tokio::task::block_in_place(|| cluster.wait_failover(victim, Duration::from_secs(30)));
+        let failover = killed_at.elapsed();
+        let after = settle(&origin.url(""), &all, 200, Duration::from_secs(60)).await;
+        origin.flush().await;
+        let (charges, charged_keys, doubled) = charge_counts(&db).await;
+        report(
+            "faults",
+            &format!(
+                "cluster master kill -9, tiered {durability}: {} keys x 8 -> {charges} charges, {doubled} keys double-charged; answers during {during:?}, settling {after:?}; failover done {failover:.1?} after the kill",
+                all.len()
+            ),
+        );
+        assert_eq!(charged_keys, all.len() as i64, "every key was charged");
+        if durability == "sync" {
+            assert_eq!(
+                charges,
+                all.len() as i64,
+                "sync: exactly one charge per key through a failover"
+            );
+            assert_eq!(doubled, 0);
+        }
+        assert!(during.contains_key(&201), "the load made progress");
+        tokio::task::block_in_place(|| {
+            cluster.nodes[victim].restart();
+            cluster.wait_ok(Duration::from_secs(30));
+            cluster.wait_replicas_synced(Duration::from_secs(30));
+        });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn flushing_redis_mid_run_replays_completed_keys_from_postgres() {
+    let redis = tokio::task::block_in_place(|| RedisProc::start("flush"));
+    for durability in ["sync", "async"] {
+        let db = TestDb::new(&format!("flush_{durability}")).await;
+        let ns = unique_namespace("flush");
+        let url = redis.url();
+        let origin = TestOrigin::start(&[
+            "--store",
+            "tiered",
+            "--durability",
+            durability,
+            "--redis-url",
+            &url,
+            "--redis-namespace",
+            &ns,
+            "--database-url",
+            &db.url,
+        ])
+        .await;
+        let done = keys(&format!("fl-done-{durability}"), 60);
+        let first = settle(&origin.url(""), &done, 0, Duration::from_secs(30)).await;
+        assert_eq!(first.get(&201), Some(&done.len()));
+        if durability == "async" {
+            // Written behind: wait until Postgres has every completion before the flush.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while db
+                .count("SELECT count(*) FROM idem_records WHERE state = 1")
+                .await
+                < done.len() as i64
+            {
+                assert!(
+                    Instant::now() < deadline,
+                    "the outbox wrote the completions behind"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        let running = keys(&format!("fl-run-{durability}"), 60);
+        let load = spread_load(
+            origin.url(""),
+            running.clone(),
+            4,
+            300,
+            Duration::from_millis(20),
+            6,
+        );
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(redis_cli(redis.port, &["flushall"]).trim(), "OK");
+        let during = load.await.unwrap();
+        // Completed keys come back from Postgres, replayed.
+        let http = client();
+        let mut replayed = 0;
+        for key in &done {
+            let res = post_charge(
+                &http,
+                &origin.url(""),
+                Some(key),
+                &charge_body(&format!("cus-{key}"), 100, 0),
+            )
+            .await;
+            assert_eq!(res.status(), 201);
+            if res.headers().get("idempotent-replayed").is_some() {
+                replayed += 1;
+            }
+        }
+        let after = settle(&origin.url(""), &running, 300, Duration::from_secs(30)).await;
+        origin.flush().await;
+        let (charges, _, doubled) = charge_counts(&db).await;
+        let total = (done.len() + running.len()) as i64;
+        report(
+            "faults",
+            &format!(
+                "redis FLUSHALL mid-run, tiered {durability}: {} completed keys replayed from Postgres {replayed}/{}; {} in-flight keys x 4; {charges} charges for {total} keys, {doubled} double-charged; answers during {during:?}, settling {after:?}",
+                done.len(), done.len(), running.len()
+            ),
+        );
+        assert_eq!(
+            replayed,
+            done.len(),
+            "every completed key replays after Redis lost it"
+        );
+        if durability == "sync" {
+            assert_eq!(
+                charges, total,
+                "sync: no double charge when Redis loses everything"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stopping_postgres_answers_503_and_the_origin_recovers_without_a_restart() {
+    let pg = tokio::task::block_in_place(|| PgProc::start("stop"));
+    let store: Arc<dyn Store> = Arc::new(
+        PostgresStore::connect(
+            &pg.url(),
+            PgOptions {
+                timeout: Duration::from_secs(1),
+                ..PgOptions::default()
+            },
+        )
+        .await
+        .unwrap(),
+    );
+    let ledger = Arc::new(MemoryLedger::default());
+    let layer = IdempotencyLayer::new(store.clone()).require_key_on(["/v1/charges"]);
+    let origin = TestOrigin::serve_router(
+        idem_origin::app::router(layer, store.clone(), ledger.clone()),
+        store,
+    )
+    .await;
+    let base = origin.url("");
+
+    let before = keys("pg-before", 20);
+    settle(&base, &before, 0, Duration::from_secs(20)).await;
+    tokio::task::block_in_place(|| pg.stop());
+    let down_keys = keys("pg-down", 20);
+    let load = spread_load(
+        base.clone(),
+        down_keys.clone(),
+        2,
+        0,
+        Duration::from_millis(50),
+        2,
+    );
+    let during = load.await.unwrap();
+    let readyz = client()
+        .get(origin.url("/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    let charged_while_down = ledger.len() - before.len();
+    tokio::task::block_in_place(|| pg.restart());
+    let recovered_at = Instant::now();
+    let after = settle(&base, &down_keys, 0, Duration::from_secs(30)).await;
+    report(
+        "faults",
+        &format!(
+            "postgres stopped (-m immediate): {} requests answered {during:?}, /readyz {readyz}, {charged_while_down} charges while down; restarted: {} keys settled {after:?} in {:.1?}, no origin restart",
+            down_keys.len() * 2, down_keys.len(), recovered_at.elapsed()
+        ),
+    );
+    assert_eq!(
+        during.keys().copied().collect::<Vec<_>>(),
+        vec![503],
+        "only 503 while Postgres is down"
+    );
+    assert_eq!(readyz, 503);
+    assert_eq!(charged_while_down, 0, "the handler never ran unguarded");
+    for key in before.iter().chain(&down_keys) {
+        assert_eq!(ledger.count_for_key(key), 1, "{key}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_gone_in_redis_mode_answers_503_and_recovers() {
+    let mut redis = tokio::task::block_in_place(|| RedisProc::start("gone"));
+    let options = RedisOptions {
+        timeout: Duration::from_millis(500),
+        ..RedisOptions::default()
+    };
+    let store: Arc<dyn Store> = Arc::new(RedisStore::connect(&redis.url(), options).await.unwrap());
+    let ledger = Arc::new(MemoryLedger::default());
+    let layer = IdempotencyLayer::new(store.clone()).require_key_on(["/v1/charges"]);
+    let origin = TestOrigin::serve_router(
+        idem_origin::app::router(layer, store.clone(), ledger.clone()),
+        store,
+    )
+    .await;
+    let base = origin.url("");
+
+    let before = keys("rd-before", 10);
+    settle(&base, &before, 0, Duration::from_secs(20)).await;
+    redis.kill();
+    let down_keys = keys("rd-down", 10);
+    let during = spread_load(
+        base.clone(),
+        down_keys.clone(),
+        2,
+        0,
+        Duration::from_millis(50),
+        2,
+    )
+    .await
+    .unwrap();
+    let charged_while_down = ledger.len() - before.len();
+    tokio::task::block_in_place(|| redis.restart());
+    let after = settle(&base, &down_keys, 0, Duration::from_secs(30)).await;
+    report(
+        "faults",
+        &format!("redis killed in redis mode: {} requests answered {during:?}, {charged_while_down} charges while down; restarted: settled {after:?}", down_keys.len() * 2),
+    );
+    assert_eq!(
+        during.keys().copied().collect::<Vec<_>>(),
+        vec![503],
+        "only 503 while Redis is gone"
+    );
+    assert_eq!(charged_while_down, 0);
+    for key in &down_keys {
+        assert_eq!(ledger.count_for_key(key), 1, "{key}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sigterm_during_async_load_flushes_the_outbox() {
+    let db = TestDb::new("sigterm").await;
+    let ns = unique_namespace("sigterm");
+    let url = redis_url();
+    let (mut child, base) = OriginProcess::spawn(&[
+        "--store",
+        "tiered",
+        "--durability",
+        "async",
+        "--redis-url",
+        &url,
+        "--redis-namespace",
+        &ns,
+        "--database-url",
+        &db.url,
+        "--outbox-batch",
+        "20",
+    ])
+    .await;
+    let all = keys("term", 400);
+    let http = client();
+    let mut tasks = Vec::new();
+    for (i, key) in all.iter().enumerate() {
+        let (http, base, key) = (http.clone(), base.clone(), key.clone());
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(5 * i as u64)).await;
+            let res = http
+                .post(format!("{base}/v1/charges"))
+                .header("idempotency-key", key.as_str())
+                .header("content-type", "application/json")
+                .body(charge_body("c", 100, 100))
+                .send()
+                .await;
+            (key, res.map(|r| r.status().as_u16()).unwrap_or(0))
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let pid = child.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let signalled = Instant::now();
+    let status = tokio::task::block_in_place(|| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the origin did not exit within 20 s of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+    let shutdown = signalled.elapsed();
+    assert!(status.success(), "graceful exit, got {status}");
+    let mut completed = Vec::new();
+    let mut answers = Answers::new();
+    for t in tasks {
+        let (key, status) = t.await.unwrap();
+        count(&mut answers, status);
+        if status == 201 {
+            completed.push(key);
+        }
+    }
+    let client = db.client().await;
+    let mut missing = 0;
+    for key in &completed {
+        let id = RecordKey::new(
+            &Scope::anonymous(),
+            &IdempotencyKey::parse(key.as_bytes()).unwrap(),
+        );
+        let row = client
+            .query_opt(
+                "SELECT state FROM idem_records WHERE id = $1",
+                &[&id.as_str()],
+            )
+            .await
+            .unwrap();
+        if row.map(|r| r.get::<_, i16>(0)) != Some(1) {
+            missing += 1;
+        }
+    }
+    report(
+        "faults",
+        &format!(
+            "SIGTERM during tiered-async load: exited cleanly {shutdown:.1?} after the signal; {} requests answered {answers:?}; {} completed, {missing} of them missing from Postgres",
+            all.len(), completed.len()
+        ),
+    );
+    assert!(
+        !completed.is_empty(),
+        "some requests completed before the signal"
+    );
+    assert_eq!(missing, 0, "every completed answer reached Postgres");
+}
