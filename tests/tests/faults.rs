@@ -482,3 +482,86 @@ async fn sigterm_during_async_load_flushes_the_outbox() {
     );
     assert_eq!(missing, 0, "every completed answer reached Postgres");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_outbox_refuses_claims_with_503_until_postgres_keeps_up() {
+    use idem_origin::store::tiered::outbox::OutboxOptions;
+    use idem_origin::store::{Durability, TieredStore};
+    let db = TestDb::new("backpressure").await;
+    let pg = Arc::new(
+        PostgresStore::connect(&db.url, PgOptions::default())
+            .await
+            .unwrap(),
+    );
+    let options = RedisOptions {
+        namespace: unique_namespace("bp"),
+        ..RedisOptions::default()
+    };
+    let redis = RedisStore::connect(&redis_url(), options).await.unwrap();
+    let outbox = OutboxOptions {
+        capacity: 4,
+        batch: 1,
+        enqueue_wait: Duration::from_millis(200),
+        ..OutboxOptions::default()
+    };
+    let store: Arc<dyn Store> = Arc::new(TieredStore::new(redis, pg, Durability::Async, outbox));
+    let ledger = Arc::new(MemoryLedger::default());
+    let layer = IdempotencyLayer::new(store.clone()).require_key_on(["/v1/charges"]);
+    let origin = TestOrigin::serve_router(
+        idem_origin::app::router(layer, store.clone(), ledger.clone()),
+        store.clone(),
+    )
+    .await;
+
+    // Postgres stops taking writes (reads still work): the writer blocks, the queue fills.
+    let mut blocker = db.client().await;
+    let tx = blocker.transaction().await.unwrap();
+    tx.batch_execute("LOCK TABLE idem_records IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let http = client();
+    let all = keys("bp", 8);
+    let mut answers = Answers::new();
+    for key in &all {
+        let res = post_charge(
+            &http,
+            &origin.url(""),
+            Some(key),
+            &charge_body(&format!("cus-{key}"), 100, 0),
+        )
+        .await;
+        count(&mut answers, res.status().as_u16());
+    }
+    let executed_while_full = ledger.len();
+    tx.commit().await.unwrap(); // Postgres keeps up again
+    let after = settle(&origin.url(""), &all, 0, Duration::from_secs(20)).await;
+    store.flush().await.unwrap();
+    let written = db
+        .count("SELECT count(*) FROM idem_records WHERE state = 1")
+        .await;
+    report(
+        "faults",
+        &format!(
+            "outbox full (capacity 4, Postgres writes blocked): {} keys answered {answers:?}, {executed_while_full} handler runs; writes unblocked: settled {after:?}, {written} completions in Postgres",
+            all.len()
+        ),
+    );
+    assert!(
+        answers.get(&201).is_some_and(|n| *n >= 1),
+        "claims are taken while there is room"
+    );
+    assert!(
+        answers.get(&503).is_some_and(|n| *n >= 1),
+        "a full outbox refuses claims"
+    );
+    assert_eq!(
+        executed_while_full, answers[&201],
+        "the handler ran exactly for the accepted claims"
+    );
+    assert_eq!(
+        ledger.len(),
+        all.len(),
+        "once unblocked, every key was charged once"
+    );
+    assert_eq!(written, all.len() as i64);
+}

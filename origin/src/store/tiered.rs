@@ -144,6 +144,7 @@ impl TieredStore {
         key: &RecordKey,
         holder: &Holder,
         next: Record,
+        write: HolderWriteKind,
     ) -> Result<HolderWrite, StoreError> {
         match &self.outbox {
             None => {
@@ -154,8 +155,25 @@ impl TieredStore {
                 Ok(written)
             }
             Some(outbox) => {
-                let slot = outbox.reserve().await?;
-                let mut written = self.redis.holder_write(key, holder, &next).await?;
+                let slot = match write {
+                    // The claim parked a slot for its final write; fall back to waiting for one.
+                    HolderWriteKind::Final => match outbox.take_parked(key, holder.token) {
+                        Some(slot) => Some(slot),
+                        None => Some(outbox.reserve().await?),
+                    },
+                    // A heartbeat queues only if there is room; see the outbox docs.
+                    HolderWriteKind::Heartbeat => outbox.try_reserve(),
+                };
+                let mut written = match self.redis.holder_write(key, holder, &next).await {
+                    Ok(w) => w,
+                    Err(e) => {
+                        if let (HolderWriteKind::Final, Some(slot)) = (write, slot) {
+                            // The layer will try again: keep the slot for it.
+                            outbox.park(key.clone(), holder.token, slot, crate::now());
+                        }
+                        return Err(e);
+                    }
+                };
                 if written == Err(Refusal::Missing) {
                     // Redis lost the record (failover, flush) after it was written behind:
                     // the authority decides whether this holder still owns the key.
@@ -166,13 +184,24 @@ impl TieredStore {
                         self.redis.mirror(key, &next).await?;
                     }
                 }
-                if written.is_ok() {
-                    slot.send(key.clone(), next);
+                match (written.is_ok(), slot) {
+                    (true, Some(slot)) => slot.send(key.clone(), next),
+                    (true, None) => {
+                        metrics::counter!("idem_outbox_skipped_heartbeats_total").increment(1)
+                    }
+                    _ => {}
                 }
                 Ok(written)
             }
         }
     }
+}
+
+/// Whether a holder write ends the holder's claim.
+#[derive(Clone, Copy)]
+enum HolderWriteKind {
+    Heartbeat,
+    Final,
 }
 
 /// The `async` hot path: Redis, with the cold path folded into insert-if-absent.
@@ -249,10 +278,11 @@ impl Store for TieredStore {
             return self.claim_sync(key, fp, now, policy).await;
         };
         // Reserve before writing anything: a full outbox refuses the claim cleanly.
-        let slot = outbox.reserve().await?;
+        let (claim_slot, final_slot) = outbox.reserve_pair().await?;
         let (decision, record) = claim_by_cas(&ColdPath(self), key, fp, now, policy).await?;
-        if let (Decision::Execute(_) | Decision::TakeOver(_), Some(record)) = (&decision, record) {
-            slot.send(key.clone(), record);
+        if let (Decision::Execute(c) | Decision::TakeOver(c), Some(record)) = (&decision, record) {
+            claim_slot.send(key.clone(), record);
+            outbox.park(key.clone(), c.token, final_slot, now);
         }
         Ok(decision)
     }
@@ -264,8 +294,13 @@ impl Store for TieredStore {
         now: Millis,
         policy: &Policy,
     ) -> Result<HolderWrite, StoreError> {
-        self.holder_write(key, holder, holder.renewed(now, policy))
-            .await
+        self.holder_write(
+            key,
+            holder,
+            holder.renewed(now, policy),
+            HolderWriteKind::Heartbeat,
+        )
+        .await
     }
 
     async fn complete(
@@ -276,8 +311,13 @@ impl Store for TieredStore {
         now: Millis,
         policy: &Policy,
     ) -> Result<HolderWrite, StoreError> {
-        self.holder_write(key, holder, holder.completed(response, now, policy))
-            .await
+        self.holder_write(
+            key,
+            holder,
+            holder.completed(response, now, policy),
+            HolderWriteKind::Final,
+        )
+        .await
     }
 
     async fn release(
@@ -286,7 +326,8 @@ impl Store for TieredStore {
         holder: &Holder,
         now: Millis,
     ) -> Result<HolderWrite, StoreError> {
-        self.holder_write(key, holder, holder.released(now)).await
+        self.holder_write(key, holder, holder.released(now), HolderWriteKind::Final)
+            .await
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
@@ -302,6 +343,9 @@ impl Store for TieredStore {
     }
 
     async fn sweep(&self, now: Millis, batch: usize) -> Result<u64, StoreError> {
+        if let Some(outbox) = &self.outbox {
+            outbox.purge_parked(now);
+        }
         self.pg.sweep(now, batch).await
     }
 

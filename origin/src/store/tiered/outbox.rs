@@ -1,16 +1,19 @@
 //! The write-behind queue of the `async` tiered store: a bounded queue drained by one
 //! batching writer (a multi-row upsert per batch, so one commit covers many requests).
 //!
-//! Back-pressure: a writer of the hot path first reserves a slot, waiting at most
-//! `enqueue_wait`; if the queue is still full (Postgres slower than the traffic, or
-//! down), the operation fails with [`StoreError::Unavailable`] before anything is
-//! written — a claim then answers 503 and the handler does not run.
+//! Back-pressure: a claim reserves two slots before it writes anything — one for the
+//! claim, one parked for its completion or release — waiting at most `enqueue_wait`.
+//! If the queue is still full (Postgres slower than the traffic, or down), the claim
+//! fails with [`StoreError::Unavailable`]: it answers 503 and the handler does not run.
+//! An accepted claim can therefore always queue its final write without waiting.
+//! Heartbeats take a slot only if one is free (the lease in Postgres matters only
+//! after Redis lost the record, and the completion carries the final state anyway).
 //!
 //! Failed batches are retried with backoff until they land. On shutdown the queue is
 //! closed and drained, retrying until `drain_deadline`.
 
 use crate::store::{PostgresStore, StoreError};
-use idem_core::{Record, RecordKey};
+use idem_core::{Millis, Record, RecordKey};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -48,7 +51,14 @@ pub(crate) struct Outbox {
     enqueue_wait: Duration,
     shutdown: Arc<Notify>,
     writer: Mutex<Option<JoinHandle<u64>>>,
+    /// Final-write slots reserved by accepted claims, by (key, token), with the
+    /// instant they were parked.
+    parked: Mutex<HashMap<(RecordKey, u64), (Slot, Millis)>>,
 }
+
+/// Parked slots older than this are given back (a holder that never wrote its final
+/// record — its process state was lost, or Redis stayed down — must not pin capacity).
+const PARKED_MAX_AGE_MS: u64 = 15 * 60 * 1000;
 
 /// A reserved slot: sending can't fail or wait.
 pub(crate) struct Slot(mpsc::OwnedPermit<Entry>);
@@ -70,7 +80,45 @@ impl Outbox {
             enqueue_wait: options.enqueue_wait,
             shutdown,
             writer: Mutex::new(Some(writer)),
+            parked: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Reserves the two slots a claim needs, or neither.
+    pub(crate) async fn reserve_pair(&self) -> Result<(Slot, Slot), StoreError> {
+        let first = self.reserve().await?;
+        let second = self.reserve().await?;
+        Ok((first, second))
+    }
+
+    /// A slot if one is free now.
+    pub(crate) fn try_reserve(&self) -> Option<Slot> {
+        self.tx.clone().try_reserve_owned().ok().map(Slot)
+    }
+
+    /// Keeps `slot` for the final write of the holder `token` of `key`.
+    pub(crate) fn park(&self, key: RecordKey, token: u64, slot: Slot, now: Millis) {
+        self.parked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((key, token), (slot, now));
+    }
+
+    /// The slot parked for this holder, if any.
+    pub(crate) fn take_parked(&self, key: &RecordKey, token: u64) -> Option<Slot> {
+        self.parked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(key.clone(), token))
+            .map(|(slot, _)| slot)
+    }
+
+    /// Gives back parked slots older than [`PARKED_MAX_AGE_MS`]; returns how many.
+    pub(crate) fn purge_parked(&self, now: Millis) -> usize {
+        let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+        let before = parked.len();
+        parked.retain(|_, (_, at)| now.saturating_sub(*at) < PARKED_MAX_AGE_MS);
+        before - parked.len()
     }
 
     /// Reserves a slot, waiting at most `enqueue_wait`.
@@ -91,6 +139,12 @@ impl Outbox {
     /// Stops taking records and writes out everything queued. Returns how many records
     /// the writer wrote over its life.
     pub(crate) async fn flush(&self) -> u64 {
+        // Parked slots would hold the queue open: the holders they were kept for are
+        // done (the server drained its requests before flushing) or never coming back.
+        self.parked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         self.shutdown.notify_one();
         let writer = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
         match writer {
@@ -111,6 +165,11 @@ async fn write_behind(
     loop {
         let first = tokio::select! {
             entry = rx.recv() => entry,
+            // A slot reserved and never used would keep a closed queue open forever.
+            _ = tokio::time::sleep_until(drain_until.unwrap_or_else(Instant::now).into()), if drain_until.is_some() => {
+                tracing::error!("outbox drain deadline passed with slots still reserved");
+                break;
+            }
             _ = shutdown.notified(), if drain_until.is_none() => {
                 rx.close(); // no new records; what is queued is still delivered
                 drain_until = Some(Instant::now() + options.drain_deadline);
