@@ -9,6 +9,9 @@
 //! | `idem_lost_writes_total` | counter | `op` = `complete`, `release` | holder writes abandoned after retries (store down) |
 //! | `idem_store_duration_seconds` | histogram | `store`, `op` = `claim`, `heartbeat`, `complete`, `release`, `sweep` | store round-trip latency |
 //! | `idem_swept_records_total` | counter | — | expired records deleted by the sweeper |
+//!
+//! The tiered store and its outbox add `idem_tiered_*`, `idem_outbox_*` and
+//! `idem_redis_cluster_reconnects_total`; README.md lists them all.
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::future::Future;
