@@ -196,8 +196,9 @@ impl Problem {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
 
-    #[test]
+    #[wasm_bindgen_test(unsupported = test)]
     fn contract_table_dispositions() {
         for status in [200, 201, 204, 400, 402, 404, 409, 422, 500] {
             assert_eq!(disposition(status, None), Disposition::Store, "{status}");
@@ -214,7 +215,7 @@ mod tests {
         assert_eq!(disposition(400, Some(b"no-storey")), Disposition::Store);
     }
 
-    #[test]
+    #[wasm_bindgen_test(unsupported = test)]
     fn reads_prefer_wait() {
         assert_eq!(prefer_wait(b"wait=5"), Some(5));
         assert_eq!(prefer_wait(b"respond-async, Wait = 10"), Some(10));
@@ -229,7 +230,7 @@ mod tests {
         assert_eq!(prefer_wait(b"return=minimal"), None);
     }
 
-    #[test]
+    #[wasm_bindgen_test(unsupported = test)]
     fn problem_bodies_are_json() {
         for p in Problem::ALL {
             let body = p.body(Some("say \"hi\"\n"));

@@ -247,6 +247,7 @@ pub fn release(existing: Option<&Record>, holder: &Holder, now: Millis) -> Resul
 mod tests {
     use super::*;
     use alloc::vec;
+    use wasm_bindgen_test::wasm_bindgen_test;
 
     const P: Policy = Policy {
         lease_ms: 1_000,
@@ -270,7 +271,7 @@ mod tests {
         }
     }
 
-    #[test]
+    #[wasm_bindgen_test(unsupported = test)]
     fn first_attempt_executes_with_insert_if_absent() {
         let c = claim(decide(None, &FP, 100, &P));
         assert_eq!(c.replaces, None);
@@ -285,7 +286,7 @@ mod tests {
         );
     }
 
-    #[test]
+    #[wasm_bindgen_test(unsupported = test)]
     fn retry_while_running_is_in_flight_then_takes_over() {
         let c = claim(decide(None, &FP, 0, &P));
         assert_eq!(
@@ -304,7 +305,7 @@ mod tests {
         assert_eq!(late, Err(Refusal::Fenced { current: t.token }));
     }
 
-    #[test]
+    #[wasm_bindgen_test(unsupported = test)]
     fn completed_replays_until_expiry() {
         let c = claim(decide(None, &FP, 0, &P));
         let done = complete(Some(&c.record), &c.holder(), ok_response(), 500, &P).unwrap();
@@ -322,7 +323,7 @@ mod tests {
         );
     }
 
-    #[test]
+    #[wasm_bindgen_test(unsupported = test)]
     fn holder_writes_need_the_current_token() {
         let c = claim(decide(None, &FP, 0, &P));
         let renewed = heartbeat(Some(&c.record), &c.holder(), 900, &P).unwrap();
@@ -346,7 +347,7 @@ mod tests {
         assert!(next.token > c.token);
     }
 
-    #[test]
+    #[wasm_bindgen_test(unsupported = test)]
     fn tokens_survive_deletion() {
         // A record deleted and re-created later still gets a higher token.
         let first = claim(decide(None, &FP, 5, &P));

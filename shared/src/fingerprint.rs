@@ -94,6 +94,7 @@ fn is_json(essence: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
 
     fn fp(ct: Option<&str>, body: &[u8]) -> Fingerprint {
         Fingerprint::of(&RequestParts {
@@ -104,7 +105,7 @@ mod tests {
         })
     }
 
-    #[test]
+    #[wasm_bindgen_test(unsupported = test)]
     fn json_bodies_are_canonical() {
         let a = fp(
             Some("application/json"),
@@ -128,7 +129,7 @@ mod tests {
         );
     }
 
-    #[test]
+    #[wasm_bindgen_test(unsupported = test)]
     fn other_bodies_are_exact() {
         assert_ne!(
             fp(Some("text/plain"), b"{\"a\":1}"),
@@ -142,7 +143,7 @@ mod tests {
         );
     }
 
-    #[test]
+    #[wasm_bindgen_test(unsupported = test)]
     fn every_part_counts() {
         let base = RequestParts {
             method: "POST",

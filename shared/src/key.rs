@@ -154,6 +154,7 @@ fn parse_bare(raw: &[u8]) -> Result<String, KeyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
 
     fn ok(raw: &str) -> String {
         IdempotencyKey::parse(raw.as_bytes())
@@ -165,7 +166,7 @@ mod tests {
         IdempotencyKey::parse(raw).unwrap_err()
     }
 
-    #[test]
+    #[wasm_bindgen_test(unsupported = test)]
     fn accepts_sf_strings_and_bare_tokens() {
         assert_eq!(
             ok("\"8e03978e-40d5-43e8-bc93-6894a57f9324\""),
@@ -181,7 +182,7 @@ mod tests {
         );
     }
 
-    #[test]
+    #[wasm_bindgen_test(unsupported = test)]
     fn rejects_malformed_keys() {
         assert_eq!(err(b""), KeyError::Empty);
         assert_eq!(err(b"   "), KeyError::Empty);

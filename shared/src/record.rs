@@ -273,7 +273,9 @@ impl<'a> Reader<'a> {
 mod tests {
     use super::*;
     use alloc::vec;
+    #[cfg(not(target_arch = "wasm32"))]
     use proptest::prelude::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
 
     fn completed() -> Record {
         Record::Completed {
@@ -291,7 +293,7 @@ mod tests {
         }
     }
 
-    #[test]
+    #[wasm_bindgen_test(unsupported = test)]
     fn round_trips() {
         let ip = Record::InProgress {
             fingerprint: Fingerprint([1; 32]),
@@ -303,7 +305,7 @@ mod tests {
         assert_eq!(Record::decode(&completed().encode()), Ok(completed()));
     }
 
-    #[test]
+    #[wasm_bindgen_test(unsupported = test)]
     fn newer_tokens_and_completion_supersede() {
         let ip = |token| Record::InProgress {
             fingerprint: Fingerprint([1; 32]),
@@ -328,7 +330,7 @@ mod tests {
         );
     }
 
-    #[test]
+    #[wasm_bindgen_test(unsupported = test)]
     fn rejects_damaged_bytes() {
         let bytes = completed().encode();
         for cut in 0..bytes.len() {
@@ -345,6 +347,7 @@ mod tests {
         assert_eq!(Record::decode(&state), Err(DecodeError::UnknownState(9)));
     }
 
+    #[cfg(not(target_arch = "wasm32"))]
     proptest! {
         #[test]
         fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {

@@ -27,6 +27,21 @@ impl Scope {
         Scope(tagged_hash(b"idem/scope/anonymous/v1", &[]))
     }
 
+    /// The scope of a request from its `Authorization` header: the bearer token (or,
+    /// for another scheme, the whole value), hashed; anonymous without one. The edge
+    /// and the origin both scope this way, so they agree on every record key.
+    pub fn from_authorization(value: Option<&[u8]>) -> Self {
+        match value {
+            None => Scope::anonymous(),
+            Some(v) => match v.get(..7) {
+                Some(scheme) if scheme.eq_ignore_ascii_case(b"bearer ") => {
+                    Scope::from_credential(v[7..].trim_ascii())
+                }
+                _ => Scope::from_credential(v),
+            },
+        }
+    }
+
     /// The scope's 32 bytes.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
@@ -78,12 +93,13 @@ pub(crate) fn tagged_hash(tag: &[u8], parts: &[&[u8]]) -> [u8; 32] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
 
     fn key(s: &str) -> IdempotencyKey {
         IdempotencyKey::parse(s.as_bytes()).unwrap()
     }
 
-    #[test]
+    #[wasm_bindgen_test(unsupported = test)]
     fn scopes_separate_records() {
         let k = key("k1");
         let a = RecordKey::new(&Scope::from_credential(b"alice"), &k);
@@ -102,7 +118,24 @@ mod tests {
         );
     }
 
-    #[test]
+    #[wasm_bindgen_test(unsupported = test)]
+    fn authorization_scopes_by_bearer_token() {
+        assert_eq!(Scope::from_authorization(None), Scope::anonymous());
+        assert_eq!(
+            Scope::from_authorization(Some(b"Bearer sk_1")),
+            Scope::from_credential(b"sk_1")
+        );
+        assert_eq!(
+            Scope::from_authorization(Some(b"bearer  sk_1 ")),
+            Scope::from_credential(b"sk_1")
+        );
+        assert_eq!(
+            Scope::from_authorization(Some(b"Basic abc")),
+            Scope::from_credential(b"Basic abc")
+        );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
     fn record_keys_round_trip_and_reject_junk() {
         let rk = RecordKey::new(&Scope::anonymous(), &key("x"));
         assert_eq!(rk.as_str().len(), 64);

@@ -1,3 +1,4 @@
+#![cfg(not(target_arch = "wasm32"))]
 //! Properties of the protocol, checked over random histories of attempts, heartbeats,
 //! completions, releases and clock jumps against one key.
 

@@ -2,6 +2,7 @@
 //! an independent Python implementation). The edge runs this same check in WASM.
 
 use idem_core::{json, Fingerprint, RequestParts};
+use wasm_bindgen_test::wasm_bindgen_test;
 
 const VECTORS: &str = include_str!("../testdata/fingerprint-vectors.json");
 
@@ -13,7 +14,7 @@ fn unhex(s: &str) -> Vec<u8> {
         .collect()
 }
 
-#[test]
+#[wasm_bindgen_test(unsupported = test)]
 fn fingerprints_match_the_shared_vectors() {
     let doc: serde_json::Value = serde_json::from_str(VECTORS).unwrap();
     let vectors = doc["vectors"].as_array().unwrap();

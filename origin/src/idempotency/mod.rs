@@ -168,18 +168,12 @@ impl<S> tower::Layer<S> for IdempotencyLayer {
 /// The default scope: the `Authorization` header's bearer token (or, for another
 /// scheme, the whole header value), hashed; [`Scope::anonymous`] without one.
 pub fn bearer_scope(parts: &Parts) -> Scope {
-    match parts.headers.get(http::header::AUTHORIZATION) {
-        None => Scope::anonymous(),
-        Some(value) => {
-            let v = value.as_bytes();
-            match v.get(..7) {
-                Some(scheme) if scheme.eq_ignore_ascii_case(b"bearer ") => {
-                    Scope::from_credential(v[7..].trim_ascii())
-                }
-                _ => Scope::from_credential(v),
-            }
-        }
-    }
+    Scope::from_authorization(
+        parts
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .map(|v| v.as_bytes()),
+    )
 }
 
 fn millis(d: Duration) -> u64 {

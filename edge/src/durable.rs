@@ -1,0 +1,116 @@
+//! The Durable Object: one per (scope, key). It holds that key's record and executes
+//! [`apply`] between one storage read and one storage write — no outbound fetch ever
+//! happens inside it, so no other request for the key can interleave.
+
+use crate::records::{apply, EdgeRecords, Op, Reply};
+use idem_core::{Record, RecordKey};
+use worker::{
+    durable_object, Date, DurableObject, Env, Method, Request, RequestInit, Response, Result,
+    State, Stub,
+};
+
+const RECORD: &str = "record";
+/// The record is deleted this long after it expires (a claim in the same instant
+/// still sees its token).
+const EXPIRY_GRACE_MS: u64 = 1_000;
+/// The Durable Object namespace binding (wrangler.toml).
+pub const BINDING: &str = "IDEM_RECORDS";
+
+#[durable_object]
+pub struct IdemRecord {
+    state: State,
+    #[allow(dead_code)]
+    env: Env,
+}
+
+impl IdemRecord {
+    async fn load(&self) -> Option<Record> {
+        let hex: Option<String> = self.state.storage().get(RECORD).await.ok().flatten();
+        // An unreadable record (a future encoding version) is treated as absent: the
+        // request then goes to the origin, which is authoritative.
+        hex.and_then(|h| crate::records::unhex(&h))
+            .and_then(|b| Record::decode(&b).ok())
+    }
+}
+
+impl DurableObject for IdemRecord {
+    fn new(state: State, env: Env) -> Self {
+        IdemRecord { state, env }
+    }
+
+    async fn fetch(&self, mut req: Request) -> Result<Response> {
+        let op: Op = match req.json().await {
+            Ok(op) => op,
+            Err(e) => return Response::error(format!("bad op: {e}"), 400),
+        };
+        let stored = self.load().await;
+        let now = Date::now().as_millis();
+        let (reply, write) = match apply(&op, stored.as_ref(), now) {
+            Ok(done) => done,
+            Err(e) => return Response::error(e, 400),
+        };
+        if let Some(record) = write {
+            let storage = self.state.storage();
+            storage
+                .put(RECORD, idem_core::hex(&record.encode()))
+                .await?;
+            let expiry = record.expires_at().saturating_add(EXPIRY_GRACE_MS);
+            storage
+                .set_alarm(expiry.saturating_sub(now).max(1) as i64)
+                .await?;
+        }
+        Response::from_json(&reply)
+    }
+
+    async fn alarm(&self) -> Result<Response> {
+        let now = Date::now().as_millis();
+        match self.load().await {
+            // Renewed or completed since the alarm was set: come back at the new expiry.
+            Some(r) if r.expires_at().saturating_add(EXPIRY_GRACE_MS) > now => {
+                let at = r.expires_at().saturating_add(EXPIRY_GRACE_MS);
+                self.state.storage().set_alarm((at - now) as i64).await?;
+            }
+            _ => self.state.storage().delete_all().await?,
+        }
+        Response::ok("")
+    }
+}
+
+/// [`EdgeRecords`] on the Durable Object of one key.
+pub struct DurableObjectRecords {
+    stub: Stub,
+}
+
+impl DurableObjectRecords {
+    /// The object named by `key` in the `IDEM_RECORDS` namespace.
+    pub fn new(env: &Env, key: &RecordKey) -> Result<Self> {
+        let stub = env
+            .durable_object(BINDING)?
+            .id_from_name(key.as_str())?
+            .get_stub()?;
+        Ok(DurableObjectRecords { stub })
+    }
+}
+
+impl EdgeRecords for DurableObjectRecords {
+    async fn send(&self, op: &Op) -> std::result::Result<Reply, String> {
+        let body = serde_json::to_string(op).map_err(|e| e.to_string())?;
+        let mut init = RequestInit::new();
+        init.with_method(Method::Post).with_body(Some(body.into()));
+        let req =
+            Request::new_with_init("https://idem-record/op", &init).map_err(|e| e.to_string())?;
+        let mut res = self
+            .stub
+            .fetch_with_request(req)
+            .await
+            .map_err(|e| e.to_string())?;
+        if res.status_code() != 200 {
+            let text = res.text().await.unwrap_or_default();
+            return Err(format!(
+                "durable object answered {}: {text}",
+                res.status_code()
+            ));
+        }
+        res.json::<Reply>().await.map_err(|e| e.to_string())
+    }
+}

@@ -1,0 +1,38 @@
+//! idem at the edge: a Cloudflare Worker that answers retries before they reach the
+//! origin.
+//!
+//! Every guarded request (POST/PATCH with an `Idempotency-Key`) is routed to one
+//! Durable Object per (scope, key), which asks the same core as the origin what to do
+//! and records the answer in one storage write — before the worker makes any outbound
+//! fetch. The first attempt is forwarded to the origin (`ORIGIN_URL`) unchanged; its
+//! answer is stored (up to `MAX_STORED_BODY_BYTES`) and replayed to retries with
+//! `Idempotent-Replayed: true`. The origin stays the authority: when the edge has no
+//! record (evicted, expired, a new deployment), or its Durable Object is unreachable,
+//! the request goes to the origin, which replays or refuses — losing edge state never
+//! runs the handler twice.
+//!
+//! * [`contract`] — the HTTP contract on plain values (host-testable, no worker types).
+//! * [`records`] — the durable-backend adapter trait, the Durable Object protocol, and
+//!   the pure function the Durable Object executes.
+//! * `durable` / `handler` — the Durable Object and the fetch handler (wasm32 only).
+
+pub mod contract;
+pub mod records;
+
+#[cfg(target_arch = "wasm32")]
+mod durable;
+#[cfg(target_arch = "wasm32")]
+mod handler;
+
+#[cfg(target_arch = "wasm32")]
+pub use durable::IdemRecord;
+
+#[cfg(target_arch = "wasm32")]
+#[worker::event(fetch)]
+async fn fetch(
+    req: worker::Request,
+    env: worker::Env,
+    _ctx: worker::Context,
+) -> worker::Result<worker::Response> {
+    handler::handle(req, &env).await
+}

@@ -1,0 +1,331 @@
+//! Where the edge keeps its records: an adapter trait, the messages of the Durable
+//! Object protocol, and [`apply`], the pure function the Durable Object executes —
+//! the core decides, the object only stores the result.
+
+use idem_core::{
+    complete, decide, release, Decision, Fingerprint, Holder, Millis, Policy, Record,
+    StoredResponse,
+};
+use serde::{Deserialize, Serialize};
+
+/// What the worker asks of a key's records.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Op {
+    /// Claim the key for a request with this fingerprint (hex).
+    Claim {
+        fingerprint: String,
+        lease_ms: u64,
+        ttl_ms: u64,
+    },
+    /// Store the holder's response.
+    Complete {
+        fingerprint: String,
+        token: u64,
+        response: WireResponse,
+        lease_ms: u64,
+        ttl_ms: u64,
+    },
+    /// Free the key.
+    Release { fingerprint: String, token: u64 },
+}
+
+/// The answer to an [`Op`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum Reply {
+    /// Run it (forward to the origin) as holder `token`.
+    Execute { token: u64, took_over: bool },
+    /// Answer with this stored response.
+    Replay { response: WireResponse },
+    /// Another attempt holds the key.
+    InFlight { lease_until: Millis },
+    /// The key belongs to a different request.
+    Mismatch,
+    /// The holder's write was stored.
+    Written,
+    /// The holder's write was refused (fenced out, completed already, or gone).
+    Refused { reason: String },
+}
+
+/// A stored response on the wire (JSON): header values as text, body in hex.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WireResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body_hex: String,
+}
+
+impl From<&StoredResponse> for WireResponse {
+    fn from(r: &StoredResponse) -> Self {
+        WireResponse {
+            status: r.status,
+            headers: r
+                .headers
+                .iter()
+                .map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned()))
+                .collect(),
+            body_hex: idem_core::hex(&r.body),
+        }
+    }
+}
+
+impl WireResponse {
+    /// Back to the core's type; `None` if the hex is damaged.
+    pub fn to_stored(&self) -> Option<StoredResponse> {
+        Some(StoredResponse {
+            status: self.status,
+            headers: self
+                .headers
+                .iter()
+                .map(|(n, v)| (n.clone(), v.as_bytes().to_vec()))
+                .collect(),
+            body: unhex(&self.body_hex)?,
+        })
+    }
+}
+
+/// Lower-case or upper-case hex to bytes.
+pub fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    let digit = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    };
+    s.as_bytes()
+        .chunks(2)
+        .map(|p| Some(digit(p[0])? << 4 | digit(p[1])?))
+        .collect()
+}
+
+fn fingerprint(hex: &str) -> Result<Fingerprint, String> {
+    unhex(hex)
+        .and_then(|b| <[u8; 32]>::try_from(b).ok())
+        .map(Fingerprint)
+        .ok_or_else(|| "bad fingerprint".into())
+}
+
+/// Executes `op` against the stored record at `now`: the reply, and the record to
+/// store when it changes. The Durable Object calls this between one storage read and
+/// one storage write, with no outbound I/O in between, so it is atomic.
+pub fn apply(
+    op: &Op,
+    stored: Option<&Record>,
+    now: Millis,
+) -> Result<(Reply, Option<Record>), String> {
+    Ok(match op {
+        Op::Claim {
+            fingerprint: fp,
+            lease_ms,
+            ttl_ms,
+        } => {
+            let policy = Policy {
+                lease_ms: *lease_ms,
+                ttl_ms: *ttl_ms,
+            };
+            match decide(stored, &fingerprint(fp)?, now, &policy) {
+                Decision::Execute(c) => (
+                    Reply::Execute {
+                        token: c.token,
+                        took_over: false,
+                    },
+                    Some(c.record),
+                ),
+                Decision::TakeOver(c) => (
+                    Reply::Execute {
+                        token: c.token,
+                        took_over: true,
+                    },
+                    Some(c.record),
+                ),
+                Decision::Replay(r) => (
+                    Reply::Replay {
+                        response: WireResponse::from(&r),
+                    },
+                    None,
+                ),
+                Decision::InFlight { lease_until } => (Reply::InFlight { lease_until }, None),
+                Decision::Mismatch => (Reply::Mismatch, None),
+            }
+        }
+        Op::Complete {
+            fingerprint: fp,
+            token,
+            response,
+            lease_ms,
+            ttl_ms,
+        } => {
+            let holder = Holder {
+                fingerprint: fingerprint(fp)?,
+                token: *token,
+            };
+            let policy = Policy {
+                lease_ms: *lease_ms,
+                ttl_ms: *ttl_ms,
+            };
+            let response = response.to_stored().ok_or("bad response body")?;
+            match complete(stored, &holder, response, now, &policy) {
+                Ok(record) => (Reply::Written, Some(record)),
+                Err(refusal) => (
+                    Reply::Refused {
+                        reason: refusal.to_string(),
+                    },
+                    None,
+                ),
+            }
+        }
+        Op::Release {
+            fingerprint: fp,
+            token,
+        } => {
+            let holder = Holder {
+                fingerprint: fingerprint(fp)?,
+                token: *token,
+            };
+            match release(stored, &holder, now) {
+                Ok(record) => (Reply::Written, Some(record)),
+                Err(refusal) => (
+                    Reply::Refused {
+                        reason: refusal.to_string(),
+                    },
+                    None,
+                ),
+            }
+        }
+    })
+}
+
+/// The durable backend of the edge, for one key. The Durable Object implementation is
+/// the one in use; the trait keeps the handler independent of it.
+#[allow(async_fn_in_trait)]
+pub trait EdgeRecords {
+    /// Sends `op` and returns the reply.
+    async fn send(&self, op: &Op) -> Result<Reply, String>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    const FP: &str = "0101010101010101010101010101010101010101010101010101010101010101";
+    const OTHER: &str = "0202020202020202020202020202020202020202020202020202020202020202";
+
+    fn claim(fp: &str) -> Op {
+        Op::Claim {
+            fingerprint: fp.into(),
+            lease_ms: 1_000,
+            ttl_ms: 10_000,
+        }
+    }
+
+    fn response() -> WireResponse {
+        WireResponse {
+            status: 201,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body_hex: idem_core::hex(b"{}"),
+        }
+    }
+
+    /// Plays ops against one stored record like the Durable Object does.
+    fn run(stored: &mut Option<Record>, op: &Op, now: Millis) -> Reply {
+        let (reply, write) = apply(op, stored.as_ref(), now).unwrap();
+        if let Some(w) = write {
+            *stored = Some(w);
+        }
+        reply
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_object_follows_the_core() {
+        let mut stored = None;
+        let Reply::Execute {
+            token,
+            took_over: false,
+        } = run(&mut stored, &claim(FP), 100)
+        else {
+            panic!()
+        };
+        assert_eq!(
+            run(&mut stored, &claim(FP), 200),
+            Reply::InFlight { lease_until: 1_100 }
+        );
+        assert_eq!(run(&mut stored, &claim(OTHER), 200), Reply::Mismatch);
+        let Reply::Execute {
+            token: t2,
+            took_over: true,
+        } = run(&mut stored, &claim(FP), 1_100)
+        else {
+            panic!()
+        };
+        assert!(t2 > token);
+        let late = Op::Complete {
+            fingerprint: FP.into(),
+            token,
+            response: response(),
+            lease_ms: 1_000,
+            ttl_ms: 10_000,
+        };
+        assert!(matches!(
+            run(&mut stored, &late, 1_200),
+            Reply::Refused { .. }
+        ));
+        let done = Op::Complete {
+            fingerprint: FP.into(),
+            token: t2,
+            response: response(),
+            lease_ms: 1_000,
+            ttl_ms: 10_000,
+        };
+        assert_eq!(run(&mut stored, &done, 1_200), Reply::Written);
+        assert_eq!(
+            run(&mut stored, &claim(FP), 1_300),
+            Reply::Replay {
+                response: response()
+            }
+        );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn release_frees_the_key_and_bad_input_is_an_error() {
+        let mut stored = None;
+        let Reply::Execute { token, .. } = run(&mut stored, &claim(FP), 0) else {
+            panic!()
+        };
+        assert_eq!(
+            run(
+                &mut stored,
+                &Op::Release {
+                    fingerprint: FP.into(),
+                    token
+                },
+                5
+            ),
+            Reply::Written
+        );
+        assert!(matches!(
+            run(&mut stored, &claim(OTHER), 5),
+            Reply::Execute { .. }
+        ));
+        assert!(apply(&claim("zz"), None, 0).is_err());
+        assert_eq!(unhex("0aFf"), Some(vec![10, 255]));
+        assert_eq!(unhex("abc"), None);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn ops_round_trip_as_json() {
+        let op = Op::Complete {
+            fingerprint: FP.into(),
+            token: 7,
+            response: response(),
+            lease_ms: 1,
+            ttl_ms: 2,
+        };
+        let json = serde_json::to_string(&op).unwrap();
+        assert_eq!(serde_json::from_str::<Op>(&json).unwrap(), op);
+    }
+}

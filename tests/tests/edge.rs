@@ -1,0 +1,308 @@
+//! End to end through the edge: the worker under real workerd (`wrangler dev`) in
+//! front of an origin on real Postgres. Needs the worker built (`scripts/test` does it:
+//! `edge/build/`) and `edge/node_modules` (scripts/edge-toolchain).
+
+use idem_tests::{charge_body, client, report, TestDb, TestOrigin};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Barrier;
+
+const KEYS: usize = 100;
+const RETRIES: usize = 8;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// `wrangler dev` on a free port, with fresh Durable Object state, against `origin`.
+struct Edge {
+    child: Child,
+    base: String,
+    _state: PathBuf,
+}
+
+impl Edge {
+    async fn start(origin: &str) -> Edge {
+        let edge = repo().join("edge");
+        let entry = edge.join("build/index.js");
+        let wrangler = edge.join("node_modules/.bin/wrangler");
+        assert!(
+            entry.exists(),
+            "{} is missing: build the worker (scripts/test does)",
+            entry.display()
+        );
+        assert!(
+            wrangler.exists(),
+            "{} is missing: run scripts/edge-toolchain",
+            wrangler.display()
+        );
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let state =
+            std::env::temp_dir().join(format!("idem-edge-state-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&state).unwrap();
+        // The repository's wrangler.toml, minus its [build] step (the worker is built already).
+        let config = state.join("wrangler.toml");
+        let toml = std::fs::read_to_string(repo().join("wrangler.toml")).unwrap();
+        let toml: String = toml
+            .lines()
+            .filter(|l| !l.starts_with("[build]") && !l.starts_with("command ="))
+            .map(|l| {
+                if l.starts_with("main =") {
+                    format!("main = {:?}", entry.display().to_string())
+                } else {
+                    l.to_owned()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        std::fs::write(&config, toml).unwrap();
+        let log =
+            std::fs::File::create(repo().join(format!("target/idem-reports/wrangler-{port}.log")))
+                .unwrap();
+        let child = Command::new(&wrangler)
+            .args([
+                "dev",
+                "--config",
+                config.to_str().unwrap(),
+                "--ip",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+            ])
+            .args([
+                "--persist-to",
+                state.join("state").to_str().unwrap(),
+                "--show-interactive-dev-session=false",
+            ])
+            .args([
+                "--var",
+                &format!("ORIGIN_URL:{origin}"),
+                "--var",
+                "LEASE_MS:5000",
+            ])
+            .env("WRANGLER_SEND_METRICS", "false")
+            .env("WRANGLER_SEND_ERROR_REPORTS", "false")
+            .env("CLOUDFLARE_CF_FETCH_ENABLED", "false")
+            .env("CI", "true")
+            .current_dir(&state)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("wrangler runs");
+        let base = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(r) = client().get(format!("{base}/healthz")).send().await {
+                if r.status() == 200 {
+                    break;
+                }
+            }
+            assert!(Instant::now() < deadline, "wrangler dev did not serve within 60 s (see target/idem-reports/wrangler-{port}.log)");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Edge {
+            child,
+            base,
+            _state: state,
+        }
+    }
+}
+
+impl Drop for Edge {
+    fn drop(&mut self) {
+        // wrangler runs workerd as a child: end the whole group politely, then firmly.
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn post(
+    http: &reqwest::Client,
+    base: &str,
+    key: &str,
+    body: String,
+    prefer_wait: bool,
+) -> reqwest::Response {
+    let mut req = http
+        .post(format!("{base}/v1/charges"))
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(body);
+    if prefer_wait {
+        req = req.header("prefer", "wait=10");
+    }
+    req.send().await.expect("the edge answers")
+}
+
+fn tally(seen: &mut BTreeMap<String, usize>, res: &reqwest::Response) {
+    let edge = res
+        .headers()
+        .get("idem-edge")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("-");
+    *seen
+        .entry(format!("{} {edge}", res.status().as_u16()))
+        .or_insert(0) += 1;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_edge_charges_once_replays_and_survives_losing_its_state() {
+    let db = TestDb::new("edge").await;
+    let origin = TestOrigin::start(&["--store", "postgres", "--database-url", &db.url]).await;
+    let edge = Edge::start(&origin.url("")).await;
+    let http = client();
+    let started = Instant::now();
+
+    // Race: every key's retries released together, through the edge.
+    let barrier = Arc::new(Barrier::new(KEYS * RETRIES));
+    let mut tasks = Vec::new();
+    for i in 0..KEYS {
+        for _ in 0..RETRIES {
+            let (http, base, barrier) = (http.clone(), edge.base.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let res = post(
+                    &http,
+                    &base,
+                    &format!("edge-{i}"),
+                    charge_body(&format!("cus-e{i}"), 100, 300),
+                    false,
+                )
+                .await;
+                let edge = res
+                    .headers()
+                    .get("idem-edge")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("-")
+                    .to_owned();
+                (res.status().as_u16(), edge)
+            }));
+        }
+    }
+    let mut race = BTreeMap::new();
+    for t in tasks {
+        let (status, edge) = t.await.unwrap();
+        *race.entry(format!("{status} {edge}")).or_insert(0) += 1;
+    }
+    let race_time = started.elapsed();
+    assert_eq!(
+        db.charges().await,
+        KEYS as i64,
+        "exactly one charge per key through the edge"
+    );
+
+    // Replays at the edge, with the header; mismatch and malformed keys refused there.
+    let mut replays = BTreeMap::new();
+    let mut first_ids = Vec::new();
+    for i in 0..KEYS {
+        let res = post(
+            &http,
+            &edge.base,
+            &format!("edge-{i}"),
+            charge_body(&format!("cus-e{i}"), 100, 300),
+            true,
+        )
+        .await;
+        assert_eq!(res.status(), 201);
+        assert_eq!(res.headers()["idempotent-replayed"], "true");
+        tally(&mut replays, &res);
+        let json: serde_json::Value = res.json().await.unwrap();
+        first_ids.push(json["id"].as_str().unwrap().to_owned());
+    }
+    assert!(
+        replays.get("201 replayed").is_some_and(|n| *n >= KEYS - 5),
+        "replays are served by the edge: {replays:?}"
+    );
+    let mismatch = post(
+        &http,
+        &edge.base,
+        "edge-0",
+        charge_body("cus-e0", 999, 0),
+        false,
+    )
+    .await;
+    assert_eq!(mismatch.status(), 422);
+    assert_eq!(
+        mismatch.headers()["content-type"],
+        "application/problem+json"
+    );
+    let malformed = post(
+        &http,
+        &edge.base,
+        "two words",
+        charge_body("c", 1, 0),
+        false,
+    )
+    .await;
+    assert_eq!(malformed.status(), 400);
+    let problem: serde_json::Value = malformed.json().await.unwrap();
+    assert_eq!(
+        problem["type"],
+        "urn:idem:problem:idempotency-key-malformed"
+    );
+    let missing = http
+        .post(format!("{}/v1/charges", edge.base))
+        .body(charge_body("c", 1, 0))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 400);
+
+    // A new edge with empty state: every retry goes to the origin, which replays.
+    drop(edge);
+    let fresh = Edge::start(&origin.url("")).await;
+    let mut after = BTreeMap::new();
+    for (i, id) in first_ids.iter().enumerate() {
+        let res = post(
+            &http,
+            &fresh.base,
+            &format!("edge-{i}"),
+            charge_body(&format!("cus-e{i}"), 100, 300),
+            true,
+        )
+        .await;
+        assert_eq!(res.status(), 201);
+        assert_eq!(
+            res.headers()["idempotent-replayed"],
+            "true",
+            "the origin replays what the edge forgot"
+        );
+        tally(&mut after, &res);
+        let json: serde_json::Value = res.json().await.unwrap();
+        assert_eq!(
+            json["id"].as_str(),
+            Some(id.as_str()),
+            "the same charge as before"
+        );
+    }
+    assert_eq!(db.charges().await, KEYS as i64, "still one charge per key");
+    report(
+        "edge",
+        &format!(
+            "{KEYS} keys x {RETRIES} retries through wrangler dev/workerd -> {} charges in {race_time:.1?}; answers {race:?}; retries {replays:?}; after an edge restart with empty state {after:?}; charges still {}",
+            KEYS,
+            KEYS
+        ),
+    );
+}
