@@ -28,7 +28,7 @@ struct Edge {
 }
 
 impl Edge {
-    async fn start(origin: &str) -> Edge {
+    async fn start(origin: &str, vars: &[(&str, &str)]) -> Edge {
         let edge = repo().join("edge");
         let entry = edge.join("build/index.js");
         let wrangler = edge.join("node_modules/.bin/wrangler");
@@ -50,17 +50,27 @@ impl Edge {
         let state =
             std::env::temp_dir().join(format!("idem-edge-state-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&state).unwrap();
-        // The repository's wrangler.toml, minus its [build] step (the worker is built already).
+        // The repository's wrangler.toml, minus its [build] step (the worker is built
+        // already), with this test's vars.
         let config = state.join("wrangler.toml");
         let toml = std::fs::read_to_string(repo().join("wrangler.toml")).unwrap();
+        let overrides: Vec<(&str, &str)> = [("ORIGIN_URL", origin), ("LEASE_MS", "5000")]
+            .into_iter()
+            .chain(vars.iter().copied())
+            .collect();
         let toml: String = toml
             .lines()
             .filter(|l| !l.starts_with("[build]") && !l.starts_with("command ="))
             .map(|l| {
                 if l.starts_with("main =") {
-                    format!("main = {:?}", entry.display().to_string())
-                } else {
-                    l.to_owned()
+                    return format!("main = {:?}", entry.display().to_string());
+                }
+                match overrides
+                    .iter()
+                    .find(|(name, _)| l.starts_with(&format!("{name} =")))
+                {
+                    Some((name, value)) => format!("{name} = {value:?}"),
+                    None => l.to_owned(),
                 }
             })
             .collect::<Vec<_>>()
@@ -83,12 +93,6 @@ impl Edge {
                 "--persist-to",
                 state.join("state").to_str().unwrap(),
                 "--show-interactive-dev-session=false",
-            ])
-            .args([
-                "--var",
-                &format!("ORIGIN_URL:{origin}"),
-                "--var",
-                "LEASE_MS:5000",
             ])
             .env("WRANGLER_SEND_METRICS", "false")
             .env("WRANGLER_SEND_ERROR_REPORTS", "false")
@@ -170,7 +174,7 @@ fn tally(seen: &mut BTreeMap<String, usize>, res: &reqwest::Response) {
 async fn the_edge_charges_once_replays_and_survives_losing_its_state() {
     let db = TestDb::new("edge").await;
     let origin = TestOrigin::start(&["--store", "postgres", "--database-url", &db.url]).await;
-    let edge = Edge::start(&origin.url("")).await;
+    let edge = Edge::start(&origin.url(""), &[]).await;
     let http = client();
     let started = Instant::now();
 
@@ -269,9 +273,10 @@ async fn the_edge_charges_once_replays_and_survives_losing_its_state() {
         .unwrap();
     assert_eq!(missing.status(), 400);
 
-    // A new edge with empty state: every retry goes to the origin, which replays.
+    // A new edge with empty state: every retry goes to the origin, which replays. This
+    // one stores nothing above 10 bytes, so it keeps sending retries on to the origin.
     drop(edge);
-    let fresh = Edge::start(&origin.url("")).await;
+    let fresh = Edge::start(&origin.url(""), &[("MAX_STORED_BODY_BYTES", "10")]).await;
     let mut after = BTreeMap::new();
     for (i, id) in first_ids.iter().enumerate() {
         let res = post(
@@ -297,6 +302,20 @@ async fn the_edge_charges_once_replays_and_survives_losing_its_state() {
         );
     }
     assert_eq!(db.charges().await, KEYS as i64, "still one charge per key");
+    let again = post(
+        &http,
+        &fresh.base,
+        "edge-0",
+        charge_body("cus-e0", 100, 300),
+        false,
+    )
+    .await;
+    assert_eq!(
+        again.headers()["idem-edge"],
+        "forwarded",
+        "a response above the size cap is not kept at the edge"
+    );
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
     report(
         "edge",
         &format!(
