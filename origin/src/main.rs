@@ -42,6 +42,13 @@ async fn main() -> ExitCode {
         .with_graceful_shutdown(shutdown_signal())
         .await;
     sweeper.abort();
+    // In-flight requests are done; write out what the store still buffers (the async
+    // tiered store's outbox) before exiting.
+    let flushing = std::time::Instant::now();
+    if let Err(e) = origin.store.flush().await {
+        tracing::error!(error = %e, "flushing the store failed");
+    }
+    tracing::info!(elapsed = ?flushing.elapsed(), "store flushed");
     match served {
         Ok(()) => {
             tracing::info!("shut down cleanly");

@@ -76,9 +76,9 @@ impl Edge {
             .collect::<Vec<_>>()
             .join("\n");
         std::fs::write(&config, toml).unwrap();
-        let log =
-            std::fs::File::create(repo().join(format!("target/idem-reports/wrangler-{port}.log")))
-                .unwrap();
+        let logs = repo().join("target/idem-reports");
+        std::fs::create_dir_all(&logs).unwrap();
+        let log = std::fs::File::create(logs.join(format!("wrangler-{port}.log"))).unwrap();
         let child = Command::new(&wrangler)
             .args([
                 "dev",

@@ -399,9 +399,11 @@ async fn sigterm_during_async_load_flushes_the_outbox() {
         "--database-url",
         &db.url,
         "--outbox-batch",
-        "20",
+        "1",
     ])
     .await;
+    // One record per batch: the writer lags the traffic, so records are still queued
+    // when the signal comes — only the shutdown flush can get them to Postgres.
     let all = keys("term", 400);
     let http = client();
     let mut tasks = Vec::new();
@@ -419,7 +421,15 @@ async fn sigterm_during_async_load_flushes_the_outbox() {
             (key, res.map(|r| r.status().as_u16()).unwrap_or(0))
         }));
     }
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Postgres stops taking writes for a moment: completions pile up in the outbox, so
+    // at the signal there is certainly something only the shutdown flush can save.
+    let mut blocker = db.client().await;
+    let lock = blocker.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE idem_records IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let pid = child.id().to_string();
     assert!(std::process::Command::new("kill")
         .args(["-TERM", &pid])
@@ -427,6 +437,8 @@ async fn sigterm_during_async_load_flushes_the_outbox() {
         .unwrap()
         .success());
     let signalled = Instant::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lock.commit().await.unwrap();
     let status = tokio::task::block_in_place(|| {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
