@@ -352,56 +352,44 @@ async fn keep_alive(config: Arc<Config>, key: RecordKey, holder: Holder) {
     }
 }
 
-/// Backoff between attempts to write a completion or a release: until the write
-/// lands, the key stays claimed, and after the lease a retry would run again.
+/// Backoff between attempts to write a completion or a release.
 const WRITE_BACKOFF_MS: [u64; 6] = [0, 25, 50, 100, 200, 400];
 
 async fn complete(config: &Config, key: &RecordKey, holder: &Holder, stored: StoredResponse) {
     let store = &config.store;
-    for delay in WRITE_BACKOFF_MS {
-        tokio::time::sleep(Duration::from_millis(delay)).await;
-        match metrics::timed(
-            store.name(),
-            "complete",
-            store.complete(key, holder, stored.clone(), crate::now(), &config.policy),
-        )
-        .await
-        {
-            Ok(Ok(())) => return,
-            Ok(Err(refusal)) => {
-                metrics::fenced("complete");
-                tracing::warn!(key = %key.as_str(), token = holder.token, %refusal, "late completion refused: another attempt owns this key");
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(key = %key.as_str(), error = %e, "storing the response failed; retrying")
-            }
-        }
-    }
-    metrics::write_lost("complete");
-    tracing::error!(key = %key.as_str(), "could not store the response; a retry after the lease will run the handler again");
+    let write = || store.complete(key, holder, stored.clone(), crate::now(), &config.policy);
+    write_until_landed(store.name(), "complete", key, write).await;
 }
 
 async fn release(config: &Config, key: &RecordKey, holder: &Holder) {
     let store = &config.store;
+    let write = || store.release(key, holder, crate::now());
+    write_until_landed(store.name(), "release", key, write).await;
+}
+
+/// Retries a holder's final write with backoff: until it lands the key stays
+/// claimed, and after the lease a retry would run the handler again.
+async fn write_until_landed<F, Fut>(
+    store: &'static str,
+    op: &'static str,
+    key: &RecordKey,
+    write: F,
+) where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<crate::store::HolderWrite, StoreError>>,
+{
     for delay in WRITE_BACKOFF_MS {
         tokio::time::sleep(Duration::from_millis(delay)).await;
-        match metrics::timed(
-            store.name(),
-            "release",
-            store.release(key, holder, crate::now()),
-        )
-        .await
-        {
+        match metrics::timed(store, op, write()).await {
             Ok(Ok(())) => return,
             Ok(Err(refusal)) => {
-                metrics::fenced("release");
-                tracing::warn!(key = %key.as_str(), %refusal, "release refused");
+                metrics::fenced(op);
+                tracing::warn!(key = %key.as_str(), %refusal, "{op} refused: another attempt owns this key");
                 return;
             }
-            Err(e) => tracing::warn!(key = %key.as_str(), error = %e, "release failed; retrying"),
+            Err(e) => tracing::warn!(key = %key.as_str(), error = %e, "{op} failed; retrying"),
         }
     }
-    metrics::write_lost("release");
-    tracing::error!(key = %key.as_str(), "could not release the key; it frees itself when the lease ends");
+    metrics::write_lost(op);
+    tracing::error!(key = %key.as_str(), "{op} could not be written; the key frees itself when the lease ends, and a retry then runs the handler again");
 }

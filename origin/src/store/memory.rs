@@ -1,11 +1,9 @@
 //! The embedded default store: a map behind a mutex. Fast, and gone when the process
 //! exits — not durable, and not shared between processes.
 
-use super::{HolderWrite, Store, StoreError};
+use super::{HolderWrite, HolderWriteKind, Store, StoreError};
 use async_trait::async_trait;
-use idem_core::{
-    decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, StoredResponse,
-};
+use idem_core::{decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey};
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -36,18 +34,6 @@ impl MemoryStore {
         // write is a single insert/remove), so a poisoned map is still consistent.
         self.records.lock().unwrap_or_else(|p| p.into_inner())
     }
-
-    fn holder_write(
-        &self,
-        key: &RecordKey,
-        holder: &Holder,
-        next: impl FnOnce() -> Record,
-    ) -> HolderWrite {
-        let mut map = self.lock();
-        holder.check(map.get(key))?;
-        map.insert(key.clone(), next());
-        Ok(())
-    }
 }
 
 #[async_trait]
@@ -71,34 +57,19 @@ impl Store for MemoryStore {
         Ok(decision)
     }
 
-    async fn heartbeat(
+    async fn write_as_holder(
         &self,
         key: &RecordKey,
         holder: &Holder,
-        now: Millis,
-        policy: &Policy,
+        next: Record,
+        _: HolderWriteKind,
     ) -> Result<HolderWrite, StoreError> {
-        Ok(self.holder_write(key, holder, || holder.renewed(now, policy)))
-    }
-
-    async fn complete(
-        &self,
-        key: &RecordKey,
-        holder: &Holder,
-        response: StoredResponse,
-        now: Millis,
-        policy: &Policy,
-    ) -> Result<HolderWrite, StoreError> {
-        Ok(self.holder_write(key, holder, || holder.completed(response, now, policy)))
-    }
-
-    async fn release(
-        &self,
-        key: &RecordKey,
-        holder: &Holder,
-        now: Millis,
-    ) -> Result<HolderWrite, StoreError> {
-        Ok(self.holder_write(key, holder, || holder.released(now)))
+        let mut map = self.lock();
+        if let Err(refusal) = holder.check(map.get(key)) {
+            return Ok(Err(refusal));
+        }
+        map.insert(key.clone(), next);
+        Ok(Ok(()))
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {

@@ -44,6 +44,16 @@ impl fmt::Display for StoreError {
 
 impl std::error::Error for StoreError {}
 
+/// Whether a holder write ends the holder's claim (a completion or a release) or
+/// only renews it. Stores that buffer writes treat them differently.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HolderWriteKind {
+    /// A heartbeat.
+    Heartbeat,
+    /// A completion or a release.
+    Final,
+}
+
 /// The outcome of a holder's write: done, or refused by the core's precondition.
 pub type HolderWrite = Result<(), Refusal>;
 
@@ -64,6 +74,17 @@ pub trait Store: Send + Sync + 'static {
         policy: &Policy,
     ) -> Result<Decision, StoreError>;
 
+    /// Writes `next` only if the key's record still belongs to `holder`
+    /// ([`idem_core::Holder::check`]: in progress, with the holder's token) — one
+    /// atomic step. The core made `next`; the store only checks and writes.
+    async fn write_as_holder(
+        &self,
+        key: &RecordKey,
+        holder: &Holder,
+        next: Record,
+        kind: HolderWriteKind,
+    ) -> Result<HolderWrite, StoreError>;
+
     /// Renews the holder's lease.
     async fn heartbeat(
         &self,
@@ -71,7 +92,15 @@ pub trait Store: Send + Sync + 'static {
         holder: &Holder,
         now: Millis,
         policy: &Policy,
-    ) -> Result<HolderWrite, StoreError>;
+    ) -> Result<HolderWrite, StoreError> {
+        self.write_as_holder(
+            key,
+            holder,
+            holder.renewed(now, policy),
+            HolderWriteKind::Heartbeat,
+        )
+        .await
+    }
 
     /// Stores the holder's response.
     async fn complete(
@@ -81,7 +110,15 @@ pub trait Store: Send + Sync + 'static {
         response: StoredResponse,
         now: Millis,
         policy: &Policy,
-    ) -> Result<HolderWrite, StoreError>;
+    ) -> Result<HolderWrite, StoreError> {
+        self.write_as_holder(
+            key,
+            holder,
+            holder.completed(response, now, policy),
+            HolderWriteKind::Final,
+        )
+        .await
+    }
 
     /// Frees the key so that a retry may run.
     async fn release(
@@ -89,7 +126,10 @@ pub trait Store: Send + Sync + 'static {
         key: &RecordKey,
         holder: &Holder,
         now: Millis,
-    ) -> Result<HolderWrite, StoreError>;
+    ) -> Result<HolderWrite, StoreError> {
+        self.write_as_holder(key, holder, holder.released(now), HolderWriteKind::Final)
+            .await
+    }
 
     /// Reads the key's record, expired or not.
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError>;

@@ -13,12 +13,12 @@
 //! Holder writes (heartbeat, complete, release) are one `UPDATE … WHERE token = $t AND
 //! state = 0` each: exactly [`idem_core::Holder::check`]'s precondition.
 
-use super::{claim_by_cas, decode, CasRecords, HolderWrite, Insert, Store, StoreError};
+use super::{
+    claim_by_cas, decode, CasRecords, HolderWrite, HolderWriteKind, Insert, Store, StoreError,
+};
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use idem_core::{
-    decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, StoredResponse,
-};
+use idem_core::{decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey};
 use std::str::FromStr;
 use std::time::Duration;
 use tokio_postgres::NoTls;
@@ -462,36 +462,14 @@ impl Store for PostgresStore {
         }
     }
 
-    async fn heartbeat(
+    async fn write_as_holder(
         &self,
         key: &RecordKey,
         holder: &Holder,
-        now: Millis,
-        policy: &Policy,
+        next: Record,
+        _: HolderWriteKind,
     ) -> Result<HolderWrite, StoreError> {
-        self.holder_write(key, holder, &holder.renewed(now, policy))
-            .await
-    }
-
-    async fn complete(
-        &self,
-        key: &RecordKey,
-        holder: &Holder,
-        response: StoredResponse,
-        now: Millis,
-        policy: &Policy,
-    ) -> Result<HolderWrite, StoreError> {
-        self.holder_write(key, holder, &holder.completed(response, now, policy))
-            .await
-    }
-
-    async fn release(
-        &self,
-        key: &RecordKey,
-        holder: &Holder,
-        now: Millis,
-    ) -> Result<HolderWrite, StoreError> {
-        self.holder_write(key, holder, &holder.released(now)).await
+        self.holder_write(key, holder, &next).await
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {

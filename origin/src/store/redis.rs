@@ -8,9 +8,11 @@
 //! The scripts are primitives — insert-if-absent, compare-and-swap on the token, the
 //! holder precondition, supersede-only mirroring — and the core decides which to run.
 
-use super::{claim_by_cas, decode, CasRecords, HolderWrite, Insert, Store, StoreError};
+use super::{
+    claim_by_cas, decode, CasRecords, HolderWrite, HolderWriteKind, Insert, Store, StoreError,
+};
 use async_trait::async_trait;
-use idem_core::{Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, StoredResponse};
+use idem_core::{Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Script, Value};
@@ -407,36 +409,14 @@ impl Store for RedisStore {
         Ok(claim_by_cas(self, key, fp, now, policy).await?.0)
     }
 
-    async fn heartbeat(
+    async fn write_as_holder(
         &self,
         key: &RecordKey,
         holder: &Holder,
-        now: Millis,
-        policy: &Policy,
+        next: Record,
+        _: HolderWriteKind,
     ) -> Result<HolderWrite, StoreError> {
-        self.holder_write(key, holder, &holder.renewed(now, policy))
-            .await
-    }
-
-    async fn complete(
-        &self,
-        key: &RecordKey,
-        holder: &Holder,
-        response: StoredResponse,
-        now: Millis,
-        policy: &Policy,
-    ) -> Result<HolderWrite, StoreError> {
-        self.holder_write(key, holder, &holder.completed(response, now, policy))
-            .await
-    }
-
-    async fn release(
-        &self,
-        key: &RecordKey,
-        holder: &Holder,
-        now: Millis,
-    ) -> Result<HolderWrite, StoreError> {
-        self.holder_write(key, holder, &holder.released(now)).await
+        self.holder_write(key, holder, &next).await
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {

@@ -16,12 +16,12 @@
 pub mod outbox;
 
 use super::{
-    claim_by_cas, CasRecords, HolderWrite, Insert, PostgresStore, RedisStore, Store, StoreError,
+    claim_by_cas, CasRecords, HolderWrite, HolderWriteKind, Insert, PostgresStore, RedisStore,
+    Store, StoreError,
 };
 use async_trait::async_trait;
 use idem_core::{
     decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, Refusal,
-    StoredResponse,
 };
 use outbox::{Outbox, OutboxOptions};
 use std::sync::Arc;
@@ -197,13 +197,6 @@ impl TieredStore {
     }
 }
 
-/// Whether a holder write ends the holder's claim.
-#[derive(Clone, Copy)]
-enum HolderWriteKind {
-    Heartbeat,
-    Final,
-}
-
 /// The `async` hot path: Redis, with the cold path folded into insert-if-absent.
 struct ColdPath<'a>(&'a TieredStore);
 
@@ -287,47 +280,14 @@ impl Store for TieredStore {
         Ok(decision)
     }
 
-    async fn heartbeat(
+    async fn write_as_holder(
         &self,
         key: &RecordKey,
         holder: &Holder,
-        now: Millis,
-        policy: &Policy,
+        next: Record,
+        kind: HolderWriteKind,
     ) -> Result<HolderWrite, StoreError> {
-        self.holder_write(
-            key,
-            holder,
-            holder.renewed(now, policy),
-            HolderWriteKind::Heartbeat,
-        )
-        .await
-    }
-
-    async fn complete(
-        &self,
-        key: &RecordKey,
-        holder: &Holder,
-        response: StoredResponse,
-        now: Millis,
-        policy: &Policy,
-    ) -> Result<HolderWrite, StoreError> {
-        self.holder_write(
-            key,
-            holder,
-            holder.completed(response, now, policy),
-            HolderWriteKind::Final,
-        )
-        .await
-    }
-
-    async fn release(
-        &self,
-        key: &RecordKey,
-        holder: &Holder,
-        now: Millis,
-    ) -> Result<HolderWrite, StoreError> {
-        self.holder_write(key, holder, holder.released(now), HolderWriteKind::Final)
-            .await
+        self.holder_write(key, holder, next, kind).await
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
