@@ -39,6 +39,7 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
                 cluster: config.redis_cluster.then_some(true),
                 timeout: config.store_timeout,
                 namespace: config.redis_namespace.clone(),
+                ca_file: config.redis_ca_file.clone(),
             };
             Some(
                 RedisStore::connect(urls, options)
@@ -86,6 +87,7 @@ async fn connect_postgres(config: &Config, url: &str) -> Result<PostgresStore, S
         pool_size: config.pg_pool_size,
         timeout: config.store_timeout,
         naive_window: config.naive_window,
+        ca_file: config.database_ca_file.clone(),
     };
     PostgresStore::connect(url, options)
         .await

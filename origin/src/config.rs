@@ -44,10 +44,19 @@ pub struct Config {
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
 
+    /// CA certificates (PEM) that verify the Postgres server; with sslmode=verify-full
+    /// or verify-ca in --database-url. Overrides sslrootcert.
+    #[arg(long, env = "IDEM_DATABASE_CA_FILE")]
+    pub database_ca_file: Option<std::path::PathBuf>,
+
     /// Redis URL, or a comma-separated list of Redis Cluster nodes
     /// (redis://127.0.0.1:7000,redis://127.0.0.1:7001,…). Required with --store redis|tiered.
     #[arg(long, env = "IDEM_REDIS_URL", hide_env_values = true)]
     pub redis_url: Option<String>,
+
+    /// CA certificates (PEM) that verify rediss:// servers (else the system's roots).
+    #[arg(long, env = "IDEM_REDIS_CA_FILE")]
+    pub redis_ca_file: Option<std::path::PathBuf>,
 
     /// Treat --redis-url as a Redis Cluster. Without it, a list of URLs is a cluster
     /// and a single URL is asked (INFO cluster).

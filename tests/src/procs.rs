@@ -59,6 +59,8 @@ pub struct RedisProc {
     dir: PathBuf,
     extra: Vec<String>,
     child: Option<Child>,
+    /// `Some(CA file)` when it listens with TLS only.
+    tls_ca: Option<PathBuf>,
 }
 
 impl RedisProc {
@@ -73,14 +75,46 @@ impl RedisProc {
             dir: temp_dir(label),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             child: None,
+            tls_ca: None,
         };
         p.restart();
         p
     }
 
-    /// `redis://127.0.0.1:PORT`.
+    /// Starts a standalone Redis that speaks TLS only, with `ca`'s server certificate.
+    pub fn start_tls(label: &str, ca: &TestCa) -> RedisProc {
+        let port = free_port();
+        let extra = [
+            "--port".to_owned(),
+            "0".to_owned(),
+            "--tls-port".to_owned(),
+            port.to_string(),
+            "--tls-cert-file".to_owned(),
+            ca.server_cert.display().to_string(),
+            "--tls-key-file".to_owned(),
+            ca.server_key.display().to_string(),
+            "--tls-ca-cert-file".to_owned(),
+            ca.ca.display().to_string(),
+            "--tls-auth-clients".to_owned(),
+            "no".to_owned(),
+        ];
+        let mut p = RedisProc {
+            port,
+            dir: temp_dir(label),
+            extra: extra.to_vec(),
+            child: None,
+            tls_ca: Some(ca.ca.clone()),
+        };
+        p.restart();
+        p
+    }
+
+    /// `redis://127.0.0.1:PORT` (`rediss://localhost:PORT` with TLS).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match self.tls_ca {
+            None => format!("redis://127.0.0.1:{}", self.port),
+            Some(_) => format!("rediss://localhost:{}", self.port),
+        }
     }
 
     /// kill -9.
@@ -113,8 +147,14 @@ impl RedisProc {
             .expect("redis-server runs (scripts/services-start installs it)");
         self.child = Some(child);
         let port = self.port;
+        let mut ping: Vec<String> = match &self.tls_ca {
+            Some(ca) => vec!["--tls".into(), "--cacert".into(), ca.display().to_string()],
+            None => vec![],
+        };
+        ping.push("ping".into());
+        let ping: Vec<&str> = ping.iter().map(String::as_str).collect();
         wait_until("redis answers PING", Duration::from_secs(10), || {
-            redis_cli(port, &["ping"]).trim() == "PONG"
+            redis_cli(port, &ping).trim() == "PONG"
         });
     }
 }
@@ -273,6 +313,15 @@ fn as_postgres(bin: &Path, tool: &str, args: &[&str]) -> std::process::Output {
 impl PgProc {
     /// initdb and start.
     pub fn start(label: &str) -> PgProc {
+        Self::start_with(label, None)
+    }
+
+    /// initdb and start with `ssl = on`, serving `ca`'s server certificate.
+    pub fn start_tls(label: &str, ca: &TestCa) -> PgProc {
+        Self::start_with(label, Some(ca))
+    }
+
+    fn start_with(label: &str, tls: Option<&TestCa>) -> PgProc {
         let dir = temp_dir(label);
         let _ = Command::new("chown")
             .args(["-R", "postgres:postgres", dir.to_str().unwrap()])
@@ -298,6 +347,25 @@ impl PgProc {
             "initdb: {}",
             String::from_utf8_lossy(&out.stderr)
         );
+        if let Some(ca) = tls {
+            std::fs::copy(&ca.server_cert, data.join("server.crt")).unwrap();
+            std::fs::copy(&ca.server_key, data.join("server.key")).unwrap();
+            let mut conf = std::fs::OpenOptions::new()
+                .append(true)
+                .open(data.join("postgresql.conf"))
+                .unwrap();
+            std::io::Write::write_all(
+                &mut conf,
+                b"\nssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n",
+            )
+            .unwrap();
+            let _ = Command::new("chown")
+                .args(["-R", "postgres:postgres", data.to_str().unwrap()])
+                .status();
+            let _ = Command::new("chmod")
+                .args(["600", data.join("server.key").to_str().unwrap()])
+                .status();
+        }
         let p = PgProc {
             port: free_port(),
             dir,
@@ -369,6 +437,107 @@ impl PgProc {
 impl Drop for PgProc {
     fn drop(&mut self) {
         self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A throwaway certificate authority (openssl): a CA, a server certificate for
+/// `localhost` and 127.0.0.1 signed by it, and an unrelated CA that must be refused.
+pub struct TestCa {
+    dir: PathBuf,
+    /// The CA certificate (PEM).
+    pub ca: PathBuf,
+    /// The server certificate (PEM), signed by `ca`.
+    pub server_cert: PathBuf,
+    /// Its key.
+    pub server_key: PathBuf,
+    /// A CA that did not sign the server certificate.
+    pub wrong_ca: PathBuf,
+}
+
+impl TestCa {
+    /// Makes the certificates in a temporary directory.
+    pub fn new(label: &str) -> TestCa {
+        let dir = temp_dir(label);
+        let run = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(&dir)
+                .output()
+                .expect("openssl runs");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let ca_subject = "/CN=idem test CA";
+        run(&[
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", ca_subject,
+            "-keyout", "ca.key", "-out", "ca.pem",
+        ]);
+        run(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=localhost",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ]);
+        let ext = "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
+                   keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n";
+        std::fs::write(dir.join("ext.cnf"), ext).unwrap();
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+        ]
+        .into_iter()
+        .chain(["-extfile", "ext.cnf", "-out", "server.pem"])
+        .collect::<Vec<_>>());
+        run(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=some other CA",
+            "-keyout",
+            "wrong.key",
+            "-out",
+            "wrong.pem",
+        ]);
+        // Readable by the postgres user, which copies them.
+        let _ = Command::new("chmod")
+            .args(["-R", "a+rX", dir.to_str().unwrap()])
+            .status();
+        TestCa {
+            ca: dir.join("ca.pem"),
+            server_cert: dir.join("server.pem"),
+            server_key: dir.join("server.key"),
+            wrong_ca: dir.join("wrong.pem"),
+            dir,
+        }
+    }
+}
+
+impl Drop for TestCa {
+    fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

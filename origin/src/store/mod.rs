@@ -15,6 +15,7 @@ pub mod memory;
 pub mod postgres;
 pub mod redis;
 pub mod tiered;
+pub mod tls;
 
 pub use self::redis::{RedisOptions, RedisStore};
 pub use memory::MemoryStore;

@@ -46,6 +46,8 @@ pub struct PgOptions {
     /// `naive` only: how long it dawdles between its SELECT and its INSERT, which
     /// widens the race window so tests see it reliably.
     pub naive_window: Duration,
+    /// CA certificates (PEM) to verify the server with; overrides `sslrootcert`.
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for PgOptions {
@@ -55,6 +57,7 @@ impl Default for PgOptions {
             pool_size: 16,
             timeout: Duration::from_secs(5),
             naive_window: Duration::from_millis(20),
+            ca_file: None,
         }
     }
 }
@@ -135,7 +138,12 @@ type Client = deadpool_postgres::Client;
 impl PostgresStore {
     /// Connects (bounded by `options.timeout`) and applies pending migrations.
     pub async fn connect(url: &str, options: PgOptions) -> Result<Self, StoreError> {
-        let pool = pool(url, options.pool_size, options.timeout)?;
+        let pool = pool(
+            url,
+            options.pool_size,
+            options.timeout,
+            options.ca_file.as_deref(),
+        )?;
         let store = PostgresStore { pool, options };
         store.with_client(async |c| migrate(c).await).await?;
         Ok(store)
@@ -357,18 +365,35 @@ async fn migrate(client: &mut Client) -> Result<(), StoreError> {
     tx.commit().await.map_err(unavailable)
 }
 
-/// A bounded pool for `url`; connecting is lazy, so this never blocks.
-pub fn pool(url: &str, size: usize, timeout: Duration) -> Result<Pool, StoreError> {
-    let mut config = tokio_postgres::Config::from_str(url)
-        .map_err(|e| StoreError::Unavailable(format!("invalid database URL: {e}")))?;
+/// A bounded pool for `url` (TLS as its `sslmode` says; see [`super::tls`]);
+/// connecting is lazy, so this never blocks.
+pub fn pool(
+    url: &str,
+    size: usize,
+    timeout: Duration,
+    ca_file: Option<&std::path::Path>,
+) -> Result<Pool, StoreError> {
+    let invalid = |e: String| StoreError::Unavailable(format!("invalid database URL: {e}"));
+    let tls = super::tls::split_pg_url(url).map_err(invalid)?;
+    let mut config =
+        tokio_postgres::Config::from_str(&tls.url).map_err(|e| invalid(e.to_string()))?;
     config.connect_timeout(timeout);
-    let manager = Manager::from_config(
-        config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
+    let recycling = || ManagerConfig {
+        recycling_method: RecyclingMethod::Fast,
+    };
+    let manager = match tls.verify {
+        None => Manager::from_config(config, NoTls, recycling()),
+        Some(verify) => {
+            let ca = ca_file.map(std::path::Path::to_path_buf).or(tls.ca_file);
+            let client = super::tls::client_config(verify, ca.as_deref())
+                .map_err(StoreError::Unavailable)?;
+            Manager::from_config(
+                config,
+                tokio_postgres_rustls::MakeRustlsConnect::new(client),
+                recycling(),
+            )
+        }
+    };
     Pool::builder(manager)
         .max_size(size.max(1))
         .runtime(Runtime::Tokio1)

@@ -45,6 +45,8 @@ pub struct RedisOptions {
     /// Prefix of every key (`<namespace>:{<record key>}`), so several deployments
     /// can share one Redis.
     pub namespace: String,
+    /// CA certificates (PEM) to verify `rediss://` servers with (else the system's).
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for RedisOptions {
@@ -53,6 +55,7 @@ impl Default for RedisOptions {
             cluster: None,
             timeout: Duration::from_secs(2),
             namespace: "idem".into(),
+            ca_file: None,
         }
     }
 }
@@ -121,6 +124,13 @@ pub struct RedisStore {
     namespace: String,
 }
 
+fn tls_certificates(ca: &[u8]) -> redis::TlsCertificates {
+    redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(ca.to_vec()),
+    }
+}
+
 fn unavailable(e: redis::RedisError) -> StoreError {
     StoreError::Unavailable(format!("redis: {e}"))
 }
@@ -141,12 +151,19 @@ impl RedisStore {
             return Err(StoreError::Unavailable("no Redis URL given".into()));
         }
         let timeout = options.timeout;
+        let ca = match &options.ca_file {
+            Some(path) => {
+                crate::store::tls::load_ca(path).map_err(StoreError::Unavailable)?;
+                Some(std::fs::read(path).map_err(|e| StoreError::Unavailable(e.to_string()))?)
+            }
+            None => None,
+        };
         let cluster = match options.cluster {
             Some(c) => c,
             None if nodes.len() > 1 => true,
             None => {
                 let probe = RedisStore {
-                    conn: Self::single(nodes[0], timeout).await?,
+                    conn: Self::single(nodes[0], timeout, ca.as_ref()).await?,
                     timeout,
                     namespace: String::new(),
                 };
@@ -154,9 +171,9 @@ impl RedisStore {
             }
         };
         let conn = if cluster {
-            Self::cluster(&nodes, timeout).await?
+            Self::cluster(&nodes, timeout, ca.as_ref()).await?
         } else {
-            Self::single(nodes[0], timeout).await?
+            Self::single(nodes[0], timeout, ca.as_ref()).await?
         };
         let store = RedisStore {
             conn,
@@ -172,9 +189,18 @@ impl RedisStore {
         format!("{}:{{{}}}", self.namespace, key.as_str())
     }
 
-    async fn single(url: &str, timeout: Duration) -> Result<Conn, StoreError> {
-        let client = redis::Client::open(url)
-            .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL: {e}")))?;
+    async fn single(
+        url: &str,
+        timeout: Duration,
+        ca: Option<&Vec<u8>>,
+    ) -> Result<Conn, StoreError> {
+        let invalid =
+            |e: redis::RedisError| StoreError::Unavailable(format!("invalid Redis URL: {e}"));
+        let client = match ca {
+            Some(ca) => redis::Client::build_with_tls(url, tls_certificates(ca)),
+            None => redis::Client::open(url),
+        }
+        .map_err(invalid)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout))
@@ -192,8 +218,16 @@ impl RedisStore {
         Ok(Conn::Single(conn))
     }
 
-    async fn cluster(nodes: &[&str], timeout: Duration) -> Result<Conn, StoreError> {
-        let client = redis::cluster::ClusterClientBuilder::new(nodes.to_vec())
+    async fn cluster(
+        nodes: &[&str],
+        timeout: Duration,
+        ca: Option<&Vec<u8>>,
+    ) -> Result<Conn, StoreError> {
+        let mut builder = redis::cluster::ClusterClientBuilder::new(nodes.to_vec());
+        if let Some(ca) = ca {
+            builder = builder.certs(tls_certificates(ca));
+        }
+        let client = builder
             .connection_timeout(timeout)
             .retries(6)
             .min_retry_wait(50)

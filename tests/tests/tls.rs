@@ -1,0 +1,144 @@
+//! TLS to the stores: a Postgres with `ssl = on` and a Redis with a TLS port, both
+//! with certificates from a CA the test makes; the right CA is trusted, a wrong CA is
+//! refused with a readable error.
+
+use idem_core::{Decision, Fingerprint, IdempotencyKey, Policy, RecordKey, Scope};
+use idem_origin::store::postgres::PgOptions;
+use idem_origin::store::{PostgresStore, RedisOptions, RedisStore, Store};
+use idem_tests::procs::{PgProc, RedisProc, TestCa};
+
+fn key() -> RecordKey {
+    RecordKey::new(
+        &Scope::anonymous(),
+        &IdempotencyKey::parse(format!("tls-{}", idem_origin::now()).as_bytes()).unwrap(),
+    )
+}
+
+async fn claims(store: &dyn Store) {
+    let d = store
+        .claim(
+            &key(),
+            &Fingerprint([1; 32]),
+            idem_origin::now(),
+            &Policy::default(),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(d, Decision::Execute(_)));
+}
+
+async fn uses_ssl(store: &PostgresStore) -> bool {
+    let client = store.pool().get().await.unwrap();
+    client
+        .query_one(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_over_tls_verifies_the_server() {
+    let ca = TestCa::new("pgtls");
+    let pg = tokio::task::block_in_place(|| PgProc::start_tls("pgtls", &ca));
+    let base = format!("postgres://postgres@localhost:{}/postgres", pg.port);
+
+    let full = format!("{base}?sslmode=verify-full&sslrootcert={}", ca.ca.display());
+    let store = PostgresStore::connect(&full, PgOptions::default())
+        .await
+        .expect("verify-full with the right CA");
+    assert!(uses_ssl(&store).await, "the connection is encrypted");
+    claims(&store).await;
+
+    // The CA from the flag instead of the URL; the IP is in the certificate too.
+    let by_ip = format!(
+        "postgres://postgres@127.0.0.1:{}/postgres?sslmode=verify-full",
+        pg.port
+    );
+    let options = PgOptions {
+        ca_file: Some(ca.ca.clone()),
+        ..PgOptions::default()
+    };
+    assert!(
+        uses_ssl(
+            &PostgresStore::connect(&by_ip, options)
+                .await
+                .expect("verify-full by IP")
+        )
+        .await
+    );
+
+    // require: encrypted without verification, as libpq does without a CA.
+    let require = PostgresStore::connect(&format!("{base}?sslmode=require"), PgOptions::default())
+        .await
+        .unwrap();
+    assert!(uses_ssl(&require).await);
+
+    let wrong = format!(
+        "{base}?sslmode=verify-full&sslrootcert={}",
+        ca.wrong_ca.display()
+    );
+    let err = PostgresStore::connect(&wrong, PgOptions::default())
+        .await
+        .err()
+        .expect("a wrong CA is refused")
+        .to_string();
+    assert!(
+        err.contains("certificate") || err.contains("UnknownIssuer"),
+        "readable error: {err}"
+    );
+    idem_tests::report(
+        "tls",
+        &format!("postgres verify-full with a wrong CA refused: {err}"),
+    );
+
+    let missing = format!("{base}?sslmode=verify-full");
+    let err = PostgresStore::connect(&missing, PgOptions::default())
+        .await
+        .err()
+        .expect("no CA, no verify-full")
+        .to_string();
+    assert!(err.contains("CA file"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_over_tls_verifies_the_server() {
+    let ca = TestCa::new("redistls");
+    let redis = tokio::task::block_in_place(|| RedisProc::start_tls("redistls", &ca));
+    let url = redis.url();
+    assert!(url.starts_with("rediss://"));
+
+    let options = RedisOptions {
+        ca_file: Some(ca.ca.clone()),
+        ..RedisOptions::default()
+    };
+    let store = RedisStore::connect(&url, options)
+        .await
+        .expect("rediss with the right CA");
+    claims(&store).await;
+
+    let options = RedisOptions {
+        ca_file: Some(ca.wrong_ca.clone()),
+        ..RedisOptions::default()
+    };
+    let err = RedisStore::connect(&url, options)
+        .await
+        .err()
+        .expect("a wrong CA is refused")
+        .to_string();
+    assert!(
+        err.contains("certificate") || err.contains("UnknownIssuer") || err.contains("TLS"),
+        "readable error: {err}"
+    );
+    idem_tests::report("tls", &format!("rediss with a wrong CA refused: {err}"));
+
+    // Plain redis:// to a TLS-only port does not silently work.
+    let plain = url.replacen("rediss://", "redis://", 1);
+    let options = RedisOptions {
+        timeout: std::time::Duration::from_millis(500),
+        ..RedisOptions::default()
+    };
+    assert!(RedisStore::connect(&plain, options).await.is_err());
+}
