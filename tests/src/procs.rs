@@ -81,6 +81,21 @@ impl RedisProc {
         p
     }
 
+    /// `redis-cli` against this node (with TLS when it speaks TLS), its output.
+    pub fn cli(&self, args: &[&str]) -> String {
+        let mut all: Vec<String> = self.tls_args();
+        all.extend(args.iter().map(|a| a.to_string()));
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        redis_cli(self.port, &all)
+    }
+
+    fn tls_args(&self) -> Vec<String> {
+        match &self.tls_ca {
+            Some(ca) => vec!["--tls".into(), "--cacert".into(), ca.display().to_string()],
+            None => vec![],
+        }
+    }
+
     /// Starts a standalone Redis that speaks TLS only, with `ca`'s server certificate.
     pub fn start_tls(label: &str, ca: &TestCa) -> RedisProc {
         let port = free_port();
@@ -175,24 +190,64 @@ pub struct RedisClusterProc {
 impl RedisClusterProc {
     /// Starts six nodes and creates the cluster.
     pub fn start(label: &str) -> RedisClusterProc {
+        Self::start_with(label, None)
+    }
+
+    /// The same, speaking TLS only (clients, the cluster bus and replication).
+    pub fn start_tls(label: &str, ca: &TestCa) -> RedisClusterProc {
+        Self::start_with(label, Some(ca))
+    }
+
+    fn start_with(label: &str, tls: Option<&TestCa>) -> RedisClusterProc {
         let nodes: Vec<RedisProc> = (0..6)
             .map(|i| {
-                RedisProc::start_with(
-                    &format!("{label}-{i}"),
-                    free_port(),
-                    &[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        "1500",
-                        // Let a replica take over even if its link was down a while: a test
-                        // wants the failover, not the safety margin.
-                        "--cluster-replica-validity-factor",
+                let port = free_port();
+                let tls_extra: Vec<String> = match tls {
+                    None => vec![],
+                    Some(ca) => [
+                        "--port",
                         "0",
-                    ],
-                )
+                        "--tls-port",
+                        &port.to_string(),
+                        "--tls-cluster",
+                        "yes",
+                        "--tls-replication",
+                        "yes",
+                        "--tls-cert-file",
+                        &ca.server_cert.display().to_string(),
+                        "--tls-key-file",
+                        &ca.server_key.display().to_string(),
+                        "--tls-ca-cert-file",
+                        &ca.ca.display().to_string(),
+                        "--tls-auth-clients",
+                        "no",
+                    ]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+                };
+                let mut extra: Vec<&str> = tls_extra.iter().map(String::as_str).collect();
+                extra.extend([
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "1500",
+                    // Let a replica take over even if its link was down a while: a test
+                    // wants the failover, not the safety margin.
+                    "--cluster-replica-validity-factor",
+                    "0",
+                ]);
+                let mut node = RedisProc {
+                    port,
+                    dir: temp_dir(&format!("{label}-{i}")),
+                    extra: extra.iter().map(|s| s.to_string()).collect(),
+                    child: None,
+                    tls_ca: tls.map(|ca| ca.ca.clone()),
+                };
+                node.restart();
+                node
             })
             .collect();
         let addrs: Vec<String> = nodes
@@ -200,6 +255,7 @@ impl RedisClusterProc {
             .map(|n| format!("127.0.0.1:{}", n.port))
             .collect();
         let out = Command::new("redis-cli")
+            .args(nodes[0].tls_args())
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", "1", "--cluster-yes"])
@@ -231,7 +287,7 @@ impl RedisClusterProc {
             self.nodes
                 .iter()
                 .filter(|n| n.child.is_some())
-                .all(|n| redis_cli(n.port, &["cluster", "info"]).contains("cluster_state:ok"))
+                .all(|n| n.cli(&["cluster", "info"]).contains("cluster_state:ok"))
         });
     }
 
@@ -239,7 +295,7 @@ impl RedisClusterProc {
     pub fn wait_replicas_synced(&self, timeout: Duration) {
         wait_until("every replica is in sync", timeout, || {
             self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
-                let info = redis_cli(n.port, &["info", "replication"]);
+                let info = n.cli(&["info", "replication"]);
                 info.contains("role:master") || info.contains("master_link_status:up")
             })
         });
@@ -249,7 +305,7 @@ impl RedisClusterProc {
     pub fn a_master(&self) -> usize {
         self.nodes
             .iter()
-            .position(|n| n.child.is_some() && redis_cli(n.port, &["role"]).starts_with("master"))
+            .position(|n| n.child.is_some() && n.cli(&["role"]).starts_with("master"))
             .expect("a live master")
     }
 
@@ -265,12 +321,12 @@ impl RedisClusterProc {
         wait_until("a replica takes over", timeout, || {
             let masters = live
                 .iter()
-                .filter(|n| redis_cli(n.port, &["role"]).starts_with("master"))
+                .filter(|n| n.cli(&["role"]).starts_with("master"))
                 .count();
             masters == 3
                 && live
                     .iter()
-                    .all(|n| redis_cli(n.port, &["cluster", "info"]).contains("cluster_state:ok"))
+                    .all(|n| n.cli(&["cluster", "info"]).contains("cluster_state:ok"))
         });
     }
 }
@@ -489,7 +545,7 @@ impl TestCa {
             "server.csr",
         ]);
         let ext = "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
-                   keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n";
+                   keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n";
         std::fs::write(dir.join("ext.cnf"), ext).unwrap();
         run(&[
             "x509",

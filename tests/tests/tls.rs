@@ -8,9 +8,12 @@ use idem_origin::store::{PostgresStore, RedisOptions, RedisStore, Store};
 use idem_tests::procs::{PgProc, RedisProc, TestCa};
 
 fn key() -> RecordKey {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("tls-{}-{}-{n}", std::process::id(), idem_origin::now());
     RecordKey::new(
         &Scope::anonymous(),
-        &IdempotencyKey::parse(format!("tls-{}", idem_origin::now()).as_bytes()).unwrap(),
+        &IdempotencyKey::parse(name.as_bytes()).unwrap(),
     )
 }
 
@@ -141,4 +144,33 @@ async fn redis_over_tls_verifies_the_server() {
         ..RedisOptions::default()
     };
     assert!(RedisStore::connect(&plain, options).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_over_tls_verifies_every_node() {
+    use idem_tests::procs::RedisClusterProc;
+    let ca = TestCa::new("clustertls");
+    let cluster = tokio::task::block_in_place(|| RedisClusterProc::start_tls("clustertls", &ca));
+    let urls = cluster.urls();
+    assert!(urls.starts_with("rediss://"));
+    let options = RedisOptions {
+        ca_file: Some(ca.ca.clone()),
+        ..RedisOptions::default()
+    };
+    let store = RedisStore::connect(&urls, options)
+        .await
+        .expect("rediss cluster with the right CA");
+    assert!(store.is_cluster());
+    // Keys land on every master: several claims cover the slots of all three.
+    for _ in 0..12 {
+        claims(&store).await;
+    }
+    let options = RedisOptions {
+        ca_file: Some(ca.wrong_ca.clone()),
+        ..RedisOptions::default()
+    };
+    assert!(
+        RedisStore::connect(&urls, options).await.is_err(),
+        "a wrong CA is refused"
+    );
 }
