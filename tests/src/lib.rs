@@ -188,6 +188,18 @@ impl TestOrigin {
         }
     }
 
+    /// The demo API behind the layer on `store`, with its charges kept in memory — so a
+    /// handler that ran without the store's protection is still counted.
+    pub async fn demo_on(
+        store: Arc<dyn idem_origin::store::Store>,
+    ) -> (TestOrigin, Arc<idem_origin::charges::MemoryLedger>) {
+        let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
+        let layer = idem_origin::idempotency::IdempotencyLayer::new(store.clone())
+            .require_key_on(["/v1/charges"]);
+        let router = idem_origin::app::router(layer, store.clone(), ledger.clone());
+        (Self::serve_router(router, store).await, ledger)
+    }
+
     /// Flushes the store (the async outbox) as a graceful shutdown does.
     pub async fn flush(&self) {
         self.origin_store.flush().await.expect("store flushes");

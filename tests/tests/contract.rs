@@ -6,7 +6,6 @@ use axum::routing::{any, post};
 use axum::Router;
 use bytes::Bytes;
 use futures_util::stream;
-use idem_origin::charges::MemoryLedger;
 use idem_origin::idempotency::IdempotencyLayer;
 use idem_origin::store::postgres::PgOptions;
 use idem_origin::store::{PostgresStore, Store};
@@ -288,13 +287,7 @@ async fn store_unreachable_is_503_and_the_handler_never_runs_then_it_recovers() 
         .unwrap(),
     );
     // The ledger is in memory, so a handler running unguarded would be seen.
-    let ledger = Arc::new(MemoryLedger::default());
-    let layer = IdempotencyLayer::new(store.clone()).require_key_on(["/v1/charges"]);
-    let origin = TestOrigin::serve_router(
-        idem_origin::app::router(layer, store.clone(), ledger.clone()),
-        store,
-    )
-    .await;
+    let (origin, ledger) = TestOrigin::demo_on(store).await;
     let http = client();
 
     proxy.take_down();

@@ -3,8 +3,6 @@
 //! under load, Redis gone in `redis` mode, SIGTERM during async load.
 
 use idem_core::{IdempotencyKey, RecordKey, Scope};
-use idem_origin::charges::MemoryLedger;
-use idem_origin::idempotency::IdempotencyLayer;
 use idem_origin::store::postgres::PgOptions;
 use idem_origin::store::{PostgresStore, RedisOptions, RedisStore, Store};
 use idem_tests::procs::{redis_cli, PgProc, RedisClusterProc, RedisProc};
@@ -282,13 +280,7 @@ async fn stopping_postgres_answers_503_and_the_origin_recovers_without_a_restart
         .await
         .unwrap(),
     );
-    let ledger = Arc::new(MemoryLedger::default());
-    let layer = IdempotencyLayer::new(store.clone()).require_key_on(["/v1/charges"]);
-    let origin = TestOrigin::serve_router(
-        idem_origin::app::router(layer, store.clone(), ledger.clone()),
-        store,
-    )
-    .await;
+    let (origin, ledger) = TestOrigin::demo_on(store).await;
     let base = origin.url("");
 
     let before = keys("pg-before", 20);
@@ -341,13 +333,7 @@ async fn redis_gone_in_redis_mode_answers_503_and_recovers() {
         ..RedisOptions::default()
     };
     let store: Arc<dyn Store> = Arc::new(RedisStore::connect(&redis.url(), options).await.unwrap());
-    let ledger = Arc::new(MemoryLedger::default());
-    let layer = IdempotencyLayer::new(store.clone()).require_key_on(["/v1/charges"]);
-    let origin = TestOrigin::serve_router(
-        idem_origin::app::router(layer, store.clone(), ledger.clone()),
-        store,
-    )
-    .await;
+    let (origin, ledger) = TestOrigin::demo_on(store).await;
     let base = origin.url("");
 
     let before = keys("rd-before", 10);
@@ -517,13 +503,7 @@ async fn a_full_outbox_refuses_claims_with_503_until_postgres_keeps_up() {
         ..OutboxOptions::default()
     };
     let store: Arc<dyn Store> = Arc::new(TieredStore::new(redis, pg, Durability::Async, outbox));
-    let ledger = Arc::new(MemoryLedger::default());
-    let layer = IdempotencyLayer::new(store.clone()).require_key_on(["/v1/charges"]);
-    let origin = TestOrigin::serve_router(
-        idem_origin::app::router(layer, store.clone(), ledger.clone()),
-        store.clone(),
-    )
-    .await;
+    let (origin, ledger) = TestOrigin::demo_on(store.clone()).await;
 
     // Postgres stops taking writes (reads still work): the writer blocks, the queue fills.
     let mut blocker = db.client().await;
