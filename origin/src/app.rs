@@ -1,7 +1,7 @@
 //! Wiring: the stores, the layer, the demo routes, health and metrics.
 
 use crate::charges::{self, Ledger, MemoryLedger, PgLedger};
-use crate::config::{Config, StoreKind};
+use crate::config::{Config, DemoLedger, StoreKind};
 use crate::idempotency::IdempotencyLayer;
 use crate::store::tiered::outbox::OutboxOptions;
 use crate::store::{
@@ -49,14 +49,14 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
         }
         _ => None,
     };
-    // The demo's charges live in Postgres whenever there is one, else in memory.
-    let ledger: Arc<dyn Ledger> = match &pg {
-        Some(pg) => Arc::new(
+    // The demo's charges live in Postgres whenever there is one, unless told otherwise.
+    let ledger: Arc<dyn Ledger> = match (&pg, config.demo_ledger) {
+        (Some(pg), DemoLedger::Auto | DemoLedger::Postgres) => Arc::new(
             PgLedger::new(pg.pool().clone())
                 .await
                 .map_err(|e| format!("cannot create the charges table: {e}"))?,
         ),
-        None => Arc::new(MemoryLedger::default()),
+        _ => Arc::new(MemoryLedger::default()),
     };
     let store: Arc<dyn Store> = match (config.store, pg, redis) {
         (StoreKind::Memory, _, _) => Arc::new(MemoryStore::new()),

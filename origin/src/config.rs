@@ -18,6 +18,18 @@ pub enum StoreKind {
     Tiered,
 }
 
+/// Where the demo charges API keeps its charges.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DemoLedger {
+    /// Postgres when --database-url is set, else memory.
+    Auto,
+    /// In process: the handler costs no backend round trip (what the bench uses, so
+    /// that it measures idem and not the demo).
+    Memory,
+    /// The `charges` table in Postgres; needs --database-url.
+    Postgres,
+}
+
 /// Log line format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -120,6 +132,10 @@ pub struct Config {
     #[arg(long, env = "IDEM_NAIVE_WINDOW", default_value = "20ms", value_parser = parse_duration)]
     pub naive_window: Duration,
 
+    /// Where the demo charges API keeps its charges.
+    #[arg(long, env = "IDEM_DEMO_LEDGER", value_enum, default_value_t = DemoLedger::Auto)]
+    pub demo_ledger: DemoLedger,
+
     /// Log format.
     #[arg(long, env = "IDEM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -143,6 +159,9 @@ impl Config {
                     "tiered"
                 }
             ));
+        }
+        if self.demo_ledger == DemoLedger::Postgres && missing(&self.database_url) {
+            return Err("--demo-ledger postgres needs --database-url (or DATABASE_URL)".into());
         }
         if self.store == StoreKind::Tiered && missing(&self.database_url) {
             return Err(

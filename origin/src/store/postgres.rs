@@ -93,8 +93,20 @@ const UPSERT_SUPERSEDING: &str = "INSERT INTO idem_records (id, token, state, ex
         expires_at = EXCLUDED.expires_at, record = EXCLUDED.record
     WHERE (EXCLUDED.token, EXCLUDED.state) >= (idem_records.token, idem_records.state)";
 const GET: &str = "SELECT record FROM idem_records WHERE id = $1";
+const ADVISORY_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext($1))";
 const SWEEP: &str = "DELETE FROM idem_records WHERE id IN (
     SELECT id FROM idem_records WHERE expires_at < $1 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
+
+/// The statements a claim of a new key sends, in order, with the strategy's
+/// parameters (`$1` id, `$2` token, `$3` state, `$4` expires_at, `$5` record). The
+/// bench runs them under `pgbench` to measure the raw database on the store's own SQL.
+pub fn claim_statements(strategy: PgStrategy) -> &'static [&'static str] {
+    match strategy {
+        PgStrategy::OnConflict => &[CLAIM_INSERT],
+        PgStrategy::AdvisoryLock => &["BEGIN", ADVISORY_LOCK, GET, UPSERT, "COMMIT"],
+        PgStrategy::Naive => &[GET, UPSERT],
+    }
+}
 
 fn unavailable(e: impl std::error::Error) -> StoreError {
     // tokio-postgres puts the useful part ("connection refused", the server's message)
@@ -187,12 +199,9 @@ impl PostgresStore {
     ) -> Result<Decision, StoreError> {
         self.with_client(async |client| {
             let tx = client.transaction().await.map_err(unavailable)?;
-            tx.execute(
-                "SELECT pg_advisory_xact_lock(hashtext($1))",
-                &[&key.as_str()],
-            )
-            .await
-            .map_err(unavailable)?;
+            tx.execute(ADVISORY_LOCK, &[&key.as_str()])
+                .await
+                .map_err(unavailable)?;
             let get = tx.prepare_cached(GET).await.map_err(unavailable)?;
             let existing = match tx
                 .query_opt(&get, &[&key.as_str()])

@@ -1,0 +1,419 @@
+//! `idem-bench`: the origin on every store, against the raw backend, in one run.
+//!
+//! For each mode and concurrency: the raw backend first (`redis-benchmark` SET NX or
+//! `pgbench` with the store's own claim statements), then the origin over HTTP with a
+//! new key per request, then replays of keys already completed. Backend round trips
+//! are counted by the servers (`pg_stat_statements`, `INFO commandstats`). Prints a
+//! table; writes CSV, JSON and an SVG plot.
+//!
+//! ```text
+//! scripts/bench                      # services, release build, every mode
+//! cargo run -p idem-bench --release -- --modes redis-cluster --concurrency 32
+//! ```
+
+mod backend;
+mod load;
+mod mode;
+mod origin;
+mod raw;
+mod report;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use load::Keys;
+use mode::{Mode, Raw, RedisKind, Targets};
+use report::Row;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Benchmarks idem's origin on each store against the raw backend.
+#[derive(Parser, Debug)]
+#[command(name = "idem-bench", version)]
+struct Args {
+    /// Store modes, comma-separated.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "memory,pg-on-conflict,pg-advisory-lock,redis,redis-cluster,tiered-sync,tiered-async"
+    )]
+    modes: Vec<Mode>,
+    /// Concurrent connections, comma-separated; each mode runs at each.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32")]
+    concurrency: Vec<usize>,
+    /// Measured time of each phase (and of each raw run).
+    #[arg(long, default_value = "5s", value_parser = idem_origin::config::parse_duration)]
+    duration: Duration,
+    /// Unmeasured time before each phase.
+    #[arg(long, default_value = "1s", value_parser = idem_origin::config::parse_duration)]
+    warmup: Duration,
+    /// Keys completed before the replay phase, then replayed round-robin.
+    #[arg(long, default_value_t = 1000)]
+    replay_keys: usize,
+    /// A short run of every mode at one concurrency: checks that the bench works.
+    #[arg(long)]
+    quick: bool,
+    /// Postgres for the pg and tiered modes (its database is created when missing).
+    #[arg(
+        long,
+        env = "IDEM_BENCH_DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/idem_bench"
+    )]
+    database_url: String,
+    /// Standalone Redis.
+    #[arg(
+        long,
+        env = "IDEM_BENCH_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    redis_url: String,
+    /// Redis Cluster seed URLs, comma-separated.
+    #[arg(
+        long,
+        env = "IDEM_BENCH_REDIS_CLUSTER_URLS",
+        value_delimiter = ',',
+        default_value = "redis://127.0.0.1:7000,redis://127.0.0.1:7001,redis://127.0.0.1:7002"
+    )]
+    redis_cluster_urls: Vec<String>,
+    /// The idem-origin binary (default: the one beside this binary).
+    #[arg(long)]
+    origin_bin: Option<PathBuf>,
+    /// Where results.csv, results.json, results.svg and the logs go.
+    #[arg(long, default_value = "target/idem-bench")]
+    out: PathBuf,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let mut args = Args::parse();
+    if args.quick {
+        args.concurrency = vec![8];
+        args.duration = Duration::from_secs(1);
+        args.warmup = Duration::from_millis(200);
+        args.replay_keys = 200;
+    }
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("idem-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The connections the bench itself holds to the services.
+struct Services {
+    pg: Option<backend::Postgres>,
+    redis: Option<backend::Redis>,
+    cluster: Option<backend::Redis>,
+}
+
+async fn run(args: Args) -> Result<()> {
+    if args.concurrency.is_empty() || args.concurrency.contains(&0) {
+        anyhow::bail!("--concurrency needs numbers of connections of at least 1");
+    }
+    if args.replay_keys == 0 || args.duration.is_zero() {
+        anyhow::bail!("--replay-keys and --duration must be greater than zero");
+    }
+    let bin = match &args.origin_bin {
+        Some(b) => b.clone(),
+        None => origin::default_binary()?,
+    };
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis();
+    let targets = Targets {
+        database_url: args.database_url.clone(),
+        redis_url: args.redis_url.clone(),
+        cluster_urls: args.redis_cluster_urls.clone(),
+        namespace: format!("idem-bench-{nonce}"),
+    };
+    let mut services = connect_services(&args).await?;
+    cleanup(&mut services).await?;
+
+    let steps = (args.modes.len() * args.concurrency.len()) as u64;
+    let progress = ProgressBar::new(steps).with_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")?
+            .progress_chars("=> "),
+    );
+    progress.enable_steady_tick(Duration::from_millis(200));
+    let mut rows = Vec::new();
+    let started = Instant::now();
+    for &mode in &args.modes {
+        if let Some(pg) = &services.pg {
+            pg.truncate_records().await?;
+        }
+        let log = args.out.join(format!("origin-{}.log", mode.name()));
+        let origin = origin::OriginProcess::start(&bin, &mode.origin_args(&targets), log).await?;
+        for &c in &args.concurrency {
+            progress.set_message(format!("{} c={c}: raw backend", mode.name()));
+            let raw = match mode.raw() {
+                Some(r) => Some((r, measure_raw(r, c, &args, &services).await?)),
+                None => None,
+            };
+            if let Some(pg) = &services.pg {
+                pg.truncate_records().await?;
+            }
+            let ctx = PhaseCtx {
+                mode,
+                concurrency: c,
+                raw,
+                args: &args,
+                addr: origin.addr,
+                progress: &progress,
+            };
+            let prefix = format!("{nonce}-{}-{c}", mode.name());
+            let unique = Keys::Unique {
+                prefix: format!("u{prefix}"),
+            };
+            rows.push(phase(&ctx, &mut services, "unique", unique).await?);
+            progress.set_message(format!("{} c={c}: seeding replay keys", mode.name()));
+            let seed = Keys::Seed {
+                prefix: format!("r{prefix}"),
+                count: args.replay_keys,
+            };
+            let seeded = load::drive(
+                origin.addr,
+                c,
+                seed,
+                Duration::ZERO,
+                Duration::ZERO,
+                Arc::new(AtomicU64::new(0)),
+            )
+            .await?;
+            if seeded.unexpected > 0 {
+                anyhow::bail!(
+                    "{}: seeding the replay keys got {} unexpected answers, e.g. {}",
+                    mode.name(),
+                    seeded.unexpected,
+                    seeded.unexpected_sample.unwrap_or_default()
+                );
+            }
+            let replay = Keys::Replay {
+                prefix: format!("r{prefix}"),
+                count: args.replay_keys,
+            };
+            rows.push(phase(&ctx, &mut services, "replay", replay).await?);
+            progress.inc(1);
+        }
+        drop(origin);
+    }
+    progress.finish_and_clear();
+    cleanup(&mut services).await?;
+    write_outputs(&args, &rows, started.elapsed())?;
+    let unexpected: u64 = rows.iter().map(|r| r.unexpected).sum();
+    if unexpected > 0 {
+        anyhow::bail!("{unexpected} requests were not answered as expected (see the table)");
+    }
+    Ok(())
+}
+
+async fn connect_services(args: &Args) -> Result<Services> {
+    let needs_pg = args.modes.iter().any(|m| m.uses_postgres());
+    let needs_redis = args
+        .modes
+        .iter()
+        .any(|m| m.redis() == Some(RedisKind::Standalone));
+    let needs_cluster = args
+        .modes
+        .iter()
+        .any(|m| m.redis() == Some(RedisKind::Cluster));
+    Ok(Services {
+        pg: match needs_pg {
+            true => Some(backend::Postgres::connect(&args.database_url).await?),
+            false => None,
+        },
+        redis: match needs_redis {
+            true => Some(backend::Redis::standalone(&args.redis_url).await?),
+            false => None,
+        },
+        cluster: match needs_cluster {
+            true => Some(backend::Redis::cluster_masters(&args.redis_cluster_urls).await?),
+            false => None,
+        },
+    })
+}
+
+/// Removes what earlier runs left: records, raw keys.
+async fn cleanup(s: &mut Services) -> Result<()> {
+    if let Some(pg) = &s.pg {
+        pg.truncate_records().await?;
+    }
+    for r in [&mut s.redis, &mut s.cluster].into_iter().flatten() {
+        r.delete_bench_keys().await?;
+    }
+    Ok(())
+}
+
+async fn measure_raw(raw: Raw, c: usize, args: &Args, s: &Services) -> Result<raw::RawResult> {
+    let host_port = |url: &str| -> Result<(String, u16)> {
+        let info = redis::Client::open(url)?.get_connection_info().clone();
+        match info.addr() {
+            redis::ConnectionAddr::Tcp(h, p) => Ok((h.clone(), *p)),
+            other => anyhow::bail!("redis-benchmark needs a TCP address, not {other:?}"),
+        }
+    };
+    match raw {
+        Raw::Pgbench(strategy) => {
+            raw::pgbench(&args.database_url, strategy, c, args.duration, &args.out).await
+        }
+        Raw::RedisSetNx => {
+            let (h, p) = host_port(&args.redis_url)?;
+            raw::redis_set_nx(&h, p, false, c, args.duration).await
+        }
+        Raw::ClusterSetNx => {
+            let seed = s
+                .cluster
+                .as_ref()
+                .and_then(|c| c.addresses.first().cloned())
+                .context("no cluster master")?;
+            let (h, p) = host_port(&seed)?;
+            raw::redis_set_nx(&h, p, true, c, args.duration).await
+        }
+    }
+}
+
+struct PhaseCtx<'a> {
+    mode: Mode,
+    concurrency: usize,
+    raw: Option<(Raw, raw::RawResult)>,
+    args: &'a Args,
+    addr: std::net::SocketAddr,
+    progress: &'a ProgressBar,
+}
+
+/// One measured load phase, with the servers' round-trip counts around it.
+async fn phase(
+    ctx: &PhaseCtx<'_>,
+    s: &mut Services,
+    name: &'static str,
+    keys: Keys,
+) -> Result<Row> {
+    let sent = Arc::new(AtomicU64::new(0));
+    let ticker = {
+        let (sent, progress) = (sent.clone(), ctx.progress.clone());
+        let label = format!("{} c={}: {name}", ctx.mode.name(), ctx.concurrency);
+        tokio::spawn(async move {
+            loop {
+                progress.set_message(format!(
+                    "{label}: {} requests",
+                    sent.load(Ordering::Relaxed)
+                ));
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+    // Counters are read after the warm-up, so only the measured window's requests…
+    let warmup = ctx.args.warmup;
+    let load = {
+        let keys = keys.clone();
+        let (addr, c, measure, sent) = (ctx.addr, ctx.concurrency, ctx.args.duration, sent.clone());
+        tokio::spawn(async move { load::drive(addr, c, keys, warmup, measure, sent).await })
+    };
+    tokio::time::sleep(warmup).await;
+    let sent_before = sent.load(Ordering::Relaxed);
+    let before = counters(ctx.mode, s).await?;
+    let result = load.await.context("the load task panicked")??;
+    let sent_after = sent.load(Ordering::Relaxed);
+    let after = counters(ctx.mode, s).await?;
+    ticker.abort();
+    // …and divided by the requests answered between the two readings.
+    let answered = sent_after.saturating_sub(sent_before).max(1) as f64;
+    let per_request = |b: Option<u64>, a: Option<u64>| match (b, a) {
+        (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / answered),
+        _ => None,
+    };
+    let pg_rt = per_request(before.0, after.0);
+    let redis_rt = per_request(before.1, after.1);
+    let rps = result.requests_per_s();
+    let primary_rt = match ctx.raw.as_ref().map(|r| r.0) {
+        Some(Raw::Pgbench(_)) => pg_rt,
+        Some(_) => redis_rt,
+        None => None,
+    };
+    let raw_ops = ctx.raw.as_ref().map(|r| r.1.ops_per_s);
+    Ok(Row {
+        mode: ctx.mode.name(),
+        phase: name,
+        concurrency: ctx.concurrency,
+        requests: result.ok + result.unexpected,
+        unexpected: result.unexpected,
+        requests_per_s: rps,
+        p50_ms: result.quantile_ms(0.5),
+        p99_ms: result.quantile_ms(0.99),
+        p999_ms: result.quantile_ms(0.999),
+        pg_round_trips: pg_rt,
+        redis_round_trips: redis_rt,
+        raw_backend: ctx.raw.as_ref().map(|r| r.0.describe()),
+        raw_ops_per_s: raw_ops,
+        ratio: Row::ratio_of(rps, raw_ops, primary_rt),
+    })
+    .inspect(|row| {
+        if let Some(sample) = &result.unexpected_sample {
+            eprintln!("{} {}: unexpected answer: {sample}", row.mode, row.phase);
+        }
+    })
+}
+
+/// (Postgres statements, Redis commands) so far, for the backends `mode` uses.
+async fn counters(mode: Mode, s: &mut Services) -> Result<(Option<u64>, Option<u64>)> {
+    let pg = match (&s.pg, mode.uses_postgres()) {
+        (Some(pg), true) => Some(pg.statements().await?),
+        _ => None,
+    };
+    let redis = match mode.redis() {
+        Some(RedisKind::Standalone) => match &mut s.redis {
+            Some(r) => Some(r.commands().await?),
+            None => None,
+        },
+        Some(RedisKind::Cluster) => match &mut s.cluster {
+            Some(r) => Some(r.commands().await?),
+            None => None,
+        },
+        None => None,
+    };
+    Ok((pg, redis))
+}
+
+fn write_outputs(args: &Args, rows: &[Row], took: Duration) -> Result<()> {
+    let date = std::process::Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d %H:%M UTC")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let title = format!(
+        "idem-bench {date}, {cpus} CPUs, {:?} per phase{}",
+        args.duration,
+        if cfg!(debug_assertions) {
+            " (debug build)"
+        } else {
+            ""
+        }
+    );
+    println!("{title}, took {:.0} s", took.as_secs_f64());
+    print!("{}", report::table(rows));
+    let write = |name: &str, body: String| -> Result<PathBuf> {
+        let path = args.out.join(name);
+        std::fs::write(&path, body).with_context(|| format!("writing {}", path.display()))?;
+        Ok(path)
+    };
+    write("results.csv", report::csv(rows))?;
+    let json = serde_json::json!({ "title": title, "rows": rows });
+    write("results.json", serde_json::to_string_pretty(&json)?)?;
+    let svg = write("results.svg", report::svg(rows, &title))?;
+    println!(
+        "ratio = requests/s ÷ (raw ops/s ÷ round trips per request to that backend); \
+         RT = round trips per request counted by the servers"
+    );
+    println!("wrote {} (and results.csv, results.json)", svg.display());
+    Ok(())
+}

@@ -1,0 +1,221 @@
+//! The raw backends, measured with their own benchmark tools at the bench's concurrency:
+//! `redis-benchmark` for `SET <random key> v NX EX 86400`, `pgbench` for the Postgres
+//! store's own claim statements.
+
+use anyhow::{anyhow, bail, Context, Result};
+use idem_core::{decide, Decision, Fingerprint, Policy};
+use idem_origin::store::postgres::claim_statements;
+use idem_origin::store::PgStrategy;
+use serde::Serialize;
+use std::path::Path;
+use std::time::Duration;
+use tokio::process::Command;
+
+/// What a raw run measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct RawResult {
+    /// Backend round trips per second (statements for pgbench, commands for Redis).
+    pub ops_per_s: f64,
+    /// The tool's own mean latency of one operation (one pgbench script), in ms.
+    pub mean_latency_ms: f64,
+}
+
+/// `redis-benchmark` against `host:port`, sized to run for about `duration`.
+pub async fn redis_set_nx(
+    host: &str,
+    port: u16,
+    cluster: bool,
+    clients: usize,
+    duration: Duration,
+) -> Result<RawResult> {
+    // A short calibration run sizes the real one: redis-benchmark counts requests, not time.
+    let probe = redis_benchmark(host, port, cluster, clients, 5_000.max(clients * 200)).await?;
+    let n = (probe.ops_per_s * duration.as_secs_f64()).max(10_000.0) as usize;
+    redis_benchmark(host, port, cluster, clients, n).await
+}
+
+async fn redis_benchmark(
+    host: &str,
+    port: u16,
+    cluster: bool,
+    clients: usize,
+    requests: usize,
+) -> Result<RawResult> {
+    let mut cmd = Command::new("redis-benchmark");
+    cmd.args(["-h", host, "-p", &port.to_string()])
+        .args(["-c", &clients.to_string(), "-n", &requests.to_string()])
+        .args(["-r", "1000000000", "--csv"]);
+    // `{tag}` lets redis-benchmark route each random key to its slot's node.
+    let key = if cluster {
+        cmd.arg("--cluster");
+        "idem-bench:{tag}:raw:__rand_int__"
+    } else {
+        "idem-bench:raw:__rand_int__"
+    };
+    cmd.args(["SET", key, "v", "NX", "EX", "86400"]);
+    let out = run(cmd, "redis-benchmark").await?;
+    parse_redis_benchmark_csv(&out)
+}
+
+/// Reads the `--csv` line of one custom-command run.
+pub fn parse_redis_benchmark_csv(out: &str) -> Result<RawResult> {
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.starts_with("\"SET "))
+        .ok_or_else(|| anyhow!("no result line in redis-benchmark's output:\n{out}"))?;
+    let fields: Vec<&str> = line.split("\",\"").map(|f| f.trim_matches('"')).collect();
+    if fields.len() < 3 {
+        bail!("unexpected redis-benchmark line: {line}");
+    }
+    let num = |i: usize| -> Result<f64> {
+        fields[i]
+            .parse()
+            .with_context(|| format!("field {i} of redis-benchmark line {line:?}"))
+    };
+    Ok(RawResult {
+        ops_per_s: num(1)?,
+        mean_latency_ms: num(2)?,
+    })
+}
+
+/// The pgbench script for `strategy`: the store's statements, parameters replaced by a
+/// random id and a representative claim record.
+pub fn pgbench_script(strategy: PgStrategy) -> String {
+    let policy = Policy::default();
+    let now = 1_800_000_000_000;
+    let Decision::Execute(claim) = decide(None, &Fingerprint([7; 32]), now, &policy) else {
+        unreachable!("no record always executes")
+    };
+    let record_hex: String = claim
+        .record
+        .encode()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let mut script = String::from("\\set n random(1, 9000000000000000000)\n");
+    for statement in claim_statements(strategy) {
+        let s = statement
+            .replace("$1", "('idem-bench-pgbench-' || :n)")
+            .replace("$2", ":n")
+            .replace("$3", "0")
+            .replace("$4", &(now + policy.ttl_ms).to_string())
+            .replace("$5", &format!("'\\x{record_hex}'::bytea"));
+        // pgbench reads one command per line.
+        script.push_str(&s.split_whitespace().collect::<Vec<_>>().join(" "));
+        script.push_str(";\n");
+    }
+    script
+}
+
+/// `pgbench` with the store's claim statements, `clients` connections, for `duration`.
+pub async fn pgbench(
+    database_url: &str,
+    strategy: PgStrategy,
+    clients: usize,
+    duration: Duration,
+    workdir: &Path,
+) -> Result<RawResult> {
+    let config: tokio_postgres::Config = database_url.parse().context("--database-url")?;
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        _ => bail!("pgbench needs a TCP host in --database-url"),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("postgres").to_string();
+    let db = config.get_dbname().unwrap_or("postgres").to_string();
+    let script_path = workdir.join(format!("pgbench-{strategy:?}.sql").to_lowercase());
+    std::fs::write(&script_path, pgbench_script(strategy))
+        .with_context(|| format!("writing {}", script_path.display()))?;
+    let statements = claim_statements(strategy).len() as f64;
+    let mut cmd = Command::new("pgbench");
+    cmd.args(["-n", "-M", "prepared"])
+        .args([
+            "-c",
+            &clients.to_string(),
+            "-j",
+            &clients.min(2).to_string(),
+        ])
+        .args(["-T", &duration.as_secs().max(1).to_string()])
+        .arg("-f")
+        .arg(&script_path)
+        .args(["-h", &host, "-p", &port.to_string(), "-U", &user, &db]);
+    if let Some(pw) = config.get_password() {
+        cmd.env("PGPASSWORD", String::from_utf8_lossy(pw).into_owned());
+    }
+    let out = run(cmd, "pgbench").await?;
+    let (tps, latency) = parse_pgbench(&out)?;
+    Ok(RawResult {
+        ops_per_s: tps * statements,
+        mean_latency_ms: latency,
+    })
+}
+
+/// Reads `tps = …` and `latency average = … ms` from pgbench's report.
+pub fn parse_pgbench(out: &str) -> Result<(f64, f64)> {
+    let value_after = |prefix: &str| -> Option<f64> {
+        out.lines()
+            .find_map(|l| l.trim().strip_prefix(prefix))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+    };
+    let tps = value_after("tps = ")
+        .ok_or_else(|| anyhow!("no \"tps = \" line in pgbench's output:\n{out}"))?;
+    let latency = value_after("latency average = ").unwrap_or(f64::NAN);
+    Ok((tps, latency))
+}
+
+async fn run(mut cmd: Command, name: &str) -> Result<String> {
+    let out = cmd.kill_on_drop(true).output().await.with_context(|| {
+        format!("cannot run {name}: is it installed? (scripts/services-start installs it)")
+    })?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        bail!(
+            "{name} failed ({}):\n{stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(stdout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_redis_benchmark_csv() {
+        // Output of redis-benchmark 7.0.15 with --csv and a custom command.
+        let out = "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\
+                   \"SET idem-bench:raw:__rand_int__ v NX EX 86400\",\"82304.52\",\"0.060\",\"0.016\",\"0.055\",\"0.103\",\"0.183\",\"0.463\"\n";
+        let r = parse_redis_benchmark_csv(out).unwrap();
+        assert_eq!(r.ops_per_s, 82304.52);
+        assert_eq!(r.mean_latency_ms, 0.060);
+        assert!(parse_redis_benchmark_csv("\"test\",\"rps\"\n").is_err());
+        assert!(parse_redis_benchmark_csv("\"SET x\",\"fast\",\"1\"").is_err());
+    }
+
+    #[test]
+    fn reads_pgbench_report() {
+        // The tail of pgbench 15's report.
+        let out = "number of failed transactions: 0 (0.000%)\n\
+                   latency average = 1.234 ms\n\
+                   initial connection time = 5.678 ms\n\
+                   tps = 6482.123456 (without initial connection time)\n";
+        assert_eq!(parse_pgbench(out).unwrap(), (6482.123456, 1.234));
+        assert!(parse_pgbench("latency average = 1 ms\n").is_err());
+    }
+
+    #[test]
+    fn pgbench_script_is_the_store_statements_one_per_line() {
+        let s = pgbench_script(PgStrategy::OnConflict);
+        let lines: Vec<&str> = s.lines().collect();
+        assert_eq!(lines.len(), 2, "{s}");
+        assert!(lines[1].starts_with("WITH ins AS ( INSERT INTO idem_records"));
+        assert!(!s.contains('$'), "every parameter is replaced: {s}");
+        let s = pgbench_script(PgStrategy::AdvisoryLock);
+        assert_eq!(s.lines().count(), 6, "{s}");
+        assert!(s.contains("pg_advisory_xact_lock(hashtext(('idem-bench-pgbench-' || :n)))"));
+    }
+}

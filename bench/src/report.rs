@@ -1,0 +1,345 @@
+//! The results: a table on stdout, CSV and JSON files, and an SVG plot.
+
+use serde::Serialize;
+use std::fmt::Write as _;
+
+/// One measured phase of one mode at one concurrency.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub mode: &'static str,
+    /// `unique` (a new key per request) or `replay` (keys already completed).
+    pub phase: &'static str,
+    pub concurrency: usize,
+    pub requests: u64,
+    /// Requests not answered as expected (they count in `requests` too).
+    pub unexpected: u64,
+    pub requests_per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub p999_ms: f64,
+    /// Postgres statements per request, counted by the server.
+    pub pg_round_trips: Option<f64>,
+    /// Redis commands per request, counted by the servers.
+    pub redis_round_trips: Option<f64>,
+    /// The raw backend measured before this concurrency's phases.
+    pub raw_backend: Option<&'static str>,
+    /// Its round trips per second at the same concurrency.
+    pub raw_ops_per_s: Option<f64>,
+    /// requests/s ÷ (raw ops/s ÷ round trips per request to that backend).
+    pub ratio: Option<f64>,
+}
+
+impl Row {
+    /// The ratio, when the phase made round trips to the raw backend.
+    pub fn ratio_of(rps: f64, raw_ops_per_s: Option<f64>, round_trips: Option<f64>) -> Option<f64> {
+        match (raw_ops_per_s, round_trips) {
+            (Some(raw), Some(rt)) if raw > 0.0 && rt > 0.0 => Some(rps * rt / raw),
+            _ => None,
+        }
+    }
+}
+
+fn opt(v: Option<f64>, decimals: usize) -> String {
+    v.map_or_else(|| "-".into(), |v| format!("{v:.decimals$}"))
+}
+
+/// The table printed at the end of a run.
+pub fn table(rows: &[Row]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<16} {:<6} {:>5} {:>9} {:>7} {:>7} {:>8} {:>6} {:>6}  {:<34} {:>10} {:>6}",
+        "mode",
+        "phase",
+        "conns",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "p999 ms",
+        "pg RT",
+        "rd RT",
+        "raw backend",
+        "raw ops/s",
+        "ratio"
+    );
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "{:<16} {:<6} {:>5} {:>9.0} {:>7.3} {:>7.3} {:>8.3} {:>6} {:>6}  {:<34} {:>10} {:>6}{}",
+            r.mode,
+            r.phase,
+            r.concurrency,
+            r.requests_per_s,
+            r.p50_ms,
+            r.p99_ms,
+            r.p999_ms,
+            opt(r.pg_round_trips, 2),
+            opt(r.redis_round_trips, 2),
+            r.raw_backend.unwrap_or("-"),
+            opt(r.raw_ops_per_s, 0),
+            opt(r.ratio, 2),
+            if r.unexpected > 0 {
+                format!("  ({} unexpected answers)", r.unexpected)
+            } else {
+                String::new()
+            }
+        );
+    }
+    s
+}
+
+pub fn csv(rows: &[Row]) -> String {
+    let mut s = String::from(
+        "mode,phase,concurrency,requests,unexpected,requests_per_s,p50_ms,p99_ms,p999_ms,\
+         pg_round_trips,redis_round_trips,raw_backend,raw_ops_per_s,ratio\n",
+    );
+    let o = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.4}"));
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{},{:.1},{:.4},{:.4},{:.4},{},{},{},{},{}",
+            r.mode,
+            r.phase,
+            r.concurrency,
+            r.requests,
+            r.unexpected,
+            r.requests_per_s,
+            r.p50_ms,
+            r.p99_ms,
+            r.p999_ms,
+            o(r.pg_round_trips),
+            o(r.redis_round_trips),
+            r.raw_backend.unwrap_or(""),
+            o(r.raw_ops_per_s),
+            o(r.ratio),
+        );
+    }
+    s
+}
+
+const COLOURS: [&str; 8] = [
+    "#1f77b4", "#d62728", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+];
+
+/// Four panels — unique and replay, throughput and p99 — against concurrency, one
+/// line per mode.
+pub fn svg(rows: &[Row], title: &str) -> String {
+    let mut modes: Vec<&str> = Vec::new();
+    let mut conns: Vec<usize> = Vec::new();
+    for r in rows {
+        if !modes.contains(&r.mode) {
+            modes.push(r.mode);
+        }
+        if !conns.contains(&r.concurrency) {
+            conns.push(r.concurrency);
+        }
+    }
+    conns.sort_unstable();
+    let (pw, ph) = (420.0, 260.0);
+    let (width, height) = (2.0 * pw + 200.0, 2.0 * ph + 60.0);
+    let mut s = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="11">
+<rect width="100%" height="100%" fill="white"/>
+<text x="10" y="20" font-size="14">{}</text>
+"#,
+        escape(title)
+    );
+    let panels: [(&str, &str, fn(&Row) -> f64); 4] = [
+        ("unique", "unique keys: requests/s", |r| r.requests_per_s),
+        ("unique", "unique keys: p99 latency (ms)", |r| r.p99_ms),
+        ("replay", "replays: requests/s", |r| r.requests_per_s),
+        ("replay", "replays: p99 latency (ms)", |r| r.p99_ms),
+    ];
+    for (i, (phase, label, value)) in panels.iter().enumerate() {
+        let x0 = 10.0 + (i % 2) as f64 * pw;
+        let y0 = 40.0 + (i / 2) as f64 * ph;
+        let points: Vec<&Row> = rows.iter().filter(|r| r.phase == *phase).collect();
+        let max = points.iter().map(|r| value(r)).fold(0.0, f64::max);
+        panel(&mut s, x0, y0, pw, ph, label, &conns, max, |plot| {
+            for (m, mode) in modes.iter().enumerate() {
+                let line: Vec<(usize, f64)> = points
+                    .iter()
+                    .filter(|r| r.mode == *mode)
+                    .map(|r| (r.concurrency, value(r)))
+                    .collect();
+                plot(line, COLOURS[m % COLOURS.len()]);
+            }
+        });
+    }
+    for (m, mode) in modes.iter().enumerate() {
+        let y = 60.0 + m as f64 * 18.0;
+        let x = 2.0 * pw + 30.0;
+        let _ = writeln!(
+            s,
+            r#"<line x1="{x}" y1="{y}" x2="{}" y2="{y}" stroke="{}" stroke-width="2"/><text x="{}" y="{}">{}</text>"#,
+            x + 20.0,
+            COLOURS[m % COLOURS.len()],
+            x + 26.0,
+            y + 4.0,
+            escape(mode)
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+#[allow(clippy::too_many_arguments)]
+fn panel(
+    s: &mut String,
+    x0: f64,
+    y0: f64,
+    w: f64,
+    h: f64,
+    label: &str,
+    conns: &[usize],
+    max: f64,
+    lines: impl FnOnce(&mut dyn FnMut(Vec<(usize, f64)>, &str)),
+) {
+    let (left, bottom, top, right) = (60.0, 30.0, 20.0, 20.0);
+    let (px, py, pw, ph) = (x0 + left, y0 + top, w - left - right, h - top - bottom);
+    let max = if max > 0.0 { nice_ceiling(max) } else { 1.0 };
+    let _ = writeln!(
+        s,
+        r#"<text x="{px}" y="{}" font-weight="bold">{}</text>"#,
+        y0 + 12.0,
+        escape(label)
+    );
+    let _ = writeln!(
+        s,
+        r##"<rect x="{px}" y="{py}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>"##
+    );
+    for t in 0..=4 {
+        let v = max * t as f64 / 4.0;
+        let y = py + ph - ph * t as f64 / 4.0;
+        let _ = writeln!(
+            s,
+            r##"<line x1="{px}" y1="{y}" x2="{}" y2="{y}" stroke="#eee"/><text x="{}" y="{}" text-anchor="end">{}</text>"##,
+            px + pw,
+            px - 4.0,
+            y + 4.0,
+            short(v)
+        );
+    }
+    let x_of = |c: usize| {
+        let i = conns.iter().position(|&k| k == c).unwrap_or(0);
+        if conns.len() == 1 {
+            px + pw / 2.0
+        } else {
+            px + pw * i as f64 / (conns.len() - 1) as f64
+        }
+    };
+    for &c in conns {
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{}" text-anchor="middle">{c}</text>"#,
+            x_of(c),
+            py + ph + 14.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="{}" text-anchor="middle">connections</text>"#,
+        px + pw / 2.0,
+        py + ph + 27.0
+    );
+    let mut plot = |points: Vec<(usize, f64)>, colour: &str| {
+        if points.is_empty() {
+            return;
+        }
+        let path: Vec<String> = points
+            .iter()
+            .map(|&(c, v)| format!("{:.1},{:.1}", x_of(c), py + ph - ph * v / max))
+            .collect();
+        let _ = writeln!(
+            s,
+            r#"<polyline points="{}" fill="none" stroke="{colour}" stroke-width="2"/>"#,
+            path.join(" ")
+        );
+        for p in &path {
+            let (x, y) = p.split_once(',').unwrap_or(("0", "0"));
+            let _ = writeln!(s, r#"<circle cx="{x}" cy="{y}" r="3" fill="{colour}"/>"#);
+        }
+    };
+    lines(&mut plot);
+}
+
+/// 1, 2 or 5 times a power of ten, at least `v`.
+fn nice_ceiling(v: f64) -> f64 {
+    let p = 10f64.powf(v.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * p)
+        .find(|&c| c >= v)
+        .unwrap_or(10.0 * p)
+}
+
+fn short(v: f64) -> String {
+    if v >= 1000.0 {
+        format!("{:.0}k", v / 1000.0)
+    } else if v >= 10.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(mode: &'static str, phase: &'static str, c: usize, rps: f64) -> Row {
+        Row {
+            mode,
+            phase,
+            concurrency: c,
+            requests: 100,
+            unexpected: 0,
+            requests_per_s: rps,
+            p50_ms: 0.5,
+            p99_ms: 2.0,
+            p999_ms: 3.0,
+            pg_round_trips: Some(2.0),
+            redis_round_trips: None,
+            raw_backend: Some("pgbench: on-conflict claim"),
+            raw_ops_per_s: Some(10_000.0),
+            ratio: Row::ratio_of(rps, Some(10_000.0), Some(2.0)),
+        }
+    }
+
+    #[test]
+    fn ratio_divides_raw_ops_by_round_trips() {
+        assert_eq!(Row::ratio_of(4000.0, Some(10_000.0), Some(2.0)), Some(0.8));
+        assert_eq!(Row::ratio_of(4000.0, Some(10_000.0), Some(0.0)), None);
+        assert_eq!(Row::ratio_of(4000.0, None, Some(2.0)), None);
+    }
+
+    #[test]
+    fn outputs_hold_every_row() {
+        let rows = [
+            row("pg-on-conflict", "unique", 8, 4000.0),
+            row("pg-on-conflict", "unique", 32, 5000.0),
+            row("memory", "replay", 8, 30_000.0),
+        ];
+        let t = table(&rows);
+        assert_eq!(t.lines().count(), 4);
+        assert!(t.contains("0.80"), "{t}");
+        let c = csv(&rows);
+        assert_eq!(c.lines().count(), 4);
+        assert!(c.lines().nth(1).unwrap().ends_with(",0.8000"), "{c}");
+        let svg = svg(&rows, "a < b");
+        assert_eq!(
+            svg.matches("<polyline").count(),
+            4,
+            "one line per mode and panel with data"
+        );
+        assert!(svg.contains("a &lt; b"));
+        assert_eq!(nice_ceiling(4300.0), 5000.0);
+        assert_eq!(nice_ceiling(0.7), 1.0);
+    }
+}
