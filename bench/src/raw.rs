@@ -3,8 +3,8 @@
 //! store's own claim statements.
 
 use anyhow::{anyhow, bail, Context, Result};
-use idem_core::{decide, Decision, Fingerprint, Policy};
-use idem_origin::store::postgres::claim_statements;
+use idem_core::{decide, Decision, Fingerprint, Policy, StoredResponse};
+use idem_origin::store::postgres::{claim_statements, completion_statement};
 use idem_origin::store::PgStrategy;
 use serde::Serialize;
 use std::path::Path;
@@ -79,28 +79,37 @@ pub fn parse_redis_benchmark_csv(out: &str) -> Result<RawResult> {
     })
 }
 
-/// The pgbench script for `strategy`: the store's statements, parameters replaced by a
-/// random id and a representative claim record.
+/// The pgbench script for `strategy`: the statements of one request for a new key —
+/// the store's claim, then its completion — with a random id and representative
+/// records (an in-progress claim; a completed 201 with a demo charge's body).
 pub fn pgbench_script(strategy: PgStrategy) -> String {
     let policy = Policy::default();
     let now = 1_800_000_000_000;
     let Decision::Execute(claim) = decide(None, &Fingerprint([7; 32]), now, &policy) else {
         unreachable!("no record always executes")
     };
-    let record_hex: String = claim
-        .record
-        .encode()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let response = StoredResponse {
+        status: 201,
+        headers: vec![
+            ("content-type".into(), b"application/json".to_vec()),
+            ("location".into(), b"/v1/charges/ch_0123456789abcdef".to_vec()),
+        ],
+        body: br#"{"amount":1999,"created":1800000000,"currency":"usd","customer":"cus_0123456789-0-1234","id":"ch_0123456789abcdef"}"#.to_vec(),
+    };
+    let completed = claim.holder().completed(response, now, &policy);
     let mut script = String::from("\\set n random(1, 9000000000000000000)\n");
-    for statement in claim_statements(strategy) {
+    let statements = claim_statements(strategy)
+        .iter()
+        .map(|s| (*s, &claim.record))
+        .chain([(completion_statement(), &completed)]);
+    for (statement, record) in statements {
+        let hex: String = record.encode().iter().map(|b| format!("{b:02x}")).collect();
         let s = statement
             .replace("$1", "('idem-bench-pgbench-' || :n)")
             .replace("$2", ":n")
-            .replace("$3", "0")
-            .replace("$4", &(now + policy.ttl_ms).to_string())
-            .replace("$5", &format!("'\\x{record_hex}'::bytea"));
+            .replace("$3", &record.state_code().to_string())
+            .replace("$4", &record.expires_at().to_string())
+            .replace("$5", &format!("'\\x{hex}'::bytea"));
         // pgbench reads one command per line.
         script.push_str(&s.split_whitespace().collect::<Vec<_>>().join(" "));
         script.push_str(";\n");
@@ -108,7 +117,12 @@ pub fn pgbench_script(strategy: PgStrategy) -> String {
     script
 }
 
-/// `pgbench` with the store's claim statements, `clients` connections, for `duration`.
+/// Round trips of one pgbench script (the claim statements and the completion).
+pub fn pgbench_round_trips(strategy: PgStrategy) -> usize {
+    claim_statements(strategy).len() + 1
+}
+
+/// `pgbench` with the store's statements for a new key, `clients` connections, for `duration`.
 pub async fn pgbench(
     database_url: &str,
     strategy: PgStrategy,
@@ -127,7 +141,7 @@ pub async fn pgbench(
     let script_path = workdir.join(format!("pgbench-{strategy:?}.sql").to_lowercase());
     std::fs::write(&script_path, pgbench_script(strategy))
         .with_context(|| format!("writing {}", script_path.display()))?;
-    let statements = claim_statements(strategy).len() as f64;
+    let statements = pgbench_round_trips(strategy) as f64;
     let mut cmd = Command::new("pgbench");
     cmd.args(["-n", "-M", "prepared"])
         .args([
@@ -211,11 +225,16 @@ mod tests {
     fn pgbench_script_is_the_store_statements_one_per_line() {
         let s = pgbench_script(PgStrategy::OnConflict);
         let lines: Vec<&str> = s.lines().collect();
-        assert_eq!(lines.len(), 2, "{s}");
+        assert_eq!(lines.len(), 3, "{s}");
         assert!(lines[1].starts_with("WITH ins AS ( INSERT INTO idem_records"));
+        assert!(
+            lines[2].starts_with("UPDATE idem_records SET state = 1,"),
+            "{s}"
+        );
         assert!(!s.contains('$'), "every parameter is replaced: {s}");
         let s = pgbench_script(PgStrategy::AdvisoryLock);
-        assert_eq!(s.lines().count(), 6, "{s}");
+        assert_eq!(s.lines().count(), 7, "{s}");
+        assert_eq!(pgbench_round_trips(PgStrategy::AdvisoryLock), 6);
         assert!(s.contains("pg_advisory_xact_lock(hashtext(('idem-bench-pgbench-' || :n)))"));
     }
 }

@@ -5,7 +5,8 @@ use crate::config::{Config, DemoLedger, StoreKind};
 use crate::idempotency::IdempotencyLayer;
 use crate::store::tiered::outbox::OutboxOptions;
 use crate::store::{
-    postgres::PgOptions, MemoryStore, PostgresStore, RedisOptions, RedisStore, Store, TieredStore,
+    postgres::PgOptions, MemoryStore, PostgresStore, RedisOptions, RedisStore, ReplayCache, Store,
+    TieredStore,
 };
 use axum::extract::State;
 use axum::response::IntoResponse;
@@ -72,6 +73,12 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
             Arc::new(TieredStore::new(redis, pg, config.durability, outbox))
         }
         _ => unreachable!("Config::validate checked the URLs each store needs"),
+    };
+    // The memory store is a map in this process already.
+    let store: Arc<dyn Store> = match config.store {
+        StoreKind::Memory => store,
+        _ if config.replay_cache_bytes == 0 => store,
+        _ => Arc::new(ReplayCache::new(store, config.replay_cache_bytes)),
     };
     let layer = layer(config, store.clone());
     Ok(Origin {

@@ -132,6 +132,11 @@ pub struct Config {
     #[arg(long, env = "IDEM_NAIVE_WINDOW", default_value = "20ms", value_parser = parse_duration)]
     pub naive_window: Duration,
 
+    /// Bytes of completed records (keys and responses) kept in process so that replays
+    /// skip the store; 0 turns the cache off. Not used with the memory store.
+    #[arg(long, env = "IDEM_REPLAY_CACHE_BYTES", default_value_t = 64 * 1024 * 1024)]
+    pub replay_cache_bytes: u64,
+
     /// Where the demo charges API keeps its charges.
     #[arg(long, env = "IDEM_DEMO_LEDGER", value_enum, default_value_t = DemoLedger::Auto)]
     pub demo_ledger: DemoLedger,

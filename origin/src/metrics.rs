@@ -9,6 +9,7 @@
 //! | `idem_lost_writes_total` | counter | `op` = `complete`, `release` | holder writes abandoned after retries (store down) |
 //! | `idem_store_duration_seconds` | histogram | `store`, `op` = `claim`, `heartbeat`, `complete`, `release`, `sweep` | store round-trip latency |
 //! | `idem_swept_records_total` | counter | — | expired records deleted by the sweeper |
+//! | `idem_replay_cache_hits_total` | counter | — | decisions made on a cached completed record, without the store |
 //!
 //! The tiered store and its outbox add `idem_tiered_*`, `idem_outbox_*` and
 //! `idem_redis_cluster_reconnects_total`; README.md lists them all.
@@ -75,6 +76,10 @@ pub fn install() -> PrometheusHandle {
 
 pub(crate) fn outcome(o: Outcome) {
     metrics::counter!("idem_requests_total", "outcome" => o.as_str()).increment(1);
+}
+
+pub(crate) fn replay_cache_hit() {
+    metrics::counter!("idem_replay_cache_hits_total").increment(1);
 }
 
 pub(crate) fn takeover() {

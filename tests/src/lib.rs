@@ -95,6 +95,15 @@ impl TestDb {
             .get(0)
     }
 
+    /// Runs `sql` (statements without results).
+    pub async fn exec(&self, sql: &str) {
+        self.client()
+            .await
+            .batch_execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
     /// Rows in `charges`.
     pub async fn charges(&self) -> i64 {
         self.count("SELECT count(*) FROM charges").await

@@ -193,6 +193,9 @@ async fn flushing_redis_mid_run_replays_completed_keys_from_postgres() {
             &ns,
             "--database-url",
             &db.url,
+            // The point is the cold path: replays must come from Postgres, not memory.
+            "--replay-cache-bytes",
+            "0",
         ])
         .await;
         let done = keys(&format!("fl-done-{durability}"), 60);

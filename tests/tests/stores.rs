@@ -7,7 +7,8 @@ use idem_core::{
 use idem_origin::store::postgres::PgOptions;
 use idem_origin::store::tiered::outbox::OutboxOptions;
 use idem_origin::store::{
-    Durability, MemoryStore, PostgresStore, RedisOptions, RedisStore, Store, TieredStore,
+    Durability, MemoryStore, PostgresStore, RedisOptions, RedisStore, ReplayCache, Store,
+    TieredStore,
 };
 use idem_tests::{redis_cluster_urls, redis_url, unique_namespace, TestDb};
 use std::sync::Arc;
@@ -233,5 +234,108 @@ async fn tiered_async() {
             .await,
         1,
         "the completion was written behind"
+    );
+}
+
+#[tokio::test]
+async fn replay_cache_over_postgres() {
+    let db = TestDb::new("conf_cache_pg").await;
+    conformance(&ReplayCache::new(pg(&db).await, 1 << 20)).await;
+}
+
+#[tokio::test]
+async fn replay_cache_over_redis_cluster() {
+    let inner = Arc::new(redis(&redis_cluster_urls()).await);
+    conformance(&ReplayCache::new(inner, 1 << 20)).await;
+}
+
+/// What the cache answers without the store, and what it must not.
+#[tokio::test]
+async fn replay_cache_answers_completed_keys_until_they_expire() {
+    let db = TestDb::new("cache_pg").await;
+    let cache = ReplayCache::new(pg(&db).await, 1 << 20);
+    let t = idem_origin::now();
+    let k = key(&format!("cache-{t}"));
+    let Decision::Execute(c) = cache.claim(&k, &FP, t, &P).await.unwrap() else {
+        panic!("new key executes")
+    };
+    // In progress: never cached. The row goes, and the store's answer follows at once.
+    db.exec("DELETE FROM idem_records").await;
+    assert!(matches!(
+        cache.claim(&k, &FP, t + 1, &P).await.unwrap(),
+        Decision::Execute(_)
+    ));
+    db.exec("DELETE FROM idem_records").await;
+    let Decision::Execute(c2) = cache.claim(&k, &FP, t + 2, &P).await.unwrap() else {
+        panic!()
+    };
+    assert!(c2.token > c.token);
+    assert_eq!(
+        cache
+            .complete(&k, &c2.holder(), response("done"), t + 3, &P)
+            .await
+            .unwrap(),
+        Ok(())
+    );
+    // Completed: answered from memory — with the row gone from Postgres, still replayed,
+    // and a different request with the key still refused.
+    db.exec("DELETE FROM idem_records").await;
+    assert_eq!(
+        cache.claim(&k, &FP, t + 4, &P).await.unwrap(),
+        Decision::Replay(response("done"))
+    );
+    assert_eq!(
+        cache.claim(&k, &OTHER, t + 4, &P).await.unwrap(),
+        Decision::Mismatch
+    );
+    assert_eq!(db.count("SELECT count(*) FROM idem_records").await, 0);
+    // Expired: the cache steps aside and the store decides (a new execution).
+    assert!(matches!(
+        cache.claim(&k, &FP, t + 3 + P.ttl_ms, &P).await.unwrap(),
+        Decision::Execute(_)
+    ));
+    assert_eq!(db.count("SELECT count(*) FROM idem_records").await, 1);
+}
+
+/// A replay decided by the store fills the cache too (another process completed it),
+/// and the cache holds no more than its byte budget.
+#[tokio::test]
+async fn replay_cache_learns_from_the_store_and_stays_within_its_budget() {
+    let db = TestDb::new("cache_budget").await;
+    let store = pg(&db).await;
+    let t = idem_origin::now();
+    let big = "x".repeat(10_000);
+    let keys: Vec<RecordKey> = (0..20).map(|i| key(&format!("budget-{t}-{i}"))).collect();
+    for k in &keys {
+        let Decision::Execute(c) = store.claim(k, &FP, t, &P).await.unwrap() else {
+            panic!()
+        };
+        let holder = c.holder();
+        let done = store.complete(k, &holder, response(&big), t + 1, &P);
+        assert_eq!(done.await.unwrap(), Ok(()));
+    }
+    // 50 kB: room for four of the twenty 10 kB answers, not for all of them.
+    let cache = ReplayCache::new(store, 50_000);
+    for k in &keys {
+        assert_eq!(
+            cache.claim(k, &FP, t + 2, &P).await.unwrap(),
+            Decision::Replay(response(&big))
+        );
+    }
+    db.exec("DELETE FROM idem_records").await;
+    let mut from_memory = 0;
+    for k in &keys {
+        match cache.claim(k, &FP, t + 3, &P).await.unwrap() {
+            Decision::Replay(r) => {
+                assert_eq!(r, response(&big));
+                from_memory += 1;
+            }
+            Decision::Execute(_) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(
+        (1..=4).contains(&from_memory),
+        "{from_memory} of 20 answers of 10 kB were still cached in a 50 kB cache"
     );
 }

@@ -11,6 +11,7 @@ use idem_core::{
 };
 use std::fmt;
 
+pub mod cache;
 pub mod memory;
 pub mod postgres;
 pub mod redis;
@@ -18,6 +19,7 @@ pub mod tiered;
 pub mod tls;
 
 pub use self::redis::{RedisOptions, RedisStore};
+pub use cache::ReplayCache;
 pub use memory::MemoryStore;
 pub use postgres::{PgStrategy, PostgresStore};
 pub use tiered::{Durability, TieredStore};
@@ -74,6 +76,19 @@ pub trait Store: Send + Sync + 'static {
         now: Millis,
         policy: &Policy,
     ) -> Result<Decision, StoreError>;
+
+    /// [`Store::claim`], also returning the record it leaves stored when the store
+    /// read or wrote it anyway (a replay's completed record is what
+    /// [`ReplayCache`] keeps). The default returns none.
+    async fn claim_with_record(
+        &self,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
+        now: Millis,
+        policy: &Policy,
+    ) -> Result<(Decision, Option<Record>), StoreError> {
+        Ok((self.claim(key, fingerprint, now, policy).await?, None))
+    }
 
     /// Writes `next` only if the key's record still belongs to `holder`
     /// ([`idem_core::Holder::check`]: in progress, with the holder's token) — one

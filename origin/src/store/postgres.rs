@@ -108,6 +108,12 @@ pub fn claim_statements(strategy: PgStrategy) -> &'static [&'static str] {
     }
 }
 
+/// The statement a holder's completion sends (`$1` id, `$2` token, `$3` state,
+/// `$4` expires_at, `$5` record): the second round trip of every new request.
+pub fn completion_statement() -> &'static str {
+    HOLDER_WRITE
+}
+
 fn unavailable(e: impl std::error::Error) -> StoreError {
     // tokio-postgres puts the useful part ("connection refused", the server's message)
     // in the error's sources.
@@ -493,6 +499,19 @@ impl Store for PostgresStore {
             PgStrategy::OnConflict => Ok(claim_by_cas(self, key, fp, now, policy).await?.0),
             PgStrategy::AdvisoryLock => self.claim_advisory_lock(key, fp, now, policy).await,
             PgStrategy::Naive => self.claim_naive(key, fp, now, policy).await,
+        }
+    }
+
+    async fn claim_with_record(
+        &self,
+        key: &RecordKey,
+        fp: &Fingerprint,
+        now: Millis,
+        policy: &Policy,
+    ) -> Result<(Decision, Option<Record>), StoreError> {
+        match self.options.strategy {
+            PgStrategy::OnConflict => claim_by_cas(self, key, fp, now, policy).await,
+            _ => Ok((self.claim(key, fp, now, policy).await?, None)),
         }
     }
 

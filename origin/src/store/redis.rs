@@ -443,6 +443,16 @@ impl Store for RedisStore {
         Ok(claim_by_cas(self, key, fp, now, policy).await?.0)
     }
 
+    async fn claim_with_record(
+        &self,
+        key: &RecordKey,
+        fp: &Fingerprint,
+        now: Millis,
+        policy: &Policy,
+    ) -> Result<(Decision, Option<Record>), StoreError> {
+        claim_by_cas(self, key, fp, now, policy).await
+    }
+
     async fn write_as_holder(
         &self,
         key: &RecordKey,

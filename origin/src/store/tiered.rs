@@ -94,7 +94,7 @@ impl TieredStore {
         fp: &Fingerprint,
         now: Millis,
         policy: &Policy,
-    ) -> Result<Decision, StoreError> {
+    ) -> Result<(Decision, Option<Record>), StoreError> {
         let Decision::Execute(provisional) = decide(None, fp, now, policy) else {
             unreachable!("no record always executes")
         };
@@ -103,7 +103,7 @@ impl TieredStore {
             Ok(Insert::Existing(record)) => {
                 let decision = decide(Some(&record), fp, now, policy);
                 if !matches!(decision, Decision::Execute(_) | Decision::TakeOver(_)) {
-                    return Ok(decision);
+                    return Ok((decision, Some(record)));
                 }
                 Some(record.token())
             }
@@ -136,7 +136,7 @@ impl TieredStore {
         if let Some(record) = &record {
             self.mirror(key, seen, record).await;
         }
-        Ok(decision)
+        Ok((decision, record))
     }
 
     async fn holder_write(
@@ -267,17 +267,27 @@ impl Store for TieredStore {
         now: Millis,
         policy: &Policy,
     ) -> Result<Decision, StoreError> {
+        Ok(self.claim_with_record(key, fp, now, policy).await?.0)
+    }
+
+    async fn claim_with_record(
+        &self,
+        key: &RecordKey,
+        fp: &Fingerprint,
+        now: Millis,
+        policy: &Policy,
+    ) -> Result<(Decision, Option<Record>), StoreError> {
         let Some(outbox) = &self.outbox else {
             return self.claim_sync(key, fp, now, policy).await;
         };
         // Reserve before writing anything: a full outbox refuses the claim cleanly.
         let (claim_slot, final_slot) = outbox.reserve_pair().await?;
         let (decision, record) = claim_by_cas(&ColdPath(self), key, fp, now, policy).await?;
-        if let (Decision::Execute(c) | Decision::TakeOver(c), Some(record)) = (&decision, record) {
-            claim_slot.send(key.clone(), record);
+        if let (Decision::Execute(c) | Decision::TakeOver(c), Some(record)) = (&decision, &record) {
+            claim_slot.send(key.clone(), record.clone());
             outbox.park(key.clone(), c.token, final_slot, now);
         }
-        Ok(decision)
+        Ok((decision, record))
     }
 
     async fn write_as_holder(
