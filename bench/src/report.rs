@@ -144,7 +144,8 @@ pub fn svg(rows: &[Row], title: &str) -> String {
 "#,
         escape(title)
     );
-    let panels: [(&str, &str, fn(&Row) -> f64); 4] = [
+    type Panel = (&'static str, &'static str, fn(&Row) -> f64);
+    let panels: [Panel; 4] = [
         ("unique", "unique keys: requests/s", |r| r.requests_per_s),
         ("unique", "unique keys: p99 latency (ms)", |r| r.p99_ms),
         ("replay", "replays: requests/s", |r| r.requests_per_s),
