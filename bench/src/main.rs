@@ -12,6 +12,7 @@
 //! ```
 
 mod backend;
+mod cpu;
 mod load;
 mod mode;
 mod origin;
@@ -87,8 +88,23 @@ struct Args {
     out: PathBuf,
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
+    // Explicit, so that TOKIO_WORKER_THREADS given to the bench reaches only the origin.
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt.block_on(bench()),
+        Err(e) => {
+            eprintln!("idem-bench: cannot start the runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn bench() -> ExitCode {
     let mut args = Args::parse();
     if args.quick {
         args.concurrency = vec![8];
@@ -154,7 +170,15 @@ async fn run(args: Args) -> Result<()> {
         for &c in &args.concurrency {
             progress.set_message(format!("{} c={c}: raw backend", mode.name()));
             let raw = match mode.raw() {
-                Some(r) => Some((r, measure_raw(r, c, &args, &services).await?)),
+                Some(r) => {
+                    let sampler = cpu::Sampler::start(Duration::from_millis(250));
+                    let result = measure_raw(r, c, &args, &services).await?;
+                    let tool = match r {
+                        Raw::Pgbench(_) => "pgbench",
+                        _ => "redis-benchmark",
+                    };
+                    Some((r, result, sampler.stop().await.while_running(tool)))
+                }
                 None => None,
             };
             if let Some(pg) = &services.pg {
@@ -282,7 +306,7 @@ async fn measure_raw(raw: Raw, c: usize, args: &Args, s: &Services) -> Result<ra
 struct PhaseCtx<'a> {
     mode: Mode,
     concurrency: usize,
-    raw: Option<(Raw, raw::RawResult)>,
+    raw: Option<(Raw, raw::RawResult, cpu::Usage)>,
     args: &'a Args,
     addr: std::net::SocketAddr,
     progress: &'a ProgressBar,
@@ -319,8 +343,10 @@ async fn phase(
     tokio::time::sleep(warmup).await;
     let sent_before = sent.load(Ordering::Relaxed);
     let before = counters(ctx.mode, s).await?;
+    let cpu_before = cpu::snapshot();
     let result = load.await.context("the load task panicked")??;
     let sent_after = sent.load(Ordering::Relaxed);
+    let cpu = cpu_before.until(&cpu::snapshot());
     let after = counters(ctx.mode, s).await?;
     ticker.abort();
     // …and divided by the requests answered between the two readings.
@@ -338,6 +364,13 @@ async fn phase(
         None => None,
     };
     let raw_ops = ctx.raw.as_ref().map(|r| r.1.ops_per_s);
+    // CPU: of the origin and of this load generator per request, and of the backend
+    // the ratio is against, here and in its raw run.
+    let per_request_us = |program: &str| cpu.seconds_of(program) / answered * 1e6;
+    let (backend_program, tool_program) = match ctx.raw.as_ref().map(|r| r.0) {
+        Some(Raw::Pgbench(_)) => ("postgres", "pgbench"),
+        _ => ("redis-server", "redis-benchmark"),
+    };
     Ok(Row {
         mode: ctx.mode.name(),
         phase: name,
@@ -353,6 +386,19 @@ async fn phase(
         raw_backend: ctx.raw.as_ref().map(|r| r.0.describe()),
         raw_ops_per_s: raw_ops,
         ratio: Row::ratio_of(rps, raw_ops, primary_rt),
+        origin_cpu_us: per_request_us("idem-origin"),
+        client_cpu_us: per_request_us("idem-bench"),
+        backend_cores: ctx.raw.as_ref().map(|_| cpu.cores_of(backend_program)),
+        raw_backend_cores: ctx.raw.as_ref().map(|r| r.2.cores_of(backend_program)),
+        raw_tool_cores: ctx.raw.as_ref().map(|r| r.2.cores_of(tool_program)),
+        ratio_per_backend_core: match (&ctx.raw, primary_rt) {
+            (Some((_, raw, raw_cpu)), Some(rt)) if rt >= 0.01 => {
+                let here = rps * rt / cpu.cores_of(backend_program);
+                let there = raw.ops_per_s / raw_cpu.cores_of(backend_program);
+                (here.is_finite() && there.is_finite() && there > 0.0).then_some(here / there)
+            }
+            _ => None,
+        },
     })
     .inspect(|row| {
         if let Some(sample) = &result.unexpected_sample {
@@ -401,6 +447,8 @@ fn write_outputs(args: &Args, rows: &[Row], took: Duration) -> Result<()> {
     );
     println!("{title}, took {:.0} s", took.as_secs_f64());
     print!("{}", report::table(rows));
+    println!();
+    print!("{}", report::cpu_table(rows));
     let write = |name: &str, body: String| -> Result<PathBuf> {
         let path = args.out.join(name);
         std::fs::write(&path, body).with_context(|| format!("writing {}", path.display()))?;

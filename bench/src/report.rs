@@ -27,13 +27,29 @@ pub struct Row {
     pub raw_ops_per_s: Option<f64>,
     /// requests/s ÷ (raw ops/s ÷ round trips per request to that backend).
     pub ratio: Option<f64>,
+    /// CPU time of the origin process per request, in µs.
+    pub origin_cpu_us: f64,
+    /// CPU time of this load generator per request, in µs.
+    pub client_cpu_us: f64,
+    /// Cores the raw backend's server used during this phase…
+    pub backend_cores: Option<f64>,
+    /// …and during its raw run.
+    pub raw_backend_cores: Option<f64>,
+    /// Cores the raw benchmark tool itself used.
+    pub raw_tool_cores: Option<f64>,
+    /// The ratio per core the backend used (round trips per backend CPU-second, here
+    /// ÷ in the raw run): about 1 when idem's round trips cost the backend what the raw
+    /// tool's do, and the ratio's shortfall is CPU the backend did not get.
+    pub ratio_per_backend_core: Option<f64>,
 }
 
 impl Row {
     /// The ratio, when the phase made round trips to the raw backend.
+    /// Below 0.01 round trips per request (a cluster client's occasional topology
+    /// query while replays come from memory) there is nothing to compare.
     pub fn ratio_of(rps: f64, raw_ops_per_s: Option<f64>, round_trips: Option<f64>) -> Option<f64> {
         match (raw_ops_per_s, round_trips) {
-            (Some(raw), Some(rt)) if raw > 0.0 && rt > 0.0 => Some(rps * rt / raw),
+            (Some(raw), Some(rt)) if raw > 0.0 && rt >= 0.01 => Some(rps * rt / raw),
             _ => None,
         }
     }
@@ -88,16 +104,53 @@ pub fn table(rows: &[Row]) -> String {
     s
 }
 
+/// Where the CPU went: the explanation of a ratio on a machine whose cores the load,
+/// the origin and the backend share.
+pub fn cpu_table(rows: &[Row]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<16} {:<6} {:>5} {:>13} {:>13} {:>14} {:>14} {:>10} {:>11}",
+        "mode",
+        "phase",
+        "conns",
+        "origin µs/req",
+        "client µs/req",
+        "backend cores",
+        "(in raw run)",
+        "raw tool",
+        "ratio/core"
+    );
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "{:<16} {:<6} {:>5} {:>13.1} {:>13.1} {:>14} {:>14} {:>10} {:>11}",
+            r.mode,
+            r.phase,
+            r.concurrency,
+            r.origin_cpu_us,
+            r.client_cpu_us,
+            opt(r.backend_cores, 2),
+            opt(r.raw_backend_cores, 2),
+            opt(r.raw_tool_cores, 2),
+            opt(r.ratio_per_backend_core, 2),
+        );
+    }
+    s
+}
+
 pub fn csv(rows: &[Row]) -> String {
     let mut s = String::from(
         "mode,phase,concurrency,requests,unexpected,requests_per_s,p50_ms,p99_ms,p999_ms,\
-         pg_round_trips,redis_round_trips,raw_backend,raw_ops_per_s,ratio\n",
+         pg_round_trips,redis_round_trips,raw_backend,raw_ops_per_s,ratio,\
+         origin_cpu_us,client_cpu_us,backend_cores,raw_backend_cores,raw_tool_cores,\
+         ratio_per_backend_core\n",
     );
     let o = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.4}"));
     for r in rows {
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{:.1},{:.4},{:.4},{:.4},{},{},{},{},{}",
+            "{},{},{},{},{},{:.1},{:.4},{:.4},{:.4},{},{},{},{},{},{:.2},{:.2},{},{},{},{}",
             r.mode,
             r.phase,
             r.concurrency,
@@ -112,6 +165,12 @@ pub fn csv(rows: &[Row]) -> String {
             r.raw_backend.unwrap_or(""),
             o(r.raw_ops_per_s),
             o(r.ratio),
+            r.origin_cpu_us,
+            r.client_cpu_us,
+            o(r.backend_cores),
+            o(r.raw_backend_cores),
+            o(r.raw_tool_cores),
+            o(r.ratio_per_backend_core),
         );
     }
     s
@@ -310,6 +369,12 @@ mod tests {
             raw_backend: Some("pgbench: on-conflict claim"),
             raw_ops_per_s: Some(10_000.0),
             ratio: Row::ratio_of(rps, Some(10_000.0), Some(2.0)),
+            origin_cpu_us: 40.0,
+            client_cpu_us: 20.0,
+            backend_cores: Some(1.2),
+            raw_backend_cores: Some(1.7),
+            raw_tool_cores: Some(0.2),
+            ratio_per_backend_core: Some(1.1),
         }
     }
 
@@ -317,6 +382,7 @@ mod tests {
     fn ratio_divides_raw_ops_by_round_trips() {
         assert_eq!(Row::ratio_of(4000.0, Some(10_000.0), Some(2.0)), Some(0.8));
         assert_eq!(Row::ratio_of(4000.0, Some(10_000.0), Some(0.0)), None);
+        assert_eq!(Row::ratio_of(90_000.0, Some(10_000.0), Some(0.0004)), None);
         assert_eq!(Row::ratio_of(4000.0, None, Some(2.0)), None);
     }
 
@@ -332,7 +398,14 @@ mod tests {
         assert!(t.contains("0.80"), "{t}");
         let c = csv(&rows);
         assert_eq!(c.lines().count(), 4);
-        assert!(c.lines().nth(1).unwrap().ends_with(",0.8000"), "{c}");
+        assert!(
+            c.lines()
+                .nth(1)
+                .unwrap()
+                .ends_with(",0.8000,40.00,20.00,1.2000,1.7000,0.2000,1.1000"),
+            "{c}"
+        );
+        assert!(cpu_table(&rows).contains("40.0"));
         let svg = svg(&rows, "a < b");
         assert_eq!(
             svg.matches("<polyline").count(),

@@ -1,0 +1,222 @@
+//! CPU time per program, from `/proc/<pid>/stat`: what explains a ratio on a machine
+//! where the load, the origin and the backend share the cores.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// Programs whose CPU time the bench follows.
+pub const FOLLOWED: &[&str] = &[
+    "idem-origin",
+    "idem-bench",
+    "postgres",
+    "redis-server",
+    "pgbench",
+    "redis-benchmark",
+];
+
+/// CPU seconds used so far by every live process of each followed program.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    taken: Instant,
+    seconds: HashMap<String, f64>,
+}
+
+/// CPU used between two snapshots: cores in use on average, per program.
+#[derive(Clone, Debug, Default)]
+pub struct Usage {
+    pub cores: HashMap<String, f64>,
+    pub seconds: HashMap<String, f64>,
+}
+
+impl Usage {
+    pub fn cores_of(&self, program: &str) -> f64 {
+        self.cores.get(program).copied().unwrap_or(0.0)
+    }
+    pub fn seconds_of(&self, program: &str) -> f64 {
+        self.seconds.get(program).copied().unwrap_or(0.0)
+    }
+}
+
+/// Snapshots taken at an interval while a benchmark tool runs: its processes and the
+/// server processes it drives exit with it, so a snapshot after the run misses them.
+pub struct Sampler {
+    task: tokio::task::JoinHandle<Vec<Snapshot>>,
+    stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Sampler {
+    pub fn start(every: std::time::Duration) -> Sampler {
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let mut samples = vec![snapshot()];
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => return samples,
+                    _ = tokio::time::sleep(every) => samples.push(snapshot()),
+                }
+            }
+        });
+        Sampler { task, stop }
+    }
+
+    pub async fn stop(self) -> Samples {
+        let _ = self.stop.send(());
+        Samples(self.task.await.unwrap_or_default())
+    }
+}
+
+pub struct Samples(Vec<Snapshot>);
+
+impl Samples {
+    /// Usage over the longest stretch of samples in which `tool` ran throughout and
+    /// its CPU time only grew: one run of it, with its server processes alive.
+    pub fn while_running(&self, tool: &str) -> Usage {
+        let time = |s: &Snapshot| s.seconds.get(tool).copied();
+        let (mut best, mut start) = ((0, 0), None);
+        for i in 0..self.0.len() {
+            let continues = i > 0
+                && matches!((time(&self.0[i - 1]), time(&self.0[i])), (Some(a), Some(b)) if b >= a);
+            match (time(&self.0[i]), continues) {
+                (Some(_), true) => {}
+                (Some(_), false) => start = Some(i),
+                (None, _) => start = None,
+            }
+            if let Some(st) = start {
+                let span = |(a, b): (usize, usize)| self.0[b].taken.duration_since(self.0[a].taken);
+                if span((st, i)) > span(best) {
+                    best = (st, i);
+                }
+            }
+        }
+        if best.1 > best.0 {
+            self.0[best.0].until(&self.0[best.1])
+        } else {
+            Usage::default()
+        }
+    }
+}
+
+/// Clock ticks per second of `/proc` times (USER_HZ, 100 on Linux everywhere).
+const TICKS_PER_S: f64 = 100.0;
+
+pub fn snapshot() -> Snapshot {
+    let mut seconds = HashMap::new();
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            let name = entry.file_name();
+            if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+                continue;
+            }
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            if let Some((comm, secs)) = parse_stat(&stat) {
+                if let Some(p) = FOLLOWED.iter().find(|p| comm.starts_with(**p)) {
+                    *seconds.entry((*p).to_string()).or_insert(0.0) += secs;
+                }
+            }
+        }
+    }
+    Snapshot {
+        taken: Instant::now(),
+        seconds,
+    }
+}
+
+impl Snapshot {
+    /// CPU used from `self` to `later`. A process that ended in between is not seen.
+    pub fn until(&self, later: &Snapshot) -> Usage {
+        let wall = later
+            .taken
+            .duration_since(self.taken)
+            .as_secs_f64()
+            .max(1e-9);
+        let mut usage = Usage::default();
+        for (program, &after) in &later.seconds {
+            let used = (after - self.seconds.get(program).copied().unwrap_or(0.0)).max(0.0);
+            usage.seconds.insert(program.clone(), used);
+            usage.cores.insert(program.clone(), used / wall);
+        }
+        usage
+    }
+}
+
+/// (command name, user + system CPU seconds) from one `/proc/<pid>/stat` line. The
+/// name is in parentheses and may itself hold spaces and parentheses.
+pub fn parse_stat(stat: &str) -> Option<(&str, f64)> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let comm = stat.get(open + 1..close)?;
+    let rest: Vec<&str> = stat.get(close + 2..)?.split_whitespace().collect();
+    // After the name: state is field 3, utime field 14, stime field 15 (1-based).
+    let utime: f64 = rest.get(11)?.parse().ok()?;
+    let stime: f64 = rest.get(12)?.parse().ok()?;
+    Some((comm, (utime + stime) / TICKS_PER_S))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_proc_stat() {
+        let line = "5756 (idem-origin) S 5751 5751 1234 0 -1 4194560 9000 0 0 0 1500 250 0 0 20 0 3 0 12345 1000000 2000 18446744073709551615";
+        assert_eq!(parse_stat(line), Some(("idem-origin", 17.5)));
+        let odd = "77 (a (b) c) R 1 1 1 0 -1 0 0 0 0 0 7 3 0 0";
+        assert_eq!(parse_stat(odd), Some(("a (b) c", 0.1)));
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    fn snap(ms: u64, tool: Option<f64>) -> Snapshot {
+        let base = Instant::now();
+        let mut seconds = HashMap::new();
+        if let Some(t) = tool {
+            seconds.insert("pgbench".to_string(), t);
+        }
+        seconds.insert("postgres".to_string(), ms as f64 / 1000.0);
+        Snapshot {
+            taken: base + std::time::Duration::from_millis(ms),
+            seconds,
+        }
+    }
+
+    #[test]
+    fn samples_pick_the_longest_run_of_the_tool() {
+        // A short calibration run (0-200 ms), a gap, then the real run (400-1000 ms).
+        let samples = Samples(vec![
+            snap(0, Some(0.0)),
+            snap(100, Some(0.05)),
+            snap(200, Some(0.1)),
+            snap(300, None),
+            snap(400, Some(0.0)),
+            snap(700, Some(0.3)),
+            snap(1000, Some(0.6)),
+        ]);
+        let u = samples.while_running("pgbench");
+        assert!((u.cores_of("pgbench") - 1.0).abs() < 0.01, "{u:?}");
+        assert!((u.seconds_of("postgres") - 0.6).abs() < 1e-9, "{u:?}");
+        assert_eq!(
+            Samples(vec![snap(0, None)])
+                .while_running("pgbench")
+                .cores_of("pgbench"),
+            0.0
+        );
+    }
+
+    #[test]
+    fn this_process_is_seen_using_cpu() {
+        let before = snapshot();
+        let mut x = 0u64;
+        let t = Instant::now();
+        while t.elapsed().as_millis() < 300 {
+            x = x.wrapping_mul(31).wrapping_add(7);
+        }
+        std::hint::black_box(x);
+        let after = snapshot();
+        // The test binary is named idem_bench-<hash>: not followed, so nothing shows.
+        let usage = before.until(&after);
+        assert!(usage.cores.values().all(|&c| (0.0..=64.0).contains(&c)));
+        let me = std::fs::read_to_string("/proc/self/stat").unwrap();
+        assert!(parse_stat(&me).unwrap().1 > 0.2, "{me}");
+    }
+}
