@@ -14,7 +14,9 @@
 //! surrogates, or nesting deeper than [`MAX_DEPTH`]) is an error; the fingerprint then
 //! falls back to the raw bytes.
 
+use alloc::borrow::Cow;
 use alloc::vec::Vec;
+use core::ops::Range;
 
 /// Deepest nesting of arrays and objects accepted.
 pub const MAX_DEPTH: usize = 128;
@@ -28,7 +30,12 @@ pub struct JsonError {
 
 /// Returns the canonical encoding of the JSON text `input`.
 pub fn canonicalize(input: &[u8]) -> Result<Vec<u8>, JsonError> {
-    let mut p = Parser { s: input, i: 0 };
+    let mut p = Parser {
+        s: input,
+        i: 0,
+        members: Vec::new(),
+        scratch: Vec::new(),
+    };
     let mut out = Vec::with_capacity(input.len());
     p.ws();
     p.value(&mut out, 0)?;
@@ -42,9 +49,20 @@ pub fn canonicalize(input: &[u8]) -> Result<Vec<u8>, JsonError> {
 struct Parser<'a> {
     s: &'a [u8],
     i: usize,
+    /// Member lists by nesting depth, reused from object to object.
+    members: Vec<Vec<Member<'a>>>,
+    /// Where an out-of-order object's members are rearranged; reused.
+    scratch: Vec<u8>,
 }
 
-impl Parser<'_> {
+/// An object member already written out: its decoded key, and where its canonical
+/// `"key":value` bytes are in the output.
+struct Member<'a> {
+    key: Cow<'a, [u8]>,
+    bytes: Range<usize>,
+}
+
+impl<'a> Parser<'a> {
     fn err(&self) -> JsonError {
         JsonError { offset: self.i }
     }
@@ -84,7 +102,7 @@ impl Parser<'_> {
             Some(b'[') => self.array(out, depth + 1),
             Some(b'"') => {
                 let s = self.string()?;
-                write_string(&s, out);
+                write_decoded(&s, out);
                 Ok(())
             }
             Some(b't') => self.literal(b"true", out),
@@ -95,19 +113,26 @@ impl Parser<'_> {
         }
     }
 
+    /// Members are written straight to `out`, then rearranged only if their keys
+    /// came out of order — no allocation per member.
     fn object(&mut self, out: &mut Vec<u8>, depth: usize) -> Result<(), JsonError> {
         if depth > MAX_DEPTH {
             return Err(self.err());
         }
         self.expect(b'{')?;
         self.ws();
-        // (decoded key, canonical member text)
-        let mut members: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
         if self.peek() == Some(b'}') {
             self.i += 1;
             out.extend_from_slice(b"{}");
             return Ok(());
         }
+        out.push(b'{');
+        let body = out.len();
+        while self.members.len() <= depth {
+            self.members.push(Vec::new());
+        }
+        let mut members = core::mem::take(&mut self.members[depth]);
+        members.clear();
         loop {
             self.ws();
             if self.peek() != Some(b'"') {
@@ -117,11 +142,17 @@ impl Parser<'_> {
             self.ws();
             self.expect(b':')?;
             self.ws();
-            let mut member = Vec::new();
-            write_string(&key, &mut member);
-            member.push(b':');
-            self.value(&mut member, depth)?;
-            members.push((key, member));
+            if !members.is_empty() {
+                out.push(b',');
+            }
+            let start = out.len();
+            write_decoded(&key, out);
+            out.push(b':');
+            self.value(out, depth)?;
+            members.push(Member {
+                key,
+                bytes: start..out.len(),
+            });
             self.ws();
             match self.peek() {
                 Some(b',') => self.i += 1,
@@ -132,19 +163,25 @@ impl Parser<'_> {
                 _ => return Err(self.err()),
             }
         }
-        members.sort_by(|a, b| a.0.cmp(&b.0));
-        if members.windows(2).any(|w| w[0].0 == w[1].0) {
-            // Duplicate keys: parsers disagree on which wins, so the body is ambiguous.
-            return Err(self.err());
-        }
-        out.push(b'{');
-        for (n, (_, member)) in members.iter().enumerate() {
-            if n > 0 {
-                out.push(b',');
+        // Strictly ascending keys: already canonical, and no duplicates.
+        if !members.windows(2).all(|w| w[0].key < w[1].key) {
+            members.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+            if members.windows(2).any(|w| w[0].key == w[1].key) {
+                return Err(self.err());
             }
-            out.extend_from_slice(member);
+            self.scratch.clear();
+            self.scratch.extend_from_slice(&out[body..]);
+            out.truncate(body);
+            for (n, m) in members.iter().enumerate() {
+                if n > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(&self.scratch[m.bytes.start - body..m.bytes.end - body]);
+            }
         }
         out.push(b'}');
+        members.clear();
+        self.members[depth] = members;
         Ok(())
     }
 
@@ -234,9 +271,27 @@ impl Parser<'_> {
     }
 
     /// Parses a string literal and returns its decoded UTF-8 bytes.
-    fn string(&mut self) -> Result<Vec<u8>, JsonError> {
+    /// A string's decoded bytes: borrowed from the input when it has no escapes (the
+    /// common case), built only when it has.
+    fn string(&mut self) -> Result<Cow<'a, [u8]>, JsonError> {
         self.expect(b'"')?;
-        let mut out = Vec::new();
+        let start = self.i;
+        let s: &'a [u8] = self.s;
+        while let Some(b) = self.peek() {
+            if b == b'"' || b == b'\\' || b < 0x20 {
+                break;
+            }
+            self.i += 1;
+        }
+        let run = &s[start..self.i];
+        if core::str::from_utf8(run).is_err() {
+            return Err(JsonError { offset: start });
+        }
+        if self.peek() == Some(b'"') {
+            self.i += 1;
+            return Ok(Cow::Borrowed(run));
+        }
+        let mut out = run.to_vec();
         loop {
             let start = self.i;
             // Copy the run of plain bytes up to the next quote, backslash or control byte.
@@ -254,7 +309,7 @@ impl Parser<'_> {
             match self.peek() {
                 Some(b'"') => {
                     self.i += 1;
-                    return Ok(out);
+                    return Ok(Cow::Owned(out));
                 }
                 Some(b'\\') => {
                     self.i += 1;
@@ -304,26 +359,49 @@ impl Parser<'_> {
     }
 }
 
+/// A string from [`Parser::string`]: one borrowed from the input holds nothing that
+/// needs escaping (the scan stopped at no `\\` and no control character), so it is
+/// copied as is.
+fn write_decoded(s: &Cow<'_, [u8]>, out: &mut Vec<u8>) {
+    match s {
+        Cow::Borrowed(raw) => {
+            out.push(b'"');
+            out.extend_from_slice(raw);
+            out.push(b'"');
+        }
+        Cow::Owned(decoded) => write_string(decoded, out),
+    }
+}
+
 pub(crate) fn write_string(s: &[u8], out: &mut Vec<u8>) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push(b'"');
-    for &b in s {
-        match b {
-            b'"' => out.extend_from_slice(b"\\\""),
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            0x08 => out.extend_from_slice(b"\\b"),
-            0x0c => out.extend_from_slice(b"\\f"),
-            b'\n' => out.extend_from_slice(b"\\n"),
-            b'\r' => out.extend_from_slice(b"\\r"),
-            b'\t' => out.extend_from_slice(b"\\t"),
-            0..=0x1f => {
-                out.extend_from_slice(b"\\u00");
-                out.push(HEX[(b >> 4) as usize]);
-                out.push(HEX[(b & 15) as usize]);
-            }
-            _ => out.push(b),
-        }
+    // Copy runs that need no escape in one go.
+    let mut run = 0;
+    for (i, &b) in s.iter().enumerate() {
+        let escape: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0..=0x1f => &[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[(b >> 4) as usize],
+                HEX[(b & 15) as usize],
+            ],
+            _ => continue,
+        };
+        out.extend_from_slice(&s[run..i]);
+        out.extend_from_slice(escape);
+        run = i + 1;
     }
+    out.extend_from_slice(&s[run..]);
     out.push(b'"');
 }
 
