@@ -13,6 +13,7 @@
 
 mod backend;
 mod cpu;
+mod fingerprint;
 mod load;
 mod mode;
 mod origin;
@@ -80,6 +81,13 @@ struct Args {
         default_value = "redis://127.0.0.1:7000,redis://127.0.0.1:7001,redis://127.0.0.1:7002"
     )]
     redis_cluster_urls: Vec<String>,
+    /// The WASM and native fingerprint programs, as scripts/bench builds them;
+    /// the comparison is skipped when the directory is missing.
+    #[arg(long, default_value = "target/idem-bench/fingerprint")]
+    fingerprint_dir: PathBuf,
+    /// Time per fingerprint case, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    fingerprint_ms: u64,
     /// The idem-origin binary (default: the one beside this binary).
     #[arg(long)]
     origin_bin: Option<PathBuf>,
@@ -111,6 +119,7 @@ async fn bench() -> ExitCode {
         args.duration = Duration::from_secs(1);
         args.warmup = Duration::from_millis(200);
         args.replay_keys = 200;
+        args.fingerprint_ms = 100;
     }
     match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -149,6 +158,16 @@ async fn run(args: Args) -> Result<()> {
         redis_url: args.redis_url.clone(),
         cluster_urls: args.redis_cluster_urls.clone(),
         namespace: format!("idem-bench-{nonce}"),
+    };
+    let fingerprints = if args.fingerprint_dir.is_dir() {
+        eprintln!("fingerprint: native vs WASM under Node…");
+        fingerprint::compare(&args.fingerprint_dir, args.fingerprint_ms).await?
+    } else {
+        eprintln!(
+            "fingerprint comparison skipped: {} is missing (scripts/bench builds it)",
+            args.fingerprint_dir.display()
+        );
+        Vec::new()
     };
     let mut services = connect_services(&args).await?;
     cleanup(&mut services).await?;
@@ -230,7 +249,7 @@ async fn run(args: Args) -> Result<()> {
     }
     progress.finish_and_clear();
     cleanup(&mut services).await?;
-    write_outputs(&args, &rows, started.elapsed())?;
+    write_outputs(&args, &rows, &fingerprints, started.elapsed())?;
     let unexpected: u64 = rows.iter().map(|r| r.unexpected).sum();
     if unexpected > 0 {
         anyhow::bail!("{unexpected} requests were not answered as expected (see the table)");
@@ -427,7 +446,12 @@ async fn counters(mode: Mode, s: &mut Services) -> Result<(Option<u64>, Option<u
     Ok((pg, redis))
 }
 
-fn write_outputs(args: &Args, rows: &[Row], took: Duration) -> Result<()> {
+fn write_outputs(
+    args: &Args,
+    rows: &[Row],
+    fingerprints: &[fingerprint::FingerprintRow],
+    took: Duration,
+) -> Result<()> {
     let date = std::process::Command::new("date")
         .arg("-u")
         .arg("+%Y-%m-%d %H:%M UTC")
@@ -449,13 +473,17 @@ fn write_outputs(args: &Args, rows: &[Row], took: Duration) -> Result<()> {
     print!("{}", report::table(rows));
     println!();
     print!("{}", report::cpu_table(rows));
+    if !fingerprints.is_empty() {
+        println!();
+        print!("{}", fingerprint::table(fingerprints));
+    }
     let write = |name: &str, body: String| -> Result<PathBuf> {
         let path = args.out.join(name);
         std::fs::write(&path, body).with_context(|| format!("writing {}", path.display()))?;
         Ok(path)
     };
     write("results.csv", report::csv(rows))?;
-    let json = serde_json::json!({ "title": title, "rows": rows });
+    let json = serde_json::json!({ "title": title, "rows": rows, "fingerprint": fingerprints });
     write("results.json", serde_json::to_string_pretty(&json)?)?;
     let svg = write("results.svg", report::svg(rows, &title))?;
     println!(
