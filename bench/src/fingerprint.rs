@@ -43,7 +43,11 @@ pub struct FingerprintRow {
 pub async fn compare(dir: &Path, budget_ms: u64) -> Result<Vec<FingerprintRow>> {
     let ms = budget_ms.to_string();
     let js = dir.join("wasm/idem_bench_wasm.js");
-    let wasm = run(Command::new("node").arg(dir.join("run.cjs")).arg(&js).arg(&ms)).await?;
+    let wasm = run(Command::new("node")
+        .arg(dir.join("run.cjs"))
+        .arg(&js)
+        .arg(&ms))
+    .await?;
     let native = run(Command::new(dir.join("native")).arg(&ms)).await?;
     let soft = run(Command::new(dir.join("native-soft-sha")).arg(&ms)).await?;
     rows(&native, &soft, &wasm)
@@ -106,14 +110,24 @@ pub fn table(rows: &[FingerprintRow]) -> String {
     let _ = writeln!(
         s,
         "{:<12} {:>6} {:>12} {:>18} {:>17} {:>12} {:>10}",
-        "fingerprint", "size", "native MB/s", "native soft-SHA", "WASM (Node) MB/s", "WASM/native",
+        "fingerprint",
+        "size",
+        "native MB/s",
+        "native soft-SHA",
+        "WASM (Node) MB/s",
+        "WASM/native",
         "WASM/soft"
     );
     for r in rows {
         let _ = writeln!(
             s,
             "{:<12} {:>6} {:>12.0} {:>18.0} {:>17.0} {:>12.2} {:>10.2}",
-            r.kind, r.size, r.native_mb_s, r.native_soft_sha_mb_s, r.wasm_mb_s, r.ratio,
+            r.kind,
+            r.size,
+            r.native_mb_s,
+            r.native_soft_sha_mb_s,
+            r.wasm_mb_s,
+            r.ratio,
             r.ratio_soft_sha
         );
     }
@@ -145,9 +159,17 @@ mod tests {
         assert_eq!(rows[0].ratio, 0.25);
         assert_eq!(rows[0].ratio_soft_sha, 1.0);
         assert!(table(&rows).contains("0.25"));
-        let differ = rows_err(&[case("raw", 1.0, "ab")], &[case("raw", 1.0, "ab")], &[case("raw", 1.0, "cd")]);
+        let differ = rows_err(
+            &[case("raw", 1.0, "ab")],
+            &[case("raw", 1.0, "ab")],
+            &[case("raw", 1.0, "cd")],
+        );
         assert!(differ.contains("differ"), "{differ}");
-        let other = rows_err(&[case("raw", 1.0, "ab")], &[case("raw", 1.0, "ab")], &[case("json", 1.0, "ab")]);
+        let other = rows_err(
+            &[case("raw", 1.0, "ab")],
+            &[case("raw", 1.0, "ab")],
+            &[case("json", 1.0, "ab")],
+        );
         assert!(other.contains("mismatch"), "{other}");
     }
 

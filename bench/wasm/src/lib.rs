@@ -71,6 +71,9 @@ mod tests {
             let c = idem_core::json::canonicalize(&json).unwrap();
             assert!(c.starts_with(br#"[{"amount":1999,"currency":"usd","customer""#));
         }
-        assert_ne!(fingerprint_of(true, &body(true, 1024)), fingerprint_of(false, &body(true, 1024)));
+        assert_ne!(
+            fingerprint_of(true, &body(true, 1024)),
+            fingerprint_of(false, &body(true, 1024))
+        );
     }
 }
