@@ -14,11 +14,13 @@ pub const FOLLOWED: &[&str] = &[
     "redis-benchmark",
 ];
 
-/// CPU seconds used so far by every live process of each followed program.
+/// CPU seconds used so far by every live process of the followed programs.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     taken: Instant,
-    seconds: HashMap<String, f64>,
+    /// pid → (program, CPU seconds). Per process, because a process that exits in
+    /// between (an autovacuum worker, say) must not make a program's total shrink.
+    processes: HashMap<u32, (&'static str, f64)>,
 }
 
 /// CPU used between two snapshots: cores in use on average, per program.
@@ -71,7 +73,7 @@ impl Samples {
     /// Usage over the longest stretch of samples in which `tool` ran throughout and
     /// its CPU time only grew: one run of it, with its server processes alive.
     pub fn while_running(&self, tool: &str) -> Usage {
-        let time = |s: &Snapshot| s.seconds.get(tool).copied();
+        let time = |s: &Snapshot| s.program_seconds(tool);
         let (mut best, mut start) = ((0, 0), None);
         for i in 0..self.0.len() {
             let continues = i > 0
@@ -100,31 +102,31 @@ impl Samples {
 const TICKS_PER_S: f64 = 100.0;
 
 pub fn snapshot() -> Snapshot {
-    let mut seconds = HashMap::new();
+    let mut processes = HashMap::new();
     if let Ok(dir) = std::fs::read_dir("/proc") {
         for entry in dir.flatten() {
-            let name = entry.file_name();
-            if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
                 continue;
-            }
+            };
             let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
                 continue;
             };
             if let Some((comm, secs)) = parse_stat(&stat) {
                 if let Some(p) = FOLLOWED.iter().find(|p| comm.starts_with(**p)) {
-                    *seconds.entry((*p).to_string()).or_insert(0.0) += secs;
+                    processes.insert(pid, (*p, secs));
                 }
             }
         }
     }
     Snapshot {
         taken: Instant::now(),
-        seconds,
+        processes,
     }
 }
 
 impl Snapshot {
-    /// CPU used from `self` to `later`. A process that ended in between is not seen.
+    /// CPU used from `self` to `later`, by the processes alive at `later` (one that
+    /// started in between counts from its start; one that ended is not seen).
     pub fn until(&self, later: &Snapshot) -> Usage {
         let wall = later
             .taken
@@ -132,12 +134,28 @@ impl Snapshot {
             .as_secs_f64()
             .max(1e-9);
         let mut usage = Usage::default();
-        for (program, &after) in &later.seconds {
-            let used = (after - self.seconds.get(program).copied().unwrap_or(0.0)).max(0.0);
-            usage.seconds.insert(program.clone(), used);
+        for (pid, &(program, after)) in &later.processes {
+            let before = match self.processes.get(pid) {
+                Some(&(p, s)) if p == program => s,
+                _ => 0.0,
+            };
+            *usage.seconds.entry(program.to_string()).or_insert(0.0) += (after - before).max(0.0);
+        }
+        for (program, used) in &usage.seconds {
             usage.cores.insert(program.clone(), used / wall);
         }
         usage
+    }
+
+    /// CPU seconds of `program`'s live processes, or `None` if none is running.
+    fn program_seconds(&self, program: &str) -> Option<f64> {
+        let mut found = None;
+        for (p, s) in self.processes.values() {
+            if *p == program {
+                *found.get_or_insert(0.0) += s;
+            }
+        }
+        found
     }
 }
 
@@ -169,15 +187,23 @@ mod tests {
 
     fn snap(ms: u64, tool: Option<f64>) -> Snapshot {
         let base = Instant::now();
-        let mut seconds = HashMap::new();
+        let mut processes = HashMap::new();
         if let Some(t) = tool {
-            seconds.insert("pgbench".to_string(), t);
+            processes.insert(10, ("pgbench", t));
         }
-        seconds.insert("postgres".to_string(), ms as f64 / 1000.0);
+        processes.insert(20, ("postgres", ms as f64 / 1000.0));
         Snapshot {
             taken: base + std::time::Duration::from_millis(ms),
-            seconds,
+            processes,
         }
+    }
+
+    #[test]
+    fn a_process_that_exits_takes_nothing_away() {
+        let mut before = snap(0, None);
+        before.processes.insert(30, ("postgres", 50.0)); // an autovacuum worker, say
+        let after = snap(1000, None); // it has exited; pid 20 used 1 s
+        assert!((before.until(&after).seconds_of("postgres") - 1.0).abs() < 1e-9);
     }
 
     #[test]

@@ -362,6 +362,7 @@ impl<'a> Parser<'a> {
 /// A string from [`Parser::string`]: one borrowed from the input holds nothing that
 /// needs escaping (the scan stopped at no `\\` and no control character), so it is
 /// copied as is.
+#[allow(clippy::ptr_arg)] // the variant is the point: it says whether to escape
 fn write_decoded(s: &Cow<'_, [u8]>, out: &mut Vec<u8>) {
     match s {
         Cow::Borrowed(raw) => {
