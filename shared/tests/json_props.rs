@@ -13,7 +13,7 @@ fn value() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
         any::<bool>().prop_map(Value::Bool),
-        any::<i64>().prop_map(|n| Value::from(n)),
+        any::<i64>().prop_map(Value::from),
         any::<String>().prop_map(Value::String),
     ];
     leaf.prop_recursive(4, 48, 6, |inner| {
