@@ -22,6 +22,9 @@ struct Case {
     size: String,
     bytes: usize,
     bytes_per_s: f64,
+    /// Node only: the message made in WASM, hashed by WebCrypto.
+    #[serde(default)]
+    webcrypto_bytes_per_s: Option<f64>,
     fingerprint: String,
 }
 
@@ -34,10 +37,14 @@ pub struct FingerprintRow {
     pub native_mb_s: f64,
     pub native_soft_sha_mb_s: f64,
     pub wasm_mb_s: f64,
+    /// The message made in WASM, SHA-256 by Node's WebCrypto.
+    pub wasm_webcrypto_mb_s: f64,
     /// WASM ÷ native.
     pub ratio: f64,
     /// WASM ÷ native with software SHA-256.
     pub ratio_soft_sha: f64,
+    /// WASM + WebCrypto ÷ native.
+    pub ratio_webcrypto: f64,
 }
 
 pub async fn compare(dir: &Path, budget_ms: u64) -> Result<Vec<FingerprintRow>> {
@@ -82,8 +89,10 @@ fn rows(native: &[Case], soft: &[Case], wasm: &[Case]) -> Result<Vec<Fingerprint
             native_mb_s: n.bytes_per_s / 1e6,
             native_soft_sha_mb_s: s.bytes_per_s / 1e6,
             wasm_mb_s: w.bytes_per_s / 1e6,
+            wasm_webcrypto_mb_s: w.webcrypto_bytes_per_s.unwrap_or(f64::NAN) / 1e6,
             ratio: w.bytes_per_s / n.bytes_per_s,
             ratio_soft_sha: w.bytes_per_s / s.bytes_per_s,
+            ratio_webcrypto: w.webcrypto_bytes_per_s.unwrap_or(f64::NAN) / n.bytes_per_s,
         });
     }
     Ok(rows)
@@ -109,26 +118,30 @@ pub fn table(rows: &[FingerprintRow]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<12} {:>6} {:>12} {:>18} {:>17} {:>12} {:>10}",
+        "{:<12} {:>6} {:>12} {:>16} {:>17} {:>12} {:>10} {:>20} {:>11}",
         "fingerprint",
         "size",
         "native MB/s",
         "native soft-SHA",
         "WASM (Node) MB/s",
         "WASM/native",
-        "WASM/soft"
+        "WASM/soft",
+        "WASM+WebCrypto MB/s",
+        "(÷ native)"
     );
     for r in rows {
         let _ = writeln!(
             s,
-            "{:<12} {:>6} {:>12.0} {:>18.0} {:>17.0} {:>12.2} {:>10.2}",
+            "{:<12} {:>6} {:>12.0} {:>16.0} {:>17.0} {:>12.2} {:>10.2} {:>20.0} {:>11.2}",
             r.kind,
             r.size,
             r.native_mb_s,
             r.native_soft_sha_mb_s,
             r.wasm_mb_s,
             r.ratio,
-            r.ratio_soft_sha
+            r.ratio_soft_sha,
+            r.wasm_webcrypto_mb_s,
+            r.ratio_webcrypto
         );
     }
     s
@@ -144,6 +157,7 @@ mod tests {
             size: "1KiB".into(),
             bytes: 1024,
             bytes_per_s: bps,
+            webcrypto_bytes_per_s: Some(bps * 2.0),
             fingerprint: fp.into(),
         }
     }
@@ -158,6 +172,7 @@ mod tests {
         .unwrap();
         assert_eq!(rows[0].ratio, 0.25);
         assert_eq!(rows[0].ratio_soft_sha, 1.0);
+        assert_eq!(rows[0].ratio_webcrypto, 0.5);
         assert!(table(&rows).contains("0.25"));
         let differ = rows_err(
             &[case("raw", 1.0, "ab")],

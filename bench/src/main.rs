@@ -85,6 +85,9 @@ struct Args {
     /// the comparison is skipped when the directory is missing.
     #[arg(long, default_value = "target/idem-bench/fingerprint")]
     fingerprint_dir: PathBuf,
+    /// Run only the fingerprint comparison (no services needed).
+    #[arg(long)]
+    fingerprint_only: bool,
     /// Time per fingerprint case, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     fingerprint_ms: u64,
@@ -169,6 +172,16 @@ async fn run(args: Args) -> Result<()> {
         );
         Vec::new()
     };
+    if args.fingerprint_only {
+        if fingerprints.is_empty() {
+            anyhow::bail!(
+                "--fingerprint-only, but {} is missing",
+                args.fingerprint_dir.display()
+            );
+        }
+        print!("{}", fingerprint::table(&fingerprints));
+        return Ok(());
+    }
     let mut services = connect_services(&args).await?;
     cleanup(&mut services).await?;
 

@@ -3,6 +3,7 @@
 
 use crate::json;
 use crate::scope::tagged_hash;
+use alloc::vec::Vec;
 use core::fmt;
 
 /// The parts of a request that make up its fingerprint.
@@ -28,31 +29,31 @@ pub struct RequestParts<'a> {
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fingerprint(pub [u8; 32]);
 
+const TAG: &[u8] = b"idem/fingerprint/v1";
+
 impl Fingerprint {
     /// Fingerprints a request.
     pub fn of(req: &RequestParts<'_>) -> Self {
-        let media_type = req.content_type.map(media_type).unwrap_or_default();
         let mut essence = [0u8; 128];
-        let essence = lowercase_into(media_type, &mut essence);
-        let canonical = if is_json(essence) {
-            json::canonicalize(req.body).ok()
-        } else {
-            None
-        };
-        let (body_tag, body): (&[u8], &[u8]) = match &canonical {
-            Some(c) => (b"json", c),
-            None => (b"raw", req.body),
-        };
-        Fingerprint(tagged_hash(
-            b"idem/fingerprint/v1",
-            &[
-                req.method.as_bytes(),
-                req.path_and_query.as_bytes(),
-                essence,
-                body_tag,
-                body,
-            ],
-        ))
+        let mut canonical = None;
+        Fingerprint(tagged_hash(TAG, &parts(req, &mut essence, &mut canonical)))
+    }
+
+    /// The exact bytes [`Fingerprint::of`] hashes with SHA-256, for a caller that
+    /// hashes them elsewhere: the edge hands them to the runtime's WebCrypto, whose
+    /// native SHA-256 uses the CPU's SHA instructions where WASM has none. Wrap the
+    /// 32-byte digest in [`Fingerprint`].
+    pub fn message(req: &RequestParts<'_>) -> Vec<u8> {
+        let mut essence = [0u8; 128];
+        let mut canonical = None;
+        let parts = parts(req, &mut essence, &mut canonical);
+        let len = 8 + TAG.len() + parts.iter().map(|p| 8 + p.len()).sum::<usize>();
+        let mut out = Vec::with_capacity(len);
+        for part in core::iter::once(TAG).chain(parts) {
+            out.extend_from_slice(&(part.len() as u64).to_be_bytes());
+            out.extend_from_slice(part);
+        }
+        out
     }
 
     /// Lower-case hex.
@@ -65,6 +66,30 @@ impl fmt::Debug for Fingerprint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Fingerprint({})", &self.to_hex()[..16])
     }
+}
+
+/// What is hashed, in order: method, path and query, media type, body kind, body.
+fn parts<'a>(
+    req: &RequestParts<'a>,
+    essence: &'a mut [u8; 128],
+    canonical: &'a mut Option<Vec<u8>>,
+) -> [&'a [u8]; 5] {
+    let media_type = req.content_type.map(media_type).unwrap_or_default();
+    let essence = lowercase_into(media_type, essence);
+    if is_json(essence) {
+        *canonical = json::canonicalize(req.body).ok();
+    }
+    let (body_tag, body): (&[u8], &[u8]) = match canonical {
+        Some(c) => (b"json", c),
+        None => (b"raw", req.body),
+    };
+    [
+        req.method.as_bytes(),
+        req.path_and_query.as_bytes(),
+        essence,
+        body_tag,
+        body,
+    ]
 }
 
 fn media_type(content_type: &str) -> &str {
@@ -103,6 +128,30 @@ mod tests {
             content_type: ct,
             body,
         })
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_message_is_what_is_hashed() {
+        use sha2::{Digest, Sha256};
+        for (ct, body) in [
+            (Some("application/json"), &br#"{ "b": 1, "a": [true] }"#[..]),
+            (Some("text/plain"), b"hello"),
+            (None, b""),
+            (Some("application/json"), b"{not json"),
+        ] {
+            let req = RequestParts {
+                method: "POST",
+                path_and_query: "/v1/charges?x=1",
+                content_type: ct,
+                body,
+            };
+            let digest: [u8; 32] = Sha256::digest(Fingerprint::message(&req)).into();
+            assert_eq!(
+                Fingerprint(digest),
+                Fingerprint::of(&req),
+                "{ct:?} {body:?}"
+            );
+        }
     }
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -34,7 +34,11 @@ pub fn body(json: bool, size: usize) -> Vec<u8> {
 
 /// The fingerprint of a `POST /v1/charges` with `body`.
 pub fn fingerprint_of(json: bool, body: &[u8]) -> Fingerprint {
-    Fingerprint::of(&RequestParts {
+    Fingerprint::of(&request(json, body))
+}
+
+fn request(json: bool, body: &[u8]) -> RequestParts<'_> {
+    RequestParts {
         method: "POST",
         path_and_query: "/v1/charges",
         content_type: Some(if json {
@@ -43,13 +47,20 @@ pub fn fingerprint_of(json: bool, body: &[u8]) -> Fingerprint {
             "application/octet-stream"
         }),
         body,
-    })
+    }
 }
 
 /// Fingerprints `body`, copied in from JavaScript as the edge's request body is.
 #[wasm_bindgen]
 pub fn fingerprint(json: bool, body: &[u8]) -> Vec<u8> {
     fingerprint_of(json, body).0.to_vec()
+}
+
+/// What the edge does instead: the bytes to hash, made in WASM and handed to the
+/// runtime's WebCrypto SHA-256 (see `edge/src/handler.rs`).
+#[wasm_bindgen(js_name = fingerprintMessage)]
+pub fn fingerprint_message(json: bool, body: &[u8]) -> Vec<u8> {
+    Fingerprint::message(&request(json, body))
 }
 
 /// [`body`], for the JavaScript side.
