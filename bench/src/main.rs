@@ -144,8 +144,8 @@ async fn run(args: Args) -> Result<()> {
     if args.concurrency.is_empty() || args.concurrency.contains(&0) {
         anyhow::bail!("--concurrency needs numbers of connections of at least 1");
     }
-    if args.replay_keys == 0 || args.duration.is_zero() {
-        anyhow::bail!("--replay-keys and --duration must be greater than zero");
+    if args.replay_keys == 0 || args.duration.is_zero() || args.fingerprint_ms == 0 {
+        anyhow::bail!("--replay-keys, --duration and --fingerprint-ms must be greater than zero");
     }
     let bin = match &args.origin_bin {
         Some(b) => b.clone(),
