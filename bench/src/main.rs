@@ -53,6 +53,10 @@ struct Args {
     /// Unmeasured time before each phase.
     #[arg(long, default_value = "1s", value_parser = idem_origin::config::parse_duration)]
     warmup: Duration,
+    /// Rounds per mode and concurrency (raw backend, new keys, replays in each). The
+    /// table shows the round with the median ratio, and the ratio's range.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
     /// Keys completed before the replay phase, then replayed round-robin.
     #[arg(long, default_value_t = 1000)]
     replay_keys: usize,
@@ -144,8 +148,14 @@ async fn run(args: Args) -> Result<()> {
     if args.concurrency.is_empty() || args.concurrency.contains(&0) {
         anyhow::bail!("--concurrency needs numbers of connections of at least 1");
     }
-    if args.replay_keys == 0 || args.duration.is_zero() || args.fingerprint_ms == 0 {
-        anyhow::bail!("--replay-keys, --duration and --fingerprint-ms must be greater than zero");
+    if args.replay_keys == 0
+        || args.duration.is_zero()
+        || args.fingerprint_ms == 0
+        || args.repeat == 0
+    {
+        anyhow::bail!(
+            "--replay-keys, --duration, --fingerprint-ms and --repeat must be greater than zero"
+        );
     }
     let bin = match &args.origin_bin {
         Some(b) => b.clone(),
@@ -185,7 +195,7 @@ async fn run(args: Args) -> Result<()> {
     let mut services = connect_services(&args).await?;
     cleanup(&mut services).await?;
 
-    let steps = (args.modes.len() * args.concurrency.len()) as u64;
+    let steps = (args.modes.len() * args.concurrency.len() * args.repeat) as u64;
     let progress = ProgressBar::new(steps).with_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")?
             .progress_chars("=> "),
@@ -199,7 +209,11 @@ async fn run(args: Args) -> Result<()> {
         }
         let log = args.out.join(format!("origin-{}.log", mode.name()));
         let origin = origin::OriginProcess::start(&bin, &mode.origin_args(&targets), log).await?;
-        for &c in &args.concurrency {
+        for (&c, round) in args
+            .concurrency
+            .iter()
+            .flat_map(|c| (0..args.repeat).map(move |r| (c, r)))
+        {
             progress.set_message(format!("{} c={c}: raw backend", mode.name()));
             let raw = match mode.raw() {
                 Some(r) => {
@@ -224,11 +238,14 @@ async fn run(args: Args) -> Result<()> {
                 addr: origin.addr,
                 progress: &progress,
             };
-            let prefix = format!("{nonce}-{}-{c}", mode.name());
+            let prefix = format!("{nonce}-{}-{c}-{round}", mode.name());
             let unique = Keys::Unique {
                 prefix: format!("u{prefix}"),
             };
-            rows.push(phase(&ctx, &mut services, "unique", unique).await?);
+            rows.push(Row {
+                round,
+                ..phase(&ctx, &mut services, "unique", unique).await?
+            });
             progress.set_message(format!("{} c={c}: seeding replay keys", mode.name()));
             let seed = Keys::Seed {
                 prefix: format!("r{prefix}"),
@@ -255,7 +272,10 @@ async fn run(args: Args) -> Result<()> {
                 prefix: format!("r{prefix}"),
                 count: args.replay_keys,
             };
-            rows.push(phase(&ctx, &mut services, "replay", replay).await?);
+            rows.push(Row {
+                round,
+                ..phase(&ctx, &mut services, "replay", replay).await?
+            });
             progress.inc(1);
         }
         drop(origin);
@@ -418,6 +438,9 @@ async fn phase(
         raw_backend: ctx.raw.as_ref().map(|r| r.0.describe()),
         raw_ops_per_s: raw_ops,
         ratio: Row::ratio_of(rps, raw_ops, primary_rt),
+        round: 0,
+        ratio_min: None,
+        ratio_max: None,
         origin_cpu_us: per_request_us("idem-origin"),
         client_cpu_us: per_request_us("idem-bench"),
         backend_cores: ctx.raw.as_ref().map(|_| cpu.cores_of(backend_program)),
@@ -482,7 +505,15 @@ fn write_outputs(
             ""
         }
     );
+    let all = rows;
+    let rows = &report::medians(all);
     println!("{title}, took {:.0} s", took.as_secs_f64());
+    if args.repeat > 1 {
+        println!(
+            "{} rounds each: the round with the median ratio, and the ratio's range",
+            args.repeat
+        );
+    }
     print!("{}", report::table(rows));
     println!();
     print!("{}", report::cpu_table(rows));
@@ -496,7 +527,13 @@ fn write_outputs(
         Ok(path)
     };
     write("results.csv", report::csv(rows))?;
-    let json = serde_json::json!({ "title": title, "rows": rows, "fingerprint": fingerprints });
+    write("rounds.csv", report::csv(all))?;
+    let json = serde_json::json!({
+        "title": title,
+        "rows": rows,
+        "rounds": all,
+        "fingerprint": fingerprints,
+    });
     write("results.json", serde_json::to_string_pretty(&json)?)?;
     let svg = write("results.svg", report::svg(rows, &title))?;
     println!(

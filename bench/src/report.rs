@@ -27,6 +27,11 @@ pub struct Row {
     pub raw_ops_per_s: Option<f64>,
     /// requests/s ÷ (raw ops/s ÷ round trips per request to that backend).
     pub ratio: Option<f64>,
+    /// Which round of `--repeat` this is (from 0).
+    pub round: usize,
+    /// The ratio's range over the rounds (in the summary rows).
+    pub ratio_min: Option<f64>,
+    pub ratio_max: Option<f64>,
     /// CPU time of the origin process per request, in µs.
     pub origin_cpu_us: f64,
     /// CPU time of this load generator per request, in µs.
@@ -55,6 +60,33 @@ impl Row {
     }
 }
 
+/// One row per mode, phase and concurrency: the round whose ratio (or, without one,
+/// whose requests/s) is the median, with the ratio's range over the rounds.
+pub fn medians(rows: &[Row]) -> Vec<Row> {
+    let mut groups: Vec<Vec<&Row>> = Vec::new();
+    for r in rows {
+        let same = |g: &Vec<&Row>| {
+            (g[0].mode, g[0].phase, g[0].concurrency) == (r.mode, r.phase, r.concurrency)
+        };
+        match groups.iter_mut().find(|g| same(g)) {
+            Some(g) => g.push(r),
+            None => groups.push(vec![r]),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|mut g| {
+            let key = |r: &Row| r.ratio.unwrap_or(r.requests_per_s);
+            g.sort_by(|a, b| key(a).total_cmp(&key(b)));
+            let ratios: Vec<f64> = g.iter().filter_map(|r| r.ratio).collect();
+            let mut median = g[(g.len() - 1) / 2].clone();
+            median.ratio_min = ratios.iter().copied().reduce(f64::min);
+            median.ratio_max = ratios.iter().copied().reduce(f64::max);
+            median
+        })
+        .collect()
+}
+
 fn opt(v: Option<f64>, decimals: usize) -> String {
     v.map_or_else(|| "-".into(), |v| format!("{v:.decimals$}"))
 }
@@ -64,7 +96,7 @@ pub fn table(rows: &[Row]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<16} {:<6} {:>5} {:>9} {:>7} {:>7} {:>8} {:>6} {:>6}  {:<34} {:>10} {:>6}",
+        "{:<16} {:<6} {:>5} {:>9} {:>7} {:>7} {:>8} {:>6} {:>6}  {:<34} {:>10} {:>6} {:>11}",
         "mode",
         "phase",
         "conns",
@@ -76,12 +108,13 @@ pub fn table(rows: &[Row]) -> String {
         "rd RT",
         "raw backend",
         "raw ops/s",
-        "ratio"
+        "ratio",
+        "range"
     );
     for r in rows {
         let _ = writeln!(
             s,
-            "{:<16} {:<6} {:>5} {:>9.0} {:>7.3} {:>7.3} {:>8.3} {:>6} {:>6}  {:<34} {:>10} {:>6}{}",
+            "{:<16} {:<6} {:>5} {:>9.0} {:>7.3} {:>7.3} {:>8.3} {:>6} {:>6}  {:<34} {:>10} {:>6} {:>11}{}",
             r.mode,
             r.phase,
             r.concurrency,
@@ -94,6 +127,10 @@ pub fn table(rows: &[Row]) -> String {
             r.raw_backend.unwrap_or("-"),
             opt(r.raw_ops_per_s, 0),
             opt(r.ratio, 2),
+            match (r.ratio_min, r.ratio_max) {
+                (Some(a), Some(b)) if b > a => format!("{a:.2}–{b:.2}"),
+                _ => String::new(),
+            },
             if r.unexpected > 0 {
                 format!("  ({} unexpected answers)", r.unexpected)
             } else {
@@ -142,7 +179,7 @@ pub fn cpu_table(rows: &[Row]) -> String {
 pub fn csv(rows: &[Row]) -> String {
     let mut s = String::from(
         "mode,phase,concurrency,requests,unexpected,requests_per_s,p50_ms,p99_ms,p999_ms,\
-         pg_round_trips,redis_round_trips,raw_backend,raw_ops_per_s,ratio,\
+         pg_round_trips,redis_round_trips,raw_backend,raw_ops_per_s,ratio,round,ratio_min,ratio_max,\
          origin_cpu_us,client_cpu_us,backend_cores,raw_backend_cores,raw_tool_cores,\
          ratio_per_backend_core\n",
     );
@@ -150,7 +187,7 @@ pub fn csv(rows: &[Row]) -> String {
     for r in rows {
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{:.1},{:.4},{:.4},{:.4},{},{},{},{},{},{:.2},{:.2},{},{},{},{}",
+            "{},{},{},{},{},{:.1},{:.4},{:.4},{:.4},{},{},{},{},{},{},{},{},{:.2},{:.2},{},{},{},{}",
             r.mode,
             r.phase,
             r.concurrency,
@@ -165,6 +202,9 @@ pub fn csv(rows: &[Row]) -> String {
             r.raw_backend.unwrap_or(""),
             o(r.raw_ops_per_s),
             o(r.ratio),
+            r.round,
+            o(r.ratio_min),
+            o(r.ratio_max),
             r.origin_cpu_us,
             r.client_cpu_us,
             o(r.backend_cores),
@@ -369,6 +409,9 @@ mod tests {
             raw_backend: Some("pgbench: on-conflict claim"),
             raw_ops_per_s: Some(10_000.0),
             ratio: Row::ratio_of(rps, Some(10_000.0), Some(2.0)),
+            round: 0,
+            ratio_min: None,
+            ratio_max: None,
             origin_cpu_us: 40.0,
             client_cpu_us: 20.0,
             backend_cores: Some(1.2),
@@ -387,6 +430,24 @@ mod tests {
     }
 
     #[test]
+    fn medians_pick_the_middle_round_and_keep_the_range() {
+        let rounds: Vec<Row> = [4000.0, 2000.0, 3000.0]
+            .into_iter()
+            .enumerate()
+            .map(|(i, rps)| Row {
+                round: i,
+                ..row("pg-on-conflict", "unique", 8, rps)
+            })
+            .chain([row("memory", "replay", 8, 9.0)])
+            .collect();
+        let m = medians(&rounds);
+        assert_eq!(m.len(), 2);
+        assert_eq!((m[0].round, m[0].ratio), (2, Some(0.6)));
+        assert_eq!((m[0].ratio_min, m[0].ratio_max), (Some(0.4), Some(0.8)));
+        assert!(table(&m).contains("0.40–0.80"), "{}", table(&m));
+    }
+
+    #[test]
     fn outputs_hold_every_row() {
         let rows = [
             row("pg-on-conflict", "unique", 8, 4000.0),
@@ -402,7 +463,7 @@ mod tests {
             c.lines()
                 .nth(1)
                 .unwrap()
-                .ends_with(",0.8000,40.00,20.00,1.2000,1.7000,0.2000,1.1000"),
+                .ends_with(",0.8000,0,,,40.00,20.00,1.2000,1.7000,0.2000,1.1000"),
             "{c}"
         );
         assert!(cpu_table(&rows).contains("40.0"));
