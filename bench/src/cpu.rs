@@ -23,16 +23,21 @@ pub struct Snapshot {
     processes: HashMap<u32, (&'static str, f64)>,
 }
 
-/// CPU used between two snapshots: cores in use on average, per program.
+/// CPU used between two snapshots, per program, over `wall` seconds.
 #[derive(Clone, Debug, Default)]
 pub struct Usage {
-    pub cores: HashMap<String, f64>,
     pub seconds: HashMap<String, f64>,
+    pub wall: f64,
 }
 
 impl Usage {
+    /// Cores in use on average.
     pub fn cores_of(&self, program: &str) -> f64 {
-        self.cores.get(program).copied().unwrap_or(0.0)
+        if self.wall > 0.0 {
+            self.seconds_of(program) / self.wall
+        } else {
+            0.0
+        }
     }
     pub fn seconds_of(&self, program: &str) -> f64 {
         self.seconds.get(program).copied().unwrap_or(0.0)
@@ -133,16 +138,16 @@ impl Snapshot {
             .duration_since(self.taken)
             .as_secs_f64()
             .max(1e-9);
-        let mut usage = Usage::default();
+        let mut usage = Usage {
+            seconds: HashMap::new(),
+            wall,
+        };
         for (pid, &(program, after)) in &later.processes {
             let before = match self.processes.get(pid) {
                 Some(&(p, s)) if p == program => s,
                 _ => 0.0,
             };
             *usage.seconds.entry(program.to_string()).or_insert(0.0) += (after - before).max(0.0);
-        }
-        for (program, used) in &usage.seconds {
-            usage.cores.insert(program.clone(), used / wall);
         }
         usage
     }
@@ -241,7 +246,10 @@ mod tests {
         let after = snapshot();
         // The test binary is named idem_bench-<hash>: not followed, so nothing shows.
         let usage = before.until(&after);
-        assert!(usage.cores.values().all(|&c| (0.0..=64.0).contains(&c)));
+        assert!(usage
+            .seconds
+            .keys()
+            .all(|p| (0.0..=64.0).contains(&usage.cores_of(p))));
         let me = std::fs::read_to_string("/proc/self/stat").unwrap();
         assert!(parse_stat(&me).unwrap().1 > 0.2, "{me}");
     }

@@ -6,6 +6,7 @@ use bytes::Bytes;
 use hdrhistogram::Histogram;
 use http::{header, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -158,12 +159,9 @@ async fn connection(
     stop_at: Instant,
     sent: &AtomicU64,
 ) -> Result<Tally> {
-    let stream = TcpStream::connect(addr)
+    let mut sender = open(addr)
         .await
         .with_context(|| format!("connecting to the origin at {addr}"))?;
-    stream.set_nodelay(true)?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(conn);
     let mut tally = Tally::new()?;
     let seeding = matches!(keys, Keys::Seed { .. });
     for seq in 0.. {
@@ -215,6 +213,15 @@ async fn connection(
     Ok(tally)
 }
 
+/// An HTTP/1.1 connection to `addr`, its driver spawned.
+async fn open(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>> {
+    let stream = TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
 /// Waits until `GET /healthz` answers 200, or `timeout` passes.
 pub async fn wait_healthy(addr: SocketAddr, timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
@@ -232,9 +239,7 @@ pub async fn wait_healthy(addr: SocketAddr, timeout: Duration) -> Result<()> {
 }
 
 async fn healthz(addr: SocketAddr) -> Result<bool> {
-    let stream = TcpStream::connect(addr).await?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(conn);
+    let mut sender = open(addr).await?;
     let request = Request::get("/healthz")
         .header(header::HOST, "idem-bench")
         .body(Full::new(Bytes::new()))?;

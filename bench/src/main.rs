@@ -219,11 +219,7 @@ async fn run(args: Args) -> Result<()> {
                 Some(r) => {
                     let sampler = cpu::Sampler::start(Duration::from_millis(250));
                     let result = measure_raw(r, c, &args, &services).await?;
-                    let tool = match r {
-                        Raw::Pgbench(_) => "pgbench",
-                        _ => "redis-benchmark",
-                    };
-                    Some((r, result, sampler.stop().await.while_running(tool)))
+                    Some((r, result, sampler.stop().await.while_running(r.tool())))
                 }
                 None => None,
             };
@@ -410,8 +406,9 @@ async fn phase(
     let pg_rt = per_request(before.0, after.0);
     let redis_rt = per_request(before.1, after.1);
     let rps = result.requests_per_s();
-    let primary_rt = match ctx.raw.as_ref().map(|r| r.0) {
-        Some(Raw::Pgbench(_)) => pg_rt,
+    let raw_kind = ctx.raw.as_ref().map(|r| r.0);
+    let primary_rt = match raw_kind {
+        Some(r) if r.is_postgres() => pg_rt,
         Some(_) => redis_rt,
         None => None,
     };
@@ -419,9 +416,9 @@ async fn phase(
     // CPU: of the origin and of this load generator per request, and of the backend
     // the ratio is against, here and in its raw run.
     let per_request_us = |program: &str| cpu.seconds_of(program) / answered * 1e6;
-    let (backend_program, tool_program) = match ctx.raw.as_ref().map(|r| r.0) {
-        Some(Raw::Pgbench(_)) => ("postgres", "pgbench"),
-        _ => ("redis-server", "redis-benchmark"),
+    let (backend_program, tool_program) = match raw_kind {
+        Some(r) => (r.server(), r.tool()),
+        None => ("", ""),
     };
     Ok(Row {
         mode: ctx.mode.name(),

@@ -151,4 +151,27 @@ impl Raw {
             Raw::ClusterSetNx => "redis-benchmark --cluster: SET NX",
         }
     }
+
+    /// Whether the raw backend is Postgres (else Redis).
+    pub fn is_postgres(self) -> bool {
+        matches!(self, Raw::Pgbench(_))
+    }
+
+    /// The benchmark tool's program name.
+    pub fn tool(self) -> &'static str {
+        if self.is_postgres() {
+            "pgbench"
+        } else {
+            "redis-benchmark"
+        }
+    }
+
+    /// The server's program name.
+    pub fn server(self) -> &'static str {
+        if self.is_postgres() {
+            "postgres"
+        } else {
+            "redis-server"
+        }
+    }
 }
