@@ -42,19 +42,21 @@ impl Store for MemoryStore {
         "memory"
     }
 
-    async fn claim(
+    /// Returns no record: this store is a map in the process already, so nothing is
+    /// cached in front of it.
+    async fn claim_with_record(
         &self,
         key: &RecordKey,
         fingerprint: &Fingerprint,
         now: Millis,
         policy: &Policy,
-    ) -> Result<Decision, StoreError> {
+    ) -> Result<(Decision, Option<Record>), StoreError> {
         let mut map = self.lock();
         let decision = decide(map.get(key), fingerprint, now, policy);
         if let Decision::Execute(c) | Decision::TakeOver(c) = &decision {
             map.insert(key.clone(), c.record.clone());
         }
-        Ok(decision)
+        Ok((decision, None))
     }
 
     async fn write_as_holder(

@@ -75,20 +75,23 @@ pub trait Store: Send + Sync + 'static {
         fingerprint: &Fingerprint,
         now: Millis,
         policy: &Policy,
-    ) -> Result<Decision, StoreError>;
+    ) -> Result<Decision, StoreError> {
+        Ok(self
+            .claim_with_record(key, fingerprint, now, policy)
+            .await?
+            .0)
+    }
 
     /// [`Store::claim`], also returning the record it leaves stored when the store
-    /// read or wrote it anyway (a replay's completed record is what
-    /// [`ReplayCache`] keeps). The default returns none.
+    /// read or wrote it anyway (a replay's completed record is what [`ReplayCache`]
+    /// keeps), or `None` when it has none at hand.
     async fn claim_with_record(
         &self,
         key: &RecordKey,
         fingerprint: &Fingerprint,
         now: Millis,
         policy: &Policy,
-    ) -> Result<(Decision, Option<Record>), StoreError> {
-        Ok((self.claim(key, fingerprint, now, policy).await?, None))
-    }
+    ) -> Result<(Decision, Option<Record>), StoreError>;
 
     /// Writes `next` only if the key's record still belongs to `holder`
     /// ([`idem_core::Holder::check`]: in progress, with the holder's token) — one

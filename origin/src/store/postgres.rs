@@ -488,20 +488,6 @@ impl Store for PostgresStore {
         "postgres"
     }
 
-    async fn claim(
-        &self,
-        key: &RecordKey,
-        fp: &Fingerprint,
-        now: Millis,
-        policy: &Policy,
-    ) -> Result<Decision, StoreError> {
-        match self.options.strategy {
-            PgStrategy::OnConflict => Ok(claim_by_cas(self, key, fp, now, policy).await?.0),
-            PgStrategy::AdvisoryLock => self.claim_advisory_lock(key, fp, now, policy).await,
-            PgStrategy::Naive => self.claim_naive(key, fp, now, policy).await,
-        }
-    }
-
     async fn claim_with_record(
         &self,
         key: &RecordKey,
@@ -511,7 +497,10 @@ impl Store for PostgresStore {
     ) -> Result<(Decision, Option<Record>), StoreError> {
         match self.options.strategy {
             PgStrategy::OnConflict => claim_by_cas(self, key, fp, now, policy).await,
-            _ => Ok((self.claim(key, fp, now, policy).await?, None)),
+            PgStrategy::AdvisoryLock => {
+                Ok((self.claim_advisory_lock(key, fp, now, policy).await?, None))
+            }
+            PgStrategy::Naive => Ok((self.claim_naive(key, fp, now, policy).await?, None)),
         }
     }
 

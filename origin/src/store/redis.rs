@@ -433,16 +433,6 @@ impl Store for RedisStore {
         }
     }
 
-    async fn claim(
-        &self,
-        key: &RecordKey,
-        fp: &Fingerprint,
-        now: Millis,
-        policy: &Policy,
-    ) -> Result<Decision, StoreError> {
-        Ok(claim_by_cas(self, key, fp, now, policy).await?.0)
-    }
-
     async fn claim_with_record(
         &self,
         key: &RecordKey,

@@ -260,16 +260,6 @@ impl Store for TieredStore {
         }
     }
 
-    async fn claim(
-        &self,
-        key: &RecordKey,
-        fp: &Fingerprint,
-        now: Millis,
-        policy: &Policy,
-    ) -> Result<Decision, StoreError> {
-        Ok(self.claim_with_record(key, fp, now, policy).await?.0)
-    }
-
     async fn claim_with_record(
         &self,
         key: &RecordKey,
