@@ -25,6 +25,8 @@ pub struct Origin {
     pub store: Arc<dyn Store>,
     /// The demo ledger.
     pub ledger: Arc<dyn Ledger>,
+    /// The executions the layer started: shutdown drains them before flushing.
+    pub executions: crate::idempotency::Executions,
 }
 
 /// Connects the configured stores and builds the router.
@@ -81,10 +83,12 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
         _ => Arc::new(ReplayCache::new(store, config.replay_cache_bytes)),
     };
     let layer = layer(config, store.clone());
+    let executions = layer.executions();
     Ok(Origin {
         router: router(layer, store.clone(), ledger.clone()),
         store,
         ledger,
+        executions,
     })
 }
 
@@ -103,12 +107,17 @@ async fn connect_postgres(config: &Config, url: &str) -> Result<PostgresStore, S
 
 /// The idempotency layer as configured.
 pub fn layer(config: &Config, store: Arc<dyn Store>) -> IdempotencyLayer {
-    IdempotencyLayer::new(store)
+    let layer = IdempotencyLayer::new(store)
         .require_key_on(["/v1/charges"])
         .ttl(config.ttl)
         .lease(config.lease)
         .max_wait(config.max_wait)
-        .max_body_bytes(config.max_body_bytes)
+        .max_body_bytes(config.max_body_bytes);
+    if config.max_execution.is_zero() {
+        layer
+    } else {
+        layer.max_execution(config.max_execution)
+    }
 }
 
 #[derive(Clone)]

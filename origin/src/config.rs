@@ -112,6 +112,16 @@ pub struct Config {
     #[arg(long, env = "IDEM_LEASE", default_value = "30s", value_parser = parse_duration)]
     pub lease: Duration,
 
+    /// Longest a handler may run; after it its outcome is stored as a 502 problem and
+    /// the lease is no longer renewed. 0 = unbounded.
+    #[arg(long, env = "IDEM_MAX_EXECUTION", default_value = "0", value_parser = parse_duration)]
+    pub max_execution: Duration,
+
+    /// On SIGTERM: how long to wait for running handlers and their record writes
+    /// before exiting (keys still unwritten then are logged and counted).
+    #[arg(long, env = "IDEM_DRAIN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+
     /// Upper bound on `Prefer: wait=N`.
     #[arg(long, env = "IDEM_MAX_WAIT", default_value = "10s", value_parser = parse_duration)]
     pub max_wait: Duration,

@@ -47,8 +47,13 @@ async fn main() -> ExitCode {
         .with_graceful_shutdown(shutdown_signal())
         .await;
     sweeper.abort();
-    // In-flight requests are done; write out what the store still buffers (the async
-    // tiered store's outbox) before exiting.
+    // The server answered every client it had; executions whose client left, and
+    // final writes still retrying, may still run: wait for them (bounded), then write
+    // out what the store still buffers (the async tiered store's outbox).
+    let draining = std::time::Instant::now();
+    let running = origin.executions.running();
+    let unwritten = origin.executions.drain(config.drain_timeout).await;
+    tracing::info!(running, unwritten = unwritten.len(), elapsed = ?draining.elapsed(), "executions drained");
     let flushing = std::time::Instant::now();
     if let Err(e) = origin.store.flush().await {
         tracing::error!(error = %e, "flushing the store failed");

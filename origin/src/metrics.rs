@@ -108,6 +108,18 @@ pub(crate) fn write_lost(op: &'static str) {
     metrics::counter!("idem_lost_writes_total", "op" => op).increment(1);
 }
 
+pub(crate) fn lease_lost() {
+    metrics::counter!("idem_leases_lost_total").increment(1);
+}
+
+pub(crate) fn final_write_retried(op: &'static str) {
+    metrics::counter!("idem_final_write_retries_total", "op" => op).increment(1);
+}
+
+pub(crate) fn execution_timed_out() {
+    metrics::counter!("idem_executions_timed_out_total").increment(1);
+}
+
 pub(crate) fn swept(n: u64) {
     metrics::counter!("idem_swept_records_total").increment(n);
 }

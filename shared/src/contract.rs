@@ -1,5 +1,5 @@
 //! The HTTP contract's decisions that are not about records: which answers are
-//! cached, how `Prefer: wait` and `Cache-Control: no-store` are read, and the
+//! cached, how `Prefer: wait` and the origin's disposition header are read, and the
 //! RFC 9457 problem types that the edge and the origin both return.
 
 use alloc::format;
@@ -31,25 +31,69 @@ pub enum Disposition {
     Release,
 }
 
-/// The contract table: 502/503/504 (the upstream failed, nothing happened) and any
-/// answer marked `Cache-Control: no-store` (the handler rejected the request before
-/// doing anything) release the key; every other answer — 2xx, 4xx, 500 — is the
-/// result, because execution began (Stripe's semantics).
-pub fn disposition(status: u16, cache_control: Option<&[u8]>) -> Disposition {
-    if matches!(status, 502..=504) || cache_control.is_some_and(has_no_store) {
+/// The contract's release rule: once the handler started, its answer is the result,
+/// whatever its status or headers (Stripe's semantics) — unless the handler said
+/// "nothing happened" through idem's private release signal, which only it can send
+/// and which idem strips before the client sees it. Nothing is inferred from standard
+/// headers or statuses: security middleware stamps `Cache-Control: no-store` on
+/// every answer, and a 503 or 504 can follow a committed effect.
+pub fn disposition(release_signalled: bool) -> Disposition {
+    if release_signalled {
         Disposition::Release
     } else {
         Disposition::Store
     }
 }
 
-/// Whether a `Cache-Control` value contains the `no-store` directive.
-pub fn has_no_store(cache_control: &[u8]) -> bool {
-    cache_control.split(|&b| b == b',').any(|d| {
-        let d = trim(d);
-        let name = d.split(|&b| b == b'=').next().unwrap_or(d);
-        trim(name).eq_ignore_ascii_case(b"no-store")
-    })
+/// Response header by which the origin tells the edge what it did with an answer
+/// (the edge strips it): `stored; expires=<ms since the epoch>` when the answer is
+/// the key's stored result until that instant, `released` when the key was freed,
+/// `pending` when the answer is the result but its record is not written yet.
+pub const ORIGIN_DISPOSITION: &str = "idem-disposition";
+
+/// What the origin said about an answer, read from [`ORIGIN_DISPOSITION`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OriginDisposition {
+    /// The answer is stored at the origin until this instant.
+    Stored {
+        /// When the origin's record expires.
+        expires_at: crate::Millis,
+    },
+    /// The origin freed the key; nothing is stored.
+    Released,
+    /// The answer is the result, but its record was not written yet.
+    Pending,
+}
+
+impl OriginDisposition {
+    /// The header value.
+    pub fn header_value(self) -> alloc::string::String {
+        match self {
+            OriginDisposition::Stored { expires_at } => format!("stored; expires={expires_at}"),
+            OriginDisposition::Released => "released".into(),
+            OriginDisposition::Pending => "pending".into(),
+        }
+    }
+
+    /// Parses a header value; `None` for anything else (an answer that did not come
+    /// from an idem origin, or a damaged value: the edge then stores nothing).
+    pub fn parse(value: &[u8]) -> Option<OriginDisposition> {
+        let value = trim(value);
+        match value {
+            b"released" => return Some(OriginDisposition::Released),
+            b"pending" => return Some(OriginDisposition::Pending),
+            _ => {}
+        }
+        let rest = value.strip_prefix(b"stored;")?;
+        let digits = trim(rest).strip_prefix(b"expires=")?;
+        if digits.is_empty() || digits.len() > 20 || !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        let expires_at = digits.iter().try_fold(0u64, |n, d| {
+            n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+        })?;
+        Some(OriginDisposition::Stored { expires_at })
+    }
 }
 
 /// The `wait` preference of a `Prefer` header (RFC 7240), in seconds, if present and
@@ -107,7 +151,9 @@ pub enum Problem {
     StoreUnavailable,
     /// 500: the handler panicked. Execution began, so this answer is stored.
     HandlerPanicked,
-    /// 502: the handler's response broke off mid-body. Nothing is stored; the key is released.
+    /// 502: the handler's response broke off mid-body, or it ran past the maximum
+    /// execution time. Execution began and its outcome is unknown: this answer is
+    /// stored, and the request is never silently run again.
     HandlerFailed,
 }
 
@@ -164,7 +210,7 @@ impl Problem {
             Problem::Mismatch => "Idempotency-Key reused with a different request",
             Problem::StoreUnavailable => "Idempotency store unavailable",
             Problem::HandlerPanicked => "The request handler failed",
-            Problem::HandlerFailed => "The request handler's response broke off",
+            Problem::HandlerFailed => "The request handler's outcome is unknown",
         }
     }
 
@@ -200,19 +246,45 @@ mod tests {
 
     #[wasm_bindgen_test(unsupported = test)]
     fn contract_table_dispositions() {
-        for status in [200, 201, 204, 400, 402, 404, 409, 422, 500] {
-            assert_eq!(disposition(status, None), Disposition::Store, "{status}");
+        // Only the private signal releases; statuses and headers are never read.
+        assert_eq!(disposition(false), Disposition::Store);
+        assert_eq!(disposition(true), Disposition::Release);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn origin_disposition_round_trips_and_refuses_junk() {
+        for d in [
+            OriginDisposition::Stored { expires_at: 0 },
+            OriginDisposition::Stored {
+                expires_at: 1_764_000_000_123,
+            },
+            OriginDisposition::Stored {
+                expires_at: u64::MAX,
+            },
+            OriginDisposition::Released,
+            OriginDisposition::Pending,
+        ] {
+            assert_eq!(
+                OriginDisposition::parse(d.header_value().as_bytes()),
+                Some(d)
+            );
         }
-        for status in [502, 503, 504] {
-            assert_eq!(disposition(status, None), Disposition::Release, "{status}");
-        }
-        assert_eq!(disposition(400, Some(b"no-store")), Disposition::Release);
         assert_eq!(
-            disposition(400, Some(b"private, No-Store ,max-age=0")),
-            Disposition::Release
+            OriginDisposition::parse(b" stored;expires=5 "),
+            Some(OriginDisposition::Stored { expires_at: 5 })
         );
-        assert_eq!(disposition(400, Some(b"no-cache")), Disposition::Store);
-        assert_eq!(disposition(400, Some(b"no-storey")), Disposition::Store);
+        for junk in [
+            &b""[..],
+            b"stored",
+            b"stored; expires=",
+            b"stored; expires=-1",
+            b"stored; expires=18446744073709551616",
+            b"stored; expires=1e9",
+            b"Stored; expires=1",
+            b"no-store",
+        ] {
+            assert_eq!(OriginDisposition::parse(junk), None, "{junk:?}");
+        }
     }
 
     #[wasm_bindgen_test(unsupported = test)]

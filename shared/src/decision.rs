@@ -31,10 +31,12 @@ pub struct Claim {
     /// The in-progress record to store.
     pub record: Record,
     /// `None`: store `record` only if no record exists (insert-if-absent).
-    /// `Some(t)`: replace the existing record only if its token is still `t`
-    /// (compare-and-swap). A store that can't do this write atomically must report
+    /// `Some(r)`: replace the existing record only if it is still exactly `r`
+    /// (compare-and-swap on the whole record, not just its token: a holder that
+    /// completed or renewed its lease with the same token since `r` was read must
+    /// make the swap fail). A store that can't do this write atomically must report
     /// a conflict and ask again; it must never write blindly.
-    pub replaces: Option<u64>,
+    pub replaces: Option<Record>,
 }
 
 impl Claim {
@@ -83,7 +85,7 @@ pub fn decide(
     };
     if now >= record.expires_at() {
         // Expired (completed past its TTL, or abandoned past its retention): the key is free.
-        return Decision::Execute(new_claim(Some(record.token()), fingerprint, now, policy));
+        return Decision::Execute(new_claim(Some(record), fingerprint, now, policy));
     }
     if record.fingerprint() != fingerprint {
         return Decision::Mismatch;
@@ -93,8 +95,8 @@ pub fn decide(
         Record::InProgress { lease_until, .. } if now < *lease_until => Decision::InFlight {
             lease_until: *lease_until,
         },
-        Record::InProgress { token, .. } => {
-            Decision::TakeOver(new_claim(Some(*token), fingerprint, now, policy))
+        Record::InProgress { .. } => {
+            Decision::TakeOver(new_claim(Some(record), fingerprint, now, policy))
         }
     }
 }
@@ -110,12 +112,12 @@ fn next_token(previous: Option<u64>, now: Millis) -> u64 {
 }
 
 fn new_claim(
-    replaces: Option<u64>,
+    replaces: Option<&Record>,
     fingerprint: &Fingerprint,
     now: Millis,
     policy: &Policy,
 ) -> Claim {
-    let token = next_token(replaces, now);
+    let token = next_token(replaces.map(Record::token), now);
     let record = Record::InProgress {
         fingerprint: *fingerprint,
         token,
@@ -125,7 +127,7 @@ fn new_claim(
     Claim {
         token,
         record,
-        replaces,
+        replaces: replaces.cloned(),
     }
 }
 
@@ -177,6 +179,17 @@ impl Holder {
         }
     }
 
+    /// Whether `change` already took effect: its completion is the record stored
+    /// (this holder's token, completed). A completion whose acknowledgement was lost
+    /// and that is sent again is refused as [`Refusal::AlreadyCompleted`], yet it
+    /// landed: only this holder could complete under its token.
+    pub fn already_wrote(&self, existing: Option<&Record>, change: &Transition) -> bool {
+        matches!(
+            (existing, change),
+            (Some(Record::Completed { token, .. }), Transition::Complete(_)) if *token == self.token
+        )
+    }
+
     /// The record after a heartbeat at `now`: the lease runs `lease_ms` from now.
     pub fn renewed(&self, now: Millis, policy: &Policy) -> Record {
         let lease_until = now.saturating_add(policy.lease_ms);
@@ -205,6 +218,33 @@ impl Holder {
             token: self.token,
             response,
             expires_at: now.saturating_add(policy.ttl_ms),
+        }
+    }
+}
+
+/// A holder's write: what it does to its in-progress record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Transition {
+    /// Renew the lease (a heartbeat).
+    Renew,
+    /// Store the final response.
+    Complete(StoredResponse),
+    /// Free the key: the handler never started, or said that nothing happened.
+    Release,
+}
+
+impl Transition {
+    /// Whether this write ends the holder's claim.
+    pub fn is_final(&self) -> bool {
+        !matches!(self, Transition::Renew)
+    }
+
+    /// The record `holder` writes at `now` (the store's clock).
+    pub fn record(&self, holder: &Holder, now: Millis, policy: &Policy) -> Record {
+        match self {
+            Transition::Renew => holder.renewed(now, policy),
+            Transition::Complete(response) => holder.completed(response.clone(), now, policy),
+            Transition::Release => holder.released(now),
         }
     }
 }
@@ -298,7 +338,7 @@ mod tests {
             Decision::TakeOver(t) => t,
             other => panic!("{other:?}"),
         };
-        assert_eq!(t.replaces, Some(c.token));
+        assert_eq!(t.replaces.as_ref().map(Record::token), Some(c.token));
         assert!(t.token > c.token);
         // The dead holder's late completion is refused.
         let late = complete(Some(&t.record), &c.holder(), ok_response(), 1_500, &P);
@@ -315,7 +355,7 @@ mod tests {
         );
         assert_eq!(decide(Some(&done), &OTHER, 10_499, &P), Decision::Mismatch);
         let again = claim(decide(Some(&done), &OTHER, 10_500, &P));
-        assert_eq!(again.replaces, Some(c.token));
+        assert_eq!(again.replaces, Some(done.clone()));
         assert!(again.token > c.token);
         assert_eq!(
             complete(Some(&done), &c.holder(), ok_response(), 600, &P),
@@ -343,7 +383,7 @@ mod tests {
         let released = release(Some(&renewed), &c.holder(), 900).unwrap();
         // The key is free at once, and the next claim still outranks the old holder.
         let next = claim(decide(Some(&released), &OTHER, 900, &P));
-        assert_eq!(next.replaces, Some(c.token));
+        assert_eq!(next.replaces, Some(released.clone()));
         assert!(next.token > c.token);
     }
 

@@ -28,7 +28,7 @@ mod record;
 mod scope;
 
 pub use decision::{
-    complete, decide, heartbeat, release, Claim, Decision, Holder, Policy, Refusal,
+    complete, decide, heartbeat, release, Claim, Decision, Holder, Policy, Refusal, Transition,
 };
 pub use fingerprint::{Fingerprint, RequestParts};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};

@@ -88,6 +88,12 @@ impl Record {
         (self.token(), self.state_code()) >= (current.token(), current.state_code())
     }
 
+    /// Whether this record is strictly further along than `other`: a higher token, or
+    /// the same token completed where `other` is still in progress.
+    pub fn is_newer_than(&self, other: &Record) -> bool {
+        (self.token(), self.state_code()) > (other.token(), other.state_code())
+    }
+
     /// The state as a small integer, for stores that index or filter on it
     /// (0 = in progress, 1 = completed). Same values as in the encoding.
     pub fn state_code(&self) -> u8 {

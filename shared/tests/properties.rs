@@ -43,13 +43,13 @@ fn response(status: u16) -> StoredResponse {
 }
 
 /// Applies a claim to the one-key store the way an atomic adapter must.
-fn apply_claim(stored: &mut Option<Record>, replaces: Option<u64>, record: Record) {
+fn apply_claim(stored: &mut Option<Record>, replaces: Option<Record>, record: Record) {
     match replaces {
         None => assert!(stored.is_none(), "insert-if-absent over an existing record"),
-        Some(t) => assert_eq!(
-            stored.as_ref().map(Record::token),
-            Some(t),
-            "CAS on the wrong token"
+        Some(expected) => assert_eq!(
+            stored.as_ref(),
+            Some(&expected),
+            "CAS against a record that is not the one stored"
         ),
     }
     *stored = Some(record);
@@ -74,6 +74,11 @@ proptest! {
                             // A completed, unexpired record is never re-executed.
                             if let Some(Record::Completed { expires_at, .. }) = &before {
                                 prop_assert!(now >= *expires_at);
+                            }
+                            // A running holder is never taken over while its lease lasts:
+                            // execution over an in-progress record only once the lease ended.
+                            if let Some(Record::InProgress { lease_until, .. }) = &before {
+                                prop_assert!(now >= *lease_until, "took over a live lease at {} < {}", now, lease_until);
                             }
                             // Tokens strictly increase.
                             prop_assert!(c.token > last_token);

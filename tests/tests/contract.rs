@@ -29,18 +29,33 @@ async fn pg_store(db: &TestDb) -> Arc<dyn Store> {
     )
 }
 
-/// A handler that answers with the next scripted status and counts its calls.
+/// A handler that answers with the next scripted status and counts its calls — each
+/// call is an effect (a charge) that must happen once.
 #[derive(Clone, Default)]
 struct Script {
     calls: Arc<AtomicUsize>,
-    statuses: Arc<Mutex<VecDeque<u16>>>,
+    statuses: Arc<Mutex<VecDeque<(u16, Mark)>>>,
+}
+
+/// How a scripted answer is marked.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mark {
+    Plain,
+    /// `Cache-Control: no-store`, as security middleware stamps on every answer.
+    NoStore,
+    /// idem's private release signal: "nothing happened".
+    Release,
 }
 
 impl Script {
     fn new(statuses: &[u16]) -> Self {
+        let marked: Vec<(u16, Mark)> = statuses.iter().map(|s| (*s, Mark::Plain)).collect();
+        Self::marked(&marked)
+    }
+    fn marked(answers: &[(u16, Mark)]) -> Self {
         Script {
             calls: Arc::default(),
-            statuses: Arc::new(Mutex::new(statuses.iter().copied().collect())),
+            statuses: Arc::new(Mutex::new(answers.iter().copied().collect())),
         }
     }
     fn calls(&self) -> usize {
@@ -54,13 +69,24 @@ impl Script {
                 let s = s.clone();
                 async move {
                     let n = s.calls.fetch_add(1, Ordering::SeqCst) + 1;
-                    let status = s.statuses.lock().unwrap().pop_front().unwrap_or(200);
-                    http::Response::builder()
+                    let (status, mark) = s
+                        .statuses
+                        .lock()
+                        .unwrap()
+                        .pop_front()
+                        .unwrap_or((200, Mark::Plain));
+                    let mut res = http::Response::builder()
                         .status(status)
                         .header("content-type", "application/json")
-                        .header("x-not-cached", "1")
-                        .body(Body::from(format!("{{\"call\":{n}}}")))
-                        .unwrap()
+                        .header("x-not-cached", "1");
+                    if mark == Mark::NoStore {
+                        res = res.header("cache-control", "no-store");
+                    }
+                    let res = res.body(Body::from(format!("{{\"call\":{n}}}"))).unwrap();
+                    match mark {
+                        Mark::Release => idem_origin::idempotency::release(res),
+                        _ => res,
+                    }
                 }
             }),
         )
@@ -343,32 +369,73 @@ async fn store_unreachable_is_503_and_the_handler_never_runs_then_it_recovers() 
     assert_eq!(ledger.count_for_key("down-0"), 1);
 }
 
+/// The release rule: nothing is inferred from statuses or headers. A 502/503/504 can
+/// follow a committed effect (an upstream timeout after the charge), and security
+/// middleware stamps `no-store` on every answer: each is the result, replayed, and the
+/// effect happens once.
 #[tokio::test]
-async fn upstream_502_503_504_release_the_key_and_cache_nothing() {
-    for status in [502u16, 503, 504] {
-        let db = TestDb::new(&format!("s{status}")).await;
-        let script = Script::new(&[status, 201]);
+async fn gateway_errors_and_no_store_answers_are_the_result_never_run_again() {
+    let answers = [
+        (502u16, Mark::Plain),
+        (503, Mark::Plain),
+        (504, Mark::Plain),
+        (201, Mark::NoStore),
+        (400, Mark::NoStore),
+    ];
+    let mut effects = Vec::new();
+    for (status, mark) in answers {
+        let db = TestDb::new(&format!("s{status}{mark:?}").to_lowercase()).await;
+        let script = Script::marked(&[(status, mark), (201, Mark::Plain)]);
         let origin = scripted(&db, &script).await;
         let first = op(&origin, reqwest::Method::POST, "k").await;
         assert_eq!(first.status().as_u16(), status);
-        assert_eq!(db.live_records().await, 0, "{status}: nothing stored");
+        assert!(first.headers()["idem-disposition"]
+            .to_str()
+            .unwrap()
+            .starts_with("stored; expires="));
         let retry = op(&origin, reqwest::Method::POST, "k").await;
         assert_eq!(
-            retry.status(),
-            201,
-            "{status}: the retry runs the handler again"
+            retry.status().as_u16(),
+            status,
+            "{status} {mark:?}: replayed"
         );
-        assert!(retry.headers().get("idempotent-replayed").is_none());
-        assert_eq!(script.calls(), 2);
-        // ...and from then on its answer is the answer.
-        let third = op(&origin, reqwest::Method::POST, "k").await;
-        assert_eq!(third.headers()["idempotent-replayed"], "true");
-        assert_eq!(script.calls(), 2);
+        assert_eq!(retry.headers()["idempotent-replayed"], "true");
+        effects.push(format!("{status} {mark:?}: {} effects", script.calls()));
+        assert_eq!(
+            script.calls(),
+            1,
+            "{status} {mark:?}: the handler ran again"
+        );
     }
+    idem_tests::report(
+        "release_rule",
+        &format!("answered then retried: {}", effects.join(", ")),
+    );
 }
 
+/// Only idem's private signal frees the key: the handler said nothing happened.
 #[tokio::test]
-async fn a_broken_response_releases_the_key() {
+async fn the_private_release_signal_frees_the_key_and_never_reaches_the_client() {
+    let db = TestDb::new("signal").await;
+    let script = Script::marked(&[(503, Mark::Release), (201, Mark::Plain)]);
+    let origin = scripted(&db, &script).await;
+    let first = op(&origin, reqwest::Method::POST, "k").await;
+    assert_eq!(first.status(), 503);
+    assert_eq!(first.headers()["idem-disposition"], "released");
+    assert_eq!(db.live_records().await, 0, "nothing stored");
+    let retry = op(&origin, reqwest::Method::POST, "k").await;
+    assert_eq!(retry.status(), 201, "the retry runs the handler again");
+    assert!(retry.headers().get("idempotent-replayed").is_none());
+    assert_eq!(script.calls(), 2);
+    let third = op(&origin, reqwest::Method::POST, "k").await;
+    assert_eq!(third.headers()["idempotent-replayed"], "true");
+    assert_eq!(script.calls(), 2);
+}
+
+/// A body that breaks off after the handler ran: its outcome is unknown, so it is
+/// stored as a 502 problem of its own type and never silently run again.
+#[tokio::test]
+async fn a_broken_response_is_stored_as_a_problem_and_never_run_again() {
     let db = TestDb::new("broken").await;
     let store = pg_store(&db).await;
     let calls = Arc::new(AtomicUsize::new(0));
@@ -393,27 +460,28 @@ async fn a_broken_response_releases_the_key() {
         )
         .layer(IdempotencyLayer::new(store.clone()));
     let origin = TestOrigin::serve_router(router, store).await;
-    let first = client()
-        .post(origin.url("/op"))
-        .header("idempotency-key", "b")
-        .send()
-        .await
-        .unwrap();
+    let send = || {
+        client()
+            .post(origin.url("/op"))
+            .header("idempotency-key", "b")
+            .send()
+    };
+    let first = send().await.unwrap();
     assert_eq!(first.status(), 502);
-    assert_eq!(db.live_records().await, 0);
-    let retry = client()
-        .post(origin.url("/op"))
-        .header("idempotency-key", "b")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(retry.status(), 200);
-    assert_eq!(retry.text().await.unwrap(), "{\"ok\":true}");
-    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    let first_body = first.text().await.unwrap();
+    assert!(
+        first_body.contains("urn:idem:problem:handler-failed"),
+        "{first_body}"
+    );
+    let retry = send().await.unwrap();
+    assert_eq!(retry.status(), 502);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.text().await.unwrap(), first_body);
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "never run again");
 }
 
 #[tokio::test]
-async fn a_no_store_rejection_releases_the_key_for_the_corrected_retry() {
+async fn a_released_rejection_frees_the_key_for_the_corrected_retry() {
     let db = TestDb::new("nostore").await;
     let origin = demo(&db, &[]).await;
     let http = client();
@@ -425,7 +493,7 @@ async fn a_no_store_rejection_releases_the_key_for_the_corrected_retry() {
     )
     .await;
     assert_eq!(bad.status(), 400);
-    assert_eq!(bad.headers()["cache-control"], "no-store");
+    assert_eq!(bad.headers()["idem-disposition"], "released");
     assert_eq!(db.live_records().await, 0);
     let fixed = post_charge(
         &http,

@@ -2,16 +2,18 @@
 //! protocol, whatever executes it.
 
 use idem_core::{
-    Decision, Fingerprint, IdempotencyKey, Policy, RecordKey, Refusal, Scope, StoredResponse,
+    decide, Decision, Fingerprint, IdempotencyKey, Policy, Record, RecordKey, Refusal, Scope,
+    StoredResponse,
 };
 use idem_origin::store::postgres::PgOptions;
 use idem_origin::store::tiered::outbox::OutboxOptions;
 use idem_origin::store::{
-    Durability, MemoryStore, PostgresStore, RedisOptions, RedisStore, ReplayCache, Store,
-    TieredStore,
+    CasRecords, Durability, MemoryStore, PostgresStore, RedisOptions, RedisStore, ReplayCache,
+    Stamp, Store, Swap, TieredStore,
 };
 use idem_tests::{redis_cluster_urls, redis_url, unique_namespace, TestDb};
 use std::sync::Arc;
+use std::time::Duration;
 
 const P: Policy = Policy {
     lease_ms: 1_000,
@@ -35,40 +37,59 @@ fn response(body: &str) -> StoredResponse {
     }
 }
 
-async fn conformance(store: &dyn Store) {
-    // Tests use real time as the base: Redis expires keys by its own clock.
-    let t = idem_origin::now();
-    let k = key(&format!("conf-{}-{t}", store.name()));
+/// Sleeps `ms` of real time: leases are judged on the store's clock, so the suite lets
+/// that clock run rather than passing made-up instants.
+async fn sleep_ms(ms: u64) {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
 
-    let Decision::Execute(first) = store.claim(&k, &FP, t, &P).await.unwrap() else {
+fn lease_until(d: &Decision) -> u64 {
+    match d {
+        Decision::InFlight { lease_until } => *lease_until,
+        other => panic!("expected in flight, got {other:?}"),
+    }
+}
+
+async fn conformance(store: &dyn Store) {
+    let now = || store.now();
+    let k = key(&format!("conf-{}-{}", store.name(), now()));
+
+    let Decision::Execute(first) = store.claim(&k, &FP, now(), &P).await.unwrap() else {
         panic!("new key executes")
     };
+    let Record::InProgress {
+        lease_until: first_lease,
+        ..
+    } = first.record
+    else {
+        panic!("a claim is in progress")
+    };
     assert_eq!(
-        store.claim(&k, &FP, t + 10, &P).await.unwrap(),
-        Decision::InFlight {
-            lease_until: t + 1_000
-        }
+        lease_until(&store.claim(&k, &FP, now(), &P).await.unwrap()),
+        first_lease
     );
     assert_eq!(
-        store.claim(&k, &OTHER, t + 10, &P).await.unwrap(),
+        store.claim(&k, &OTHER, now(), &P).await.unwrap(),
         Decision::Mismatch
     );
+    sleep_ms(500).await;
     assert_eq!(
         store
-            .heartbeat(&k, &first.holder(), t + 500, &P)
+            .heartbeat(&k, &first.holder(), now(), &P)
             .await
             .unwrap(),
         Ok(())
     );
-    assert_eq!(
-        store.claim(&k, &FP, t + 1_200, &P).await.unwrap(),
-        Decision::InFlight {
-            lease_until: t + 1_500
-        }
+    sleep_ms(600).await; // past the first lease, within the renewed one
+    let renewed = lease_until(&store.claim(&k, &FP, now(), &P).await.unwrap());
+    assert!(
+        renewed >= first_lease + 400,
+        "the heartbeat moved the lease"
     );
 
     // The lease runs out: takeover, and the first holder is fenced out of every write.
-    let Decision::TakeOver(second) = store.claim(&k, &FP, t + 1_600, &P).await.unwrap() else {
+    sleep_ms(renewed.saturating_sub(now()) + 50).await;
+    let Decision::TakeOver(second) = store.claim(&k, &FP, now(), &P).await.unwrap() else {
         panic!("takeover")
     };
     assert!(second.token > first.token);
@@ -77,44 +98,45 @@ async fn conformance(store: &dyn Store) {
     });
     assert_eq!(
         store
-            .complete(&k, &first.holder(), response("late"), t + 1_700, &P)
+            .complete(&k, &first.holder(), response("late"), now(), &P)
             .await
             .unwrap(),
         fenced
     );
     assert_eq!(
         store
-            .heartbeat(&k, &first.holder(), t + 1_700, &P)
+            .heartbeat(&k, &first.holder(), now(), &P)
             .await
             .unwrap(),
         fenced
     );
     assert_eq!(
-        store.release(&k, &first.holder(), t + 1_700).await.unwrap(),
+        store.release(&k, &first.holder(), now(), &P).await.unwrap(),
         fenced
     );
 
     assert_eq!(
         store
-            .complete(&k, &second.holder(), response("won"), t + 1_800, &P)
+            .complete(&k, &second.holder(), response("won"), now(), &P)
             .await
             .unwrap(),
         Ok(())
     );
     assert_eq!(
-        store.claim(&k, &FP, t + 1_900, &P).await.unwrap(),
+        store.claim(&k, &FP, now(), &P).await.unwrap(),
         Decision::Replay(response("won"))
     );
     assert_eq!(
-        store.claim(&k, &OTHER, t + 1_900, &P).await.unwrap(),
+        store.claim(&k, &OTHER, now(), &P).await.unwrap(),
         Decision::Mismatch
     );
+    // The same completion sent again (its acknowledgement was lost) landed already: ok.
     assert_eq!(
         store
-            .complete(&k, &second.holder(), response("again"), t + 2_000, &P)
+            .complete(&k, &second.holder(), response("won"), now(), &P)
             .await
             .unwrap(),
-        Err(Refusal::AlreadyCompleted)
+        Ok(())
     );
     assert!(store
         .get(&k)
@@ -123,18 +145,22 @@ async fn conformance(store: &dyn Store) {
         .is_some_and(|r| r.is_completed() && r.token() == second.token));
 
     // A released key is free at once, and its next claim still outranks the releaser.
-    let r = key(&format!("conf-release-{}-{t}", store.name()));
-    let Decision::Execute(c) = store.claim(&r, &FP, t, &P).await.unwrap() else {
+    let r = key(&format!("conf-release-{}-{}", store.name(), now()));
+    let Decision::Execute(c) = store.claim(&r, &FP, now(), &P).await.unwrap() else {
         panic!()
     };
-    assert_eq!(store.release(&r, &c.holder(), t + 5).await.unwrap(), Ok(()));
-    let Decision::Execute(again) = store.claim(&r, &OTHER, t + 5, &P).await.unwrap() else {
+    assert_eq!(
+        store.release(&r, &c.holder(), now(), &P).await.unwrap(),
+        Ok(())
+    );
+    sleep_ms(5).await;
+    let Decision::Execute(again) = store.claim(&r, &OTHER, now(), &P).await.unwrap() else {
         panic!("released key is free")
     };
     assert!(again.token > c.token);
     assert_eq!(
         store
-            .complete(&r, &c.holder(), response("stale"), t + 6, &P)
+            .complete(&r, &c.holder(), response("stale"), now(), &P)
             .await
             .unwrap(),
         Err(Refusal::Fenced {
@@ -142,6 +168,49 @@ async fn conformance(store: &dyn Store) {
         })
     );
     store.ping().await.unwrap();
+}
+
+/// The takeover's compare-and-swap, with the interleavings forced: between the read
+/// that decided a takeover and the swap, the slow holder completes — or renews its
+/// lease — under the same token. The swap must fail (it compares the whole record),
+/// or the holder's answer is destroyed and the handler runs a second time.
+async fn takeover_swap_sees_the_holder_finish(store: &(impl Store + CasRecords)) {
+    let now = || store.now();
+    for interleaved in ["complete", "heartbeat"] {
+        let k = key(&format!("cas-{interleaved}-{}-{}", store.name(), now()));
+        let Decision::Execute(slow) = store.claim(&k, &FP, now(), &P).await.unwrap() else {
+            panic!("new key executes")
+        };
+        sleep_ms(P.lease_ms + 50).await;
+        // The retry reads the record and the core decides: the lease has ended.
+        let seen = store.get(&k).await.unwrap();
+        let Decision::TakeOver(retry) = decide(seen.as_ref(), &FP, now(), &P) else {
+            panic!("the lease ended: takeover")
+        };
+        // The slow holder, still alive, writes under its token in between.
+        let holder = slow.holder();
+        let wrote = match interleaved {
+            "complete" => store.complete(&k, &holder, response("slow"), now(), &P),
+            _ => store.heartbeat(&k, &holder, now(), &P),
+        };
+        assert_eq!(wrote.await.unwrap(), Ok(()));
+        let expected = retry.replaces.as_ref().expect("takeover names the record");
+        let (swap, _) = store
+            .replace(&k, expected, &retry.record, Stamp::new(now(), &P))
+            .await
+            .unwrap();
+        assert_eq!(
+            swap,
+            Swap::Changed,
+            "{interleaved}: the swap must see the change"
+        );
+        // And the retry, asking again, replays the slow holder's answer or waits.
+        let again = store.claim(&k, &FP, now(), &P).await.unwrap();
+        match interleaved {
+            "complete" => assert_eq!(again, Decision::Replay(response("slow"))),
+            _ => assert!(matches!(again, Decision::InFlight { .. }), "{again:?}"),
+        }
+    }
 }
 
 async fn pg(db: &TestDb) -> Arc<PostgresStore> {
@@ -169,6 +238,18 @@ async fn memory() {
 async fn postgres() {
     let db = TestDb::new("conf_pg").await;
     conformance(&*pg(&db).await).await;
+}
+
+#[tokio::test]
+async fn postgres_takeover_swap() {
+    let db = TestDb::new("cas_pg").await;
+    takeover_swap_sees_the_holder_finish(&*pg(&db).await).await;
+}
+
+#[tokio::test]
+async fn redis_takeover_swap() {
+    takeover_swap_sees_the_holder_finish(&redis(&redis_url()).await).await;
+    takeover_swap_sees_the_holder_finish(&redis(&redis_cluster_urls()).await).await;
 }
 
 #[tokio::test]

@@ -150,7 +150,7 @@ async fn a_fenced_holder_cannot_complete_renew_or_release() {
         .unwrap()
         .is_err());
     assert!(store
-        .release(&record_key, &stale.holder(), now)
+        .release(&record_key, &stale.holder(), now, &short)
         .await
         .unwrap()
         .is_err());

@@ -2,7 +2,7 @@
 //!
 //! * `POST /v1/charges` — `{"amount": int > 0, "currency": "abc", "customer": "id",
 //!   "simulate_latency_ms": 0..=10000}` → `201` with the charge. Invalid bodies get a
-//!   `400` problem with `Cache-Control: no-store`, so the key stays free.
+//!   `400` problem sent with idem's release signal, so the key stays free.
 //! * `GET /v1/charges?customer=<id>` → `{"data": [...]}`.
 //!
 //! The ledger has no unique constraint on the idempotency key on purpose: a duplicate
@@ -112,15 +112,15 @@ async fn create(
 ) -> Response<Body> {
     let new = match validate(&body) {
         Ok(new) => new,
-        // no-store: the request was rejected before anything happened, so the key
-        // stays free for the corrected retry.
+        // Rejected before anything happened: idem's release signal frees the key for
+        // the corrected retry.
         Err(detail) => {
-            return demo_problem(
+            return crate::idempotency::release(demo_problem(
                 StatusCode::BAD_REQUEST,
                 "invalid-charge",
                 "Invalid charge request",
                 &detail,
-            )
+            ))
         }
     };
     if !new.latency.is_zero() {
@@ -143,14 +143,16 @@ async fn create(
             }
             res
         }
-        // Nothing was charged: 503 releases the key, so the retry may charge.
+        // The ledger failed, perhaps after its COMMIT landed (a lost acknowledgement):
+        // the outcome is unknown, so this 503 is the result, stored and replayed — never
+        // a second charge.
         Err(e) => {
             tracing::error!(error = %e, "ledger unavailable");
             demo_problem(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "ledger-unavailable",
                 "Ledger unavailable",
-                "the charge was not made; retry",
+                "the ledger did not confirm the charge; it will not be retried under this key",
             )
         }
     }

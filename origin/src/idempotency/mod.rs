@@ -24,16 +24,25 @@
 //!     .layer(idempotency);
 //! ```
 //!
+//! Once the handler started, its answer is the request's result, whatever its status
+//! or headers, and is replayed to every retry — unless the handler says that nothing
+//! happened by passing its answer through [`release`] (for example when it rejects an
+//! invalid body before doing anything): then the key is freed for a corrected retry.
+//!
 //! The handler runs in its own task: a client that disconnects mid-request doesn't
-//! cancel it, and its answer is still stored for the retry. While it runs, the claim's
-//! lease is renewed; if the process dies, the lease runs out and the next retry takes
-//! over under a higher fencing token, and the dead holder's late writes are refused.
-//! The handler can read that token from the [`IdempotencyContext`] request extension to
-//! fence its own side effects.
+//! cancel it, its answer is still stored for the retry, and graceful shutdown waits
+//! for it ([`IdempotencyLayer::executions`]). While it runs, and until its answer is
+//! written, the claim's lease is renewed; if the process dies, the lease runs out and
+//! the next retry takes over under a higher fencing token, and the dead holder's late
+//! writes are refused. The handler can read that token from the [`IdempotencyContext`]
+//! request extension to fence its own side effects, and learns there when its lease
+//! was lost.
 
+mod execution;
 mod response;
 mod service;
 
+pub use execution::{Executions, CLIENT_WAIT};
 pub use service::IdempotencyService;
 
 use crate::store::Store;
@@ -41,6 +50,7 @@ use http::{request::Parts, HeaderName, Method};
 use idem_core::{contract, IdempotencyKey, Policy, RecordKey, Scope};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 /// What the handler of an executing request can learn about its claim (a request
 /// extension).
@@ -54,6 +64,32 @@ pub struct IdempotencyContext {
     pub token: u64,
     /// Whether this execution took over from a holder whose lease expired.
     pub took_over: bool,
+    /// Cancelled when this execution lost its claim: another attempt fenced it out,
+    /// or its lease could not be renewed for a whole lease (the store was unreachable)
+    /// so another attempt may take over. A handler should check it before an effect
+    /// it cannot fence otherwise, and stop.
+    pub lease_lost: CancellationToken,
+}
+
+/// idem's private release signal: a response extension that says "this request did
+/// nothing; free its key". Set it with [`release`]. The layer removes it; the client
+/// never sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReleaseSignal;
+
+/// Marks `response` as an answer after which nothing happened (for example a body
+/// that failed validation before any effect): idem stores nothing and frees the key,
+/// so a corrected retry may reuse it. Every other answer is stored and replayed.
+///
+/// ```
+/// use axum::{http::StatusCode, response::IntoResponse};
+/// let rejected = idem_origin::idempotency::release(
+///     (StatusCode::BAD_REQUEST, "amount must be positive").into_response(),
+/// );
+/// ```
+pub fn release<B>(mut response: http::Response<B>) -> http::Response<B> {
+    response.extensions_mut().insert(ReleaseSignal);
+    response
 }
 
 type ScopeFn = dyn Fn(&Parts) -> Scope + Send + Sync;
@@ -69,6 +105,8 @@ pub(crate) struct Config {
     pub(crate) scope: Arc<ScopeFn>,
     pub(crate) cached_headers: Vec<HeaderName>,
     pub(crate) max_body_bytes: usize,
+    pub(crate) max_execution: Option<Duration>,
+    pub(crate) executions: Executions,
 }
 
 /// A tower layer that makes guarded requests idempotent. See the [module docs](self).
@@ -95,6 +133,8 @@ impl IdempotencyLayer {
                     .map(|h| HeaderName::from_static(h))
                     .collect(),
                 max_body_bytes: 1024 * 1024,
+                max_execution: None,
+                executions: Executions::default(),
             }),
         }
     }
@@ -149,6 +189,20 @@ impl IdempotencyLayer {
     pub fn cached_headers(self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
         let headers = headers.into_iter().collect();
         self.with(|c| c.cached_headers = headers)
+    }
+
+    /// The longest a handler may run. After it, the handler is dropped, its outcome
+    /// is stored as a `502` problem (it may have had effects: it never runs again for
+    /// that key), and the lease is no longer renewed. Unbounded by default.
+    pub fn max_execution(self, limit: Duration) -> Self {
+        self.with(|c| c.max_execution = Some(limit))
+    }
+
+    /// The executions this layer starts, for graceful shutdown: after the server
+    /// stopped accepting, [`Executions::drain`] waits for every handler to finish
+    /// and its record to be written.
+    pub fn executions(&self) -> Executions {
+        self.config.executions.clone()
     }
 
     /// The largest request body accepted on guarded requests (`413` above it).

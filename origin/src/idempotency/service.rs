@@ -1,5 +1,6 @@
 //! The per-request logic of [`super::IdempotencyLayer`].
 
+use super::execution::execute;
 use super::response::{problem, replay};
 use super::{Config, IdempotencyContext};
 use crate::metrics::{self, Outcome};
@@ -7,18 +8,15 @@ use crate::store::StoreError;
 use axum::body::Body;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use futures_util::FutureExt;
 use http::{header, request::Parts, Request, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use idem_core::contract::{self, Disposition, Problem, IDEMPOTENCY_KEY};
-use idem_core::{
-    Decision, Fingerprint, Holder, IdempotencyKey, RecordKey, RequestParts, StoredResponse,
-};
+use idem_core::contract::{self, Problem, IDEMPOTENCY_KEY};
+use idem_core::{Decision, Fingerprint, IdempotencyKey, RecordKey, RequestParts};
 use std::convert::Infallible;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceExt};
 
 /// The service made by [`super::IdempotencyLayer`] around an inner service (typically
@@ -114,7 +112,7 @@ where
         let decision = metrics::timed(
             store.name(),
             "claim",
-            store.claim(&record_key, &fingerprint, crate::now(), &config.policy),
+            store.claim(&record_key, &fingerprint, store.now(), &config.policy),
         )
         .await;
         let (claim, took_over) = match decision {
@@ -156,14 +154,16 @@ where
             tracing::warn!(key = %key, token = claim.token, "took over a claim whose holder's lease expired");
         }
         let holder = claim.holder();
+        let lease_lost = CancellationToken::new();
         let mut req = Request::from_parts(parts, Body::from(body));
         req.extensions_mut().insert(IdempotencyContext {
             key,
             record_key: record_key.clone(),
             token: claim.token,
             took_over,
+            lease_lost: lease_lost.clone(),
         });
-        return execute(config, inner, req, record_key, holder).await;
+        return execute(config, inner, req, record_key, holder, lease_lost).await;
     }
 }
 
@@ -237,163 +237,4 @@ fn fingerprint(parts: &Parts, body: &[u8]) -> Fingerprint {
         content_type: content_type.as_deref(),
         body,
     })
-}
-
-/// Runs the handler in its own task, so that it finishes — and its answer is stored —
-/// even if the client goes away.
-async fn execute<S>(
-    config: Arc<Config>,
-    inner: S,
-    req: Request<Body>,
-    key: RecordKey,
-    holder: Holder,
-) -> Response<Body>
-where
-    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
-    S::Future: Send + 'static,
-{
-    let task = tokio::spawn(run_to_completion(config, inner, req, key, holder));
-    task.await.unwrap_or_else(|e| {
-        tracing::error!(error = %e, "idempotent execution task failed");
-        problem(Problem::HandlerPanicked, None)
-    })
-}
-
-async fn run_to_completion<S>(
-    config: Arc<Config>,
-    inner: S,
-    req: Request<Body>,
-    key: RecordKey,
-    holder: Holder,
-) -> Response<Body>
-where
-    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
-    S::Future: Send + 'static,
-{
-    let heartbeat = tokio::spawn(keep_alive(config.clone(), key.clone(), holder));
-    let answer = AssertUnwindSafe(inner.oneshot(req)).catch_unwind().await;
-    let (parts, body) = match answer {
-        Ok(Ok(res)) => res.into_parts(),
-        Ok(Err(never)) => match never {},
-        Err(_) => {
-            // Execution began and may have had effects: the 500 is the result.
-            tracing::error!(key = %key.as_str(), "handler panicked; storing a 500 for this key");
-            let (mut parts, body) = problem(Problem::HandlerPanicked, None).into_parts();
-            // Unlike idem's other problems, this one is the request's result: cacheable.
-            parts.headers.remove(header::CACHE_CONTROL);
-            (parts, body)
-        }
-    };
-    let body = match body.collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            heartbeat.abort();
-            tracing::warn!(error = %e, "handler's response body failed; releasing the key");
-            release(&config, &key, &holder).await;
-            return problem(Problem::HandlerFailed, None);
-        }
-    };
-    heartbeat.abort();
-    let no_store = parts
-        .headers
-        .get(header::CACHE_CONTROL)
-        .map(|v| v.as_bytes());
-    match contract::disposition(parts.status.as_u16(), no_store) {
-        Disposition::Release => {
-            metrics::released();
-            release(&config, &key, &holder).await;
-        }
-        Disposition::Store => {
-            let headers = config
-                .cached_headers
-                .iter()
-                .flat_map(|name| {
-                    parts
-                        .headers
-                        .get_all(name)
-                        .iter()
-                        .map(move |v| (name.as_str().to_owned(), v.as_bytes().to_vec()))
-                })
-                .collect();
-            let stored = StoredResponse {
-                status: parts.status.as_u16(),
-                headers,
-                body: body.to_vec(),
-            };
-            complete(&config, &key, &holder, stored).await;
-        }
-    }
-    Response::from_parts(parts, Body::from(body))
-}
-
-/// Renews the lease every third of it until aborted, or until fenced out.
-async fn keep_alive(config: Arc<Config>, key: RecordKey, holder: Holder) {
-    let every = Duration::from_millis((config.policy.lease_ms / 3).max(1));
-    loop {
-        tokio::time::sleep(every).await;
-        let store = &config.store;
-        match metrics::timed(
-            store.name(),
-            "heartbeat",
-            store.heartbeat(&key, &holder, crate::now(), &config.policy),
-        )
-        .await
-        {
-            Ok(Ok(())) => {}
-            Ok(Err(refusal)) => {
-                metrics::fenced("heartbeat");
-                tracing::warn!(key = %key.as_str(), token = holder.token, %refusal, "lost the claim while the handler runs");
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(key = %key.as_str(), error = %e, "heartbeat failed; will retry")
-            }
-        }
-    }
-}
-
-/// Backoff between attempts to write a completion or a release.
-const WRITE_BACKOFF_MS: [u64; 6] = [0, 25, 50, 100, 200, 400];
-
-async fn complete(config: &Config, key: &RecordKey, holder: &Holder, stored: StoredResponse) {
-    let store = &config.store;
-    let write = || store.complete(key, holder, stored.clone(), crate::now(), &config.policy);
-    write_until_landed(store.name(), "complete", key, write).await;
-}
-
-async fn release(config: &Config, key: &RecordKey, holder: &Holder) {
-    let store = &config.store;
-    let write = || store.release(key, holder, crate::now());
-    write_until_landed(store.name(), "release", key, write).await;
-}
-
-/// Retries a holder's final write with backoff: until it lands the key stays
-/// claimed, and after the lease a retry would run the handler again.
-async fn write_until_landed<F, Fut>(
-    store: &'static str,
-    op: &'static str,
-    key: &RecordKey,
-    write: F,
-) where
-    F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<crate::store::HolderWrite, StoreError>>,
-{
-    for delay in WRITE_BACKOFF_MS {
-        // Not even a zero sleep on the first try: tokio's timer rounds it up to its
-        // next 1 ms tick, which was most of an executed request's latency.
-        if delay > 0 {
-            tokio::time::sleep(Duration::from_millis(delay)).await;
-        }
-        match metrics::timed(store, op, write()).await {
-            Ok(Ok(())) => return,
-            Ok(Err(refusal)) => {
-                metrics::fenced(op);
-                tracing::warn!(key = %key.as_str(), %refusal, "{op} refused: another attempt owns this key");
-                return;
-            }
-            Err(e) => tracing::warn!(key = %key.as_str(), error = %e, "{op} failed; retrying"),
-        }
-    }
-    metrics::write_lost(op);
-    tracing::error!(key = %key.as_str(), "{op} could not be written; the key frees itself when the lease ends, and a retry then runs the handler again");
 }

@@ -7,10 +7,10 @@
 //! replay it (or to refuse a different request with its key), so it stops answering
 //! the moment the record expires. In-progress records are never cached.
 
-use super::{HolderWrite, HolderWriteKind, Store, StoreError};
+use super::{HolderWrite, Store, StoreError};
 use async_trait::async_trait;
 use idem_core::{
-    decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, StoredResponse,
+    decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, Transition,
 };
 use quick_cache::sync::Cache;
 use quick_cache::Weighter;
@@ -71,6 +71,10 @@ impl Store for ReplayCache {
         self.inner.name()
     }
 
+    fn now(&self) -> Millis {
+        self.inner.now()
+    }
+
     async fn claim_with_record(
         &self,
         key: &RecordKey,
@@ -101,49 +105,20 @@ impl Store for ReplayCache {
         &self,
         key: &RecordKey,
         holder: &Holder,
-        next: Record,
-        kind: HolderWriteKind,
-    ) -> Result<HolderWrite, StoreError> {
-        self.inner.write_as_holder(key, holder, next, kind).await
-    }
-
-    async fn heartbeat(
-        &self,
-        key: &RecordKey,
-        holder: &Holder,
+        change: &Transition,
         now: Millis,
         policy: &Policy,
     ) -> Result<HolderWrite, StoreError> {
-        self.inner.heartbeat(key, holder, now, policy).await
-    }
-
-    async fn complete(
-        &self,
-        key: &RecordKey,
-        holder: &Holder,
-        response: StoredResponse,
-        now: Millis,
-        policy: &Policy,
-    ) -> Result<HolderWrite, StoreError> {
-        // The record the store writes is the core's, so the cache can make the same.
-        let record = holder.completed(response.clone(), now, policy);
         let written = self
             .inner
-            .complete(key, holder, response, now, policy)
+            .write_as_holder(key, holder, change, now, policy)
             .await?;
-        if written.is_ok() {
-            self.keep(key, record);
+        if let (Ok(()), Transition::Complete(_)) = (&written, change) {
+            // The record the store writes is the core's, so the cache can make the same
+            // (its expiry within the store's clock tolerance).
+            self.keep(key, change.record(holder, now, policy));
         }
         Ok(written)
-    }
-
-    async fn release(
-        &self,
-        key: &RecordKey,
-        holder: &Holder,
-        now: Millis,
-    ) -> Result<HolderWrite, StoreError> {
-        self.inner.release(key, holder, now).await
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {

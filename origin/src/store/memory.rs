@@ -1,9 +1,11 @@
 //! The embedded default store: a map behind a mutex. Fast, and gone when the process
 //! exits — not durable, and not shared between processes.
 
-use super::{HolderWrite, HolderWriteKind, Store, StoreError};
+use super::{HolderWrite, Store, StoreError};
 use async_trait::async_trait;
-use idem_core::{decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey};
+use idem_core::{
+    decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, Transition,
+};
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -63,14 +65,19 @@ impl Store for MemoryStore {
         &self,
         key: &RecordKey,
         holder: &Holder,
-        next: Record,
-        _: HolderWriteKind,
+        change: &Transition,
+        now: Millis,
+        policy: &Policy,
     ) -> Result<HolderWrite, StoreError> {
+        // The process's clock is this store's clock: `now` needs no check.
         let mut map = self.lock();
+        if holder.already_wrote(map.get(key), change) {
+            return Ok(Ok(()));
+        }
         if let Err(refusal) = holder.check(map.get(key)) {
             return Ok(Err(refusal));
         }
-        map.insert(key.clone(), next);
+        map.insert(key.clone(), change.record(holder, now, policy));
         Ok(Ok(()))
     }
 

@@ -7,11 +7,14 @@
 use async_trait::async_trait;
 use idem_core::{
     decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, Refusal,
-    StoredResponse,
+    StoredResponse, Transition,
 };
 use std::fmt;
 
+pub use clock::{Stamp, StoreClock};
+
 pub mod cache;
+pub mod clock;
 pub mod memory;
 pub mod postgres;
 pub mod redis;
@@ -47,25 +50,25 @@ impl fmt::Display for StoreError {
 
 impl std::error::Error for StoreError {}
 
-/// Whether a holder write ends the holder's claim (a completion or a release) or
-/// only renews it. Stores that buffer writes treat them differently.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HolderWriteKind {
-    /// A heartbeat.
-    Heartbeat,
-    /// A completion or a release.
-    Final,
-}
-
 /// The outcome of a holder's write: done, or refused by the core's precondition.
 pub type HolderWrite = Result<(), Refusal>;
 
 /// A record store. Implementations must make each method atomic with respect to
 /// every other call on the same key, across processes.
+///
+/// Time: every `now` is a reading of *the store's* clock ([`Store::now`]). Shared
+/// stores judge leases and expiries on their own clock: they decide over an existing
+/// record with the time the store itself returned, and refuse writes whose `now` is
+/// too far from it ([`clock::Stamp`]), recomputing them at the store's time.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// A short name for logs and metrics (`memory`, `postgres`, …).
     fn name(&self) -> &'static str;
+
+    /// The store's clock as this process last observed it: the `now` to pass in.
+    fn now(&self) -> Millis {
+        crate::now()
+    }
 
     /// Reads the key's record, asks [`idem_core::decide`], and when the decision is a
     /// claim, writes it — all as one atomic step. Returns the decision.
@@ -93,15 +96,17 @@ pub trait Store: Send + Sync + 'static {
         policy: &Policy,
     ) -> Result<(Decision, Option<Record>), StoreError>;
 
-    /// Writes `next` only if the key's record still belongs to `holder`
+    /// Writes `change`'s record only if the key's record still belongs to `holder`
     /// ([`idem_core::Holder::check`]: in progress, with the holder's token) — one
-    /// atomic step. The core made `next`; the store only checks and writes.
+    /// atomic step. The core makes the record ([`Transition::record`]) at the store's
+    /// time; the store only checks and writes.
     async fn write_as_holder(
         &self,
         key: &RecordKey,
         holder: &Holder,
-        next: Record,
-        kind: HolderWriteKind,
+        change: &Transition,
+        now: Millis,
+        policy: &Policy,
     ) -> Result<HolderWrite, StoreError>;
 
     /// Renews the holder's lease.
@@ -112,13 +117,8 @@ pub trait Store: Send + Sync + 'static {
         now: Millis,
         policy: &Policy,
     ) -> Result<HolderWrite, StoreError> {
-        self.write_as_holder(
-            key,
-            holder,
-            holder.renewed(now, policy),
-            HolderWriteKind::Heartbeat,
-        )
-        .await
+        self.write_as_holder(key, holder, &Transition::Renew, now, policy)
+            .await
     }
 
     /// Stores the holder's response.
@@ -130,13 +130,8 @@ pub trait Store: Send + Sync + 'static {
         now: Millis,
         policy: &Policy,
     ) -> Result<HolderWrite, StoreError> {
-        self.write_as_holder(
-            key,
-            holder,
-            holder.completed(response, now, policy),
-            HolderWriteKind::Final,
-        )
-        .await
+        self.write_as_holder(key, holder, &Transition::Complete(response), now, policy)
+            .await
     }
 
     /// Frees the key so that a retry may run.
@@ -145,15 +140,17 @@ pub trait Store: Send + Sync + 'static {
         key: &RecordKey,
         holder: &Holder,
         now: Millis,
+        policy: &Policy,
     ) -> Result<HolderWrite, StoreError> {
-        self.write_as_holder(key, holder, holder.released(now), HolderWriteKind::Final)
+        self.write_as_holder(key, holder, &Transition::Release, now, policy)
             .await
     }
 
     /// Reads the key's record, expired or not.
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError>;
 
-    /// Deletes up to `batch` records that expired strictly before `now`; returns how many.
+    /// Deletes up to `batch` records that expired strictly before `now` (and before
+    /// the store's own clock); returns how many.
     async fn sweep(&self, now: Millis, batch: usize) -> Result<u64, StoreError>;
 
     /// Checks that the backend answers.
@@ -167,7 +164,8 @@ pub trait Store: Send + Sync + 'static {
 }
 
 /// What an insert-if-absent found.
-pub(crate) enum Insert {
+#[derive(Debug)]
+pub enum Insert {
     /// The key had no record; ours is stored.
     Stored,
     /// The key has this record; nothing was written.
@@ -175,33 +173,53 @@ pub(crate) enum Insert {
     /// A concurrent insert won, but its row is not visible to this statement yet
     /// (Postgres: committed after the statement's snapshot). Ask again.
     NotYetVisible,
+    /// The key had no record, and ours was computed at a time too far from the
+    /// store's clock: nothing was written.
+    Skewed,
 }
 
-/// The two atomic primitives a claim needs from a store without locks.
+/// What a compare-and-swap did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Swap {
+    /// The expected record was there and is replaced.
+    Replaced,
+    /// The record is no longer the expected one (or is gone): nothing was written.
+    Changed,
+    /// The new record was computed too far from the store's clock: nothing was written.
+    Skewed,
+}
+
+/// The two atomic primitives a claim needs from a store without locks (Postgres'
+/// `on-conflict` strategy, Redis). Each also returns the store's clock at the time it
+/// ran. Public so that conformance tests can force interleavings between them.
 #[async_trait]
-pub(crate) trait CasRecords: Sync {
-    /// Stores `record` only if the key has none.
+pub trait CasRecords: Sync {
+    /// Stores `record` (computed at `at.now`) only if the key has none and `at` is
+    /// within its tolerance of the store's clock.
     async fn insert_if_absent(
         &self,
         key: &RecordKey,
         record: &Record,
-    ) -> Result<Insert, StoreError>;
-    /// Replaces the record only if it still carries the token `expected`.
+        at: Stamp,
+    ) -> Result<(Insert, Millis), StoreError>;
+    /// Replaces the record only if it is still exactly `expected` (every field, not
+    /// just the token) and `at` is within its tolerance of the store's clock.
     async fn replace(
         &self,
         key: &RecordKey,
-        expected: u64,
+        expected: &Record,
         record: &Record,
-    ) -> Result<bool, StoreError>;
+        at: Stamp,
+    ) -> Result<(Swap, Millis), StoreError>;
 }
 
 /// CAS attempts before a claim gives up with [`StoreError::Contention`].
 const MAX_CLAIM_ROUNDS: usize = 16;
 
 /// A claim on a compare-and-swap store: assume the key is new (one round trip in the
-/// common case); otherwise let the core decide on the existing record and, when the
-/// decision is a claim, swap it in only if nobody got there first. Returns the decision
-/// and the record it leaves stored.
+/// common case); otherwise let the core decide on the existing record *at the store's
+/// time* and, when the decision is a claim, swap it in only if the record is still
+/// exactly what was decided on. Returns the decision and the record it leaves stored.
 pub(crate) async fn claim_by_cas(
     store: &impl CasRecords,
     key: &RecordKey,
@@ -209,31 +227,86 @@ pub(crate) async fn claim_by_cas(
     now: Millis,
     policy: &Policy,
 ) -> Result<(Decision, Option<Record>), StoreError> {
+    let mut at = Stamp::new(now, policy);
     for _ in 0..MAX_CLAIM_ROUNDS {
-        let fresh = decide(None, fp, now, policy);
+        let fresh = decide(None, fp, at.now, policy);
         let Decision::Execute(claim) = &fresh else {
             unreachable!("no record always executes")
         };
-        let existing = match store.insert_if_absent(key, &claim.record).await? {
+        let (found, store_now) = store.insert_if_absent(key, &claim.record, at).await?;
+        at = at.at(store_now);
+        let existing = match found {
             Insert::Stored => {
                 let record = claim.record.clone();
                 return Ok((fresh, Some(record)));
             }
             Insert::Existing(existing) => existing,
-            Insert::NotYetVisible => continue,
+            Insert::NotYetVisible | Insert::Skewed => continue,
         };
-        let decision = decide(Some(&existing), fp, now, policy);
+        // The store's own clock judges the lease and the expiry.
+        let decision = decide(Some(&existing), fp, at.now, policy);
         match &decision {
             Decision::Execute(c) | Decision::TakeOver(c) => {
                 let expected = c
                     .replaces
-                    .expect("a claim over an existing record names its token");
-                if store.replace(key, expected, &c.record).await? {
+                    .as_ref()
+                    .expect("a claim over an existing record names it");
+                let (swap, store_now) = store.replace(key, expected, &c.record, at).await?;
+                if swap == Swap::Replaced {
                     let record = c.record.clone();
                     return Ok((decision, Some(record)));
                 }
+                at = at.at(store_now);
             }
             _ => return Ok((decision, Some(existing))),
+        }
+    }
+    Err(StoreError::Contention)
+}
+
+/// What a store's holder write did.
+pub(crate) enum Written {
+    /// Written.
+    Done,
+    /// The precondition failed; the record the store holds (if it returned it).
+    Refused(Option<Record>),
+    /// The record was computed too far from the store's clock, which read this.
+    Skewed(Millis),
+}
+
+/// Holder-write attempts when the store keeps reporting a clock difference.
+const MAX_SKEW_ROUNDS: usize = 4;
+
+/// A holder write at the store's time: `write` is one guarded statement; a write
+/// refused for skew is recomputed by the core at the store's time and sent again.
+pub(crate) async fn holder_write_at<F, Fut>(
+    holder: &Holder,
+    change: &Transition,
+    now: Millis,
+    policy: &Policy,
+    mut write: F,
+) -> Result<HolderWrite, StoreError>
+where
+    F: FnMut(Record, Stamp) -> Fut,
+    Fut: std::future::Future<Output = Result<Written, StoreError>>,
+{
+    let mut at = Stamp::new(now, policy);
+    for _ in 0..MAX_SKEW_ROUNDS {
+        match write(change.record(holder, at.now, policy), at).await? {
+            Written::Done => return Ok(Ok(())),
+            Written::Refused(current) => {
+                if holder.already_wrote(current.as_ref(), change) {
+                    // An earlier attempt whose answer was lost had landed.
+                    return Ok(Ok(()));
+                }
+                return match holder.check(current.as_ref()) {
+                    Err(refusal) => Ok(Err(refusal)),
+                    // Tokens only grow, so the record can't have changed back; report
+                    // contention rather than guess.
+                    Ok(()) => Err(StoreError::Contention),
+                };
+            }
+            Written::Skewed(store_now) => at = at.at(store_now),
         }
     }
     Err(StoreError::Contention)

@@ -12,13 +12,20 @@
 //!
 //! Holder writes (heartbeat, complete, release) are one `UPDATE … WHERE token = $t AND
 //! state = 0` each: exactly [`idem_core::Holder::check`]'s precondition.
+//!
+//! Time is Postgres' own: every claim and holder write returns `clock_timestamp()`,
+//! decisions over an existing row are made at that time, and a row computed at a
+//! time further than the tolerance from it is not written (see [`super::clock`]).
 
 use super::{
-    claim_by_cas, decode, CasRecords, HolderWrite, HolderWriteKind, Insert, Store, StoreError,
+    claim_by_cas, decode, holder_write_at, CasRecords, HolderWrite, Insert, Stamp, Store,
+    StoreClock, StoreError, Swap, Written,
 };
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use idem_core::{decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey};
+use idem_core::{
+    decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, Transition,
+};
 use std::str::FromStr;
 use std::time::Duration;
 use tokio_postgres::NoTls;
@@ -66,50 +73,110 @@ impl Default for PgOptions {
 pub struct PostgresStore {
     pool: Pool,
     options: PgOptions,
+    clock: StoreClock,
 }
 
 const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("postgres/0001_records.sql"))];
 /// Arbitrary constant: serialises concurrent migrators across processes.
 const MIGRATION_LOCK: i64 = 0x1de4_0001;
 
-const CLAIM_INSERT: &str = "WITH ins AS (
-        INSERT INTO idem_records (id, token, state, expires_at, record) VALUES ($1, $2, $3, $4, $5)
+/// Postgres' clock in ms since the epoch. `clock_timestamp()`, not `now()`: the time
+/// the statement runs, not when its transaction began.
+macro_rules! clock_ms {
+    () => {
+        "(extract(epoch FROM clock_timestamp()) * 1000)::int8"
+    };
+}
+
+/// Insert-if-absent: inserts only when `$6` (the caller's time) is within `$7` ms of
+/// the database's clock; returns whether it inserted, the row otherwise, and the clock.
+const CLAIM_INSERT: &str = concat!(
+    "WITH clock AS MATERIALIZED (SELECT ",
+    clock_ms!(),
+    " AS now),
+    ins AS (
+        INSERT INTO idem_records (id, token, state, expires_at, record)
+        SELECT $1::text, $2::int8, $3::int2, $4::int8, $5::bytea FROM clock
+        WHERE abs(clock.now - $6::int8) <= $7::int8
         ON CONFLICT (id) DO NOTHING RETURNING 1)
     SELECT (SELECT count(*) FROM ins)::int AS inserted,
-           (SELECT record FROM idem_records WHERE id = $1) AS existing";
-const REPLACE: &str =
-    "UPDATE idem_records SET token = $3, state = $4, expires_at = $5, record = $6 WHERE id = $1 AND token = $2";
+           (SELECT record FROM idem_records WHERE id = $1) AS existing,
+           (SELECT now FROM clock) AS now"
+);
+/// Compare-and-swap on the whole record (`$2`, its exact bytes), under the clock check.
+const REPLACE: &str = concat!(
+    "WITH clock AS MATERIALIZED (SELECT ",
+    clock_ms!(),
+    " AS now),
+    upd AS (
+        UPDATE idem_records SET token = $3, state = $4, expires_at = $5, record = $6
+        WHERE id = $1 AND record = $2 AND (SELECT abs(now - $7::int8) <= $8::int8 FROM clock)
+        RETURNING 1)
+    SELECT (SELECT count(*) FROM upd)::int AS replaced, (SELECT now FROM clock) AS now"
+);
 const UPSERT: &str =
     "INSERT INTO idem_records (id, token, state, expires_at, record) VALUES ($1, $2, $3, $4, $5)
     ON CONFLICT (id) DO UPDATE SET token = EXCLUDED.token, state = EXCLUDED.state,
         expires_at = EXCLUDED.expires_at, record = EXCLUDED.record";
-const HOLDER_WRITE: &str =
-    "UPDATE idem_records SET state = $3, expires_at = $4, record = $5 WHERE id = $1 AND token = $2 AND state = 0";
+/// A holder's write under [`idem_core::Holder::check`]'s precondition and the clock
+/// check; returns whether it wrote, the clock, and the row as it was (to say why not).
+const HOLDER_WRITE: &str = concat!(
+    "WITH clock AS MATERIALIZED (SELECT ",
+    clock_ms!(),
+    " AS now),
+    upd AS (
+        UPDATE idem_records SET state = $3, expires_at = $4, record = $5
+        WHERE id = $1 AND token = $2 AND state = 0
+          AND (SELECT abs(now - $6::int8) <= $7::int8 FROM clock)
+        RETURNING 1)
+    SELECT (SELECT count(*) FROM upd)::int AS written, (SELECT now FROM clock) AS now,
+           (SELECT record FROM idem_records WHERE id = $1) AS current"
+);
 /// The write-behind upsert: many records in one statement, each applied only if it
-/// supersedes the stored row — `Record::supersedes` in SQL.
-const UPSERT_SUPERSEDING: &str = "INSERT INTO idem_records (id, token, state, expires_at, record)
+/// supersedes the stored row — `Record::supersedes` in SQL — and never over a
+/// completed row that has not expired (a stale claim must not bury an answer).
+const UPSERT_SUPERSEDING: &str = concat!(
+    "INSERT INTO idem_records (id, token, state, expires_at, record)
     SELECT * FROM unnest($1::text[], $2::int8[], $3::int2[], $4::int8[], $5::bytea[])
     ON CONFLICT (id) DO UPDATE SET token = EXCLUDED.token, state = EXCLUDED.state,
         expires_at = EXCLUDED.expires_at, record = EXCLUDED.record
-    WHERE (EXCLUDED.token, EXCLUDED.state) >= (idem_records.token, idem_records.state)";
+    WHERE (EXCLUDED.token, EXCLUDED.state) >= (idem_records.token, idem_records.state)
+      AND NOT (idem_records.state = 1 AND idem_records.token <> EXCLUDED.token
+               AND idem_records.expires_at > ",
+    clock_ms!(),
+    ")"
+);
 const GET: &str = "SELECT record FROM idem_records WHERE id = $1";
+/// The advisory-lock strategy's read: the row and the clock, in the locked transaction.
+const GET_WITH_CLOCK: &str = concat!(
+    "SELECT (SELECT record FROM idem_records WHERE id = $1) AS record, ",
+    clock_ms!(),
+    " AS now"
+);
 const ADVISORY_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext($1))";
-const SWEEP: &str = "DELETE FROM idem_records WHERE id IN (
-    SELECT id FROM idem_records WHERE expires_at < $1 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
+/// Deletes rows expired before both the caller's `$1` and the database's clock.
+const SWEEP: &str = concat!(
+    "DELETE FROM idem_records WHERE id IN (
+    SELECT id FROM idem_records WHERE expires_at < LEAST($1::int8, ",
+    clock_ms!(),
+    ") ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)"
+);
 
 /// The statements a claim of a new key sends, in order, with the strategy's
-/// parameters (`$1` id, `$2` token, `$3` state, `$4` expires_at, `$5` record). The
-/// bench runs them under `pgbench` to measure the raw database on the store's own SQL.
+/// parameters (`$1` id, `$2` token, `$3` state, `$4` expires_at, `$5` record, `$6`
+/// the caller's clock, `$7` its tolerance). The bench runs them under `pgbench` to
+/// measure the raw database on the store's own SQL.
 pub fn claim_statements(strategy: PgStrategy) -> &'static [&'static str] {
     match strategy {
         PgStrategy::OnConflict => &[CLAIM_INSERT],
-        PgStrategy::AdvisoryLock => &["BEGIN", ADVISORY_LOCK, GET, UPSERT, "COMMIT"],
+        PgStrategy::AdvisoryLock => &["BEGIN", ADVISORY_LOCK, GET_WITH_CLOCK, UPSERT, "COMMIT"],
         PgStrategy::Naive => &[GET, UPSERT],
     }
 }
 
 /// The statement a holder's completion sends (`$1` id, `$2` token, `$3` state,
-/// `$4` expires_at, `$5` record): the second round trip of every new request.
+/// `$4` expires_at, `$5` record, `$6` the caller's clock, `$7` its tolerance): the
+/// second round trip of every new request.
 pub fn completion_statement() -> &'static str {
     HOLDER_WRITE
 }
@@ -162,7 +229,11 @@ impl PostgresStore {
             options.timeout,
             options.ca_file.as_deref(),
         )?;
-        let store = PostgresStore { pool, options };
+        let store = PostgresStore {
+            pool,
+            options,
+            clock: StoreClock::new(),
+        };
         store.with_client(async |c| migrate(c).await).await?;
         Ok(store)
     }
@@ -196,11 +267,12 @@ impl PostgresStore {
         }
     }
 
+    /// Decides at the time the database returns with the row: under the lock,
+    /// nothing else writes the key, so no clock check is needed.
     async fn claim_advisory_lock(
         &self,
         key: &RecordKey,
         fp: &Fingerprint,
-        now: Millis,
         policy: &Policy,
     ) -> Result<Decision, StoreError> {
         self.with_client(async |client| {
@@ -208,15 +280,19 @@ impl PostgresStore {
             tx.execute(ADVISORY_LOCK, &[&key.as_str()])
                 .await
                 .map_err(unavailable)?;
-            let get = tx.prepare_cached(GET).await.map_err(unavailable)?;
-            let existing = match tx
-                .query_opt(&get, &[&key.as_str()])
+            let get = tx
+                .prepare_cached(GET_WITH_CLOCK)
                 .await
-                .map_err(unavailable)?
-            {
-                Some(row) => Some(decode(row.get::<_, &[u8]>(0))?),
+                .map_err(unavailable)?;
+            let row = tx
+                .query_one(&get, &[&key.as_str()])
+                .await
+                .map_err(unavailable)?;
+            let existing = match row.get::<_, Option<&[u8]>>(0) {
+                Some(bytes) => Some(decode(bytes)?),
                 None => None,
             };
+            let now = self.observe(row.get::<_, i64>(1));
             let decision = decide(existing.as_ref(), fp, now, policy);
             if let Decision::Execute(c) | Decision::TakeOver(c) = &decision {
                 // The lock serialises every claim on this key, so an upsert is safe here.
@@ -279,46 +355,63 @@ impl PostgresStore {
         bytes.map(|b| decode(&b)).transpose()
     }
 
-    /// `UPDATE … WHERE token = $t AND state = 0`; when it matches nothing, the current
-    /// record tells the core's precondition which refusal it is.
+    /// Records the database's clock as a statement returned it; returns it as `Millis`.
+    fn observe(&self, store_now: i64) -> Millis {
+        let now = u64::try_from(store_now).unwrap_or(0);
+        self.clock.observe(now);
+        now
+    }
+
+    /// `UPDATE … WHERE token = $t AND state = 0` under the clock check, in one round
+    /// trip that also returns the current row, so a refusal needs no second read.
     pub(crate) async fn holder_write(
         &self,
         key: &RecordKey,
         holder: &Holder,
-        next: &Record,
+        change: &Transition,
+        now: Millis,
+        policy: &Policy,
     ) -> Result<HolderWrite, StoreError> {
-        let r = Row::of(next);
-        let n = self
-            .with_client(async |client| {
-                let stmt = client
-                    .prepare_cached(HOLDER_WRITE)
-                    .await
-                    .map_err(unavailable)?;
-                client
-                    .execute(
-                        &stmt,
-                        &[
-                            &key.as_str(),
-                            &sql_i64(holder.token),
-                            &r.state,
-                            &r.expires_at,
-                            &r.record,
-                        ],
-                    )
-                    .await
-                    .map_err(unavailable)
-            })
-            .await?;
-        if n == 1 {
-            return Ok(Ok(()));
-        }
-        let current = self.get_record(key).await?;
-        match holder.check(current.as_ref()) {
-            Err(refusal) => Ok(Err(refusal)),
-            // Tokens only grow, so the record can't have changed back between the two
-            // statements; report contention rather than guess.
-            Ok(()) => Err(StoreError::Contention),
-        }
+        holder_write_at(holder, change, now, policy, |next, at| async move {
+            let r = Row::of(&next);
+            let (written, store_now, current) = self
+                .with_client(async |client| {
+                    let stmt = client
+                        .prepare_cached(HOLDER_WRITE)
+                        .await
+                        .map_err(unavailable)?;
+                    let row = client
+                        .query_one(
+                            &stmt,
+                            &[
+                                &key.as_str(),
+                                &sql_i64(holder.token),
+                                &r.state,
+                                &r.expires_at,
+                                &r.record,
+                                &sql_i64(at.now),
+                                &sql_i64(at.tolerance),
+                            ],
+                        )
+                        .await
+                        .map_err(unavailable)?;
+                    Ok((
+                        row.get::<_, i32>(0) == 1,
+                        row.get::<_, i64>(1),
+                        row.get::<_, Option<Vec<u8>>>(2),
+                    ))
+                })
+                .await?;
+            let store_now = self.observe(store_now);
+            if written {
+                return Ok(Written::Done);
+            }
+            if !at.accepted_by(store_now) {
+                return Ok(Written::Skewed(store_now));
+            }
+            Ok(Written::Refused(current.map(|b| decode(&b)).transpose()?))
+        })
+        .await
     }
 
     /// Writes a batch behind (the tiered store's outbox): one statement, one commit.
@@ -421,14 +514,16 @@ pub fn pool(
 
 #[async_trait]
 impl CasRecords for PostgresStore {
-    /// One statement: insert if absent, and otherwise return the existing row.
+    /// One statement: insert if absent (and the clocks agree), and otherwise return
+    /// the existing row; with the database's clock.
     async fn insert_if_absent(
         &self,
         key: &RecordKey,
         record: &Record,
-    ) -> Result<Insert, StoreError> {
+        at: Stamp,
+    ) -> Result<(Insert, Millis), StoreError> {
         let r = Row::of(record);
-        let (inserted, existing) = self
+        let (inserted, existing, store_now) = self
             .with_client(async |client| {
                 let stmt = client
                     .prepare_cached(CLAIM_INSERT)
@@ -437,48 +532,76 @@ impl CasRecords for PostgresStore {
                 let row = client
                     .query_one(
                         &stmt,
-                        &[&key.as_str(), &r.token, &r.state, &r.expires_at, &r.record],
+                        &[
+                            &key.as_str(),
+                            &r.token,
+                            &r.state,
+                            &r.expires_at,
+                            &r.record,
+                            &sql_i64(at.now),
+                            &sql_i64(at.tolerance),
+                        ],
                     )
                     .await
                     .map_err(unavailable)?;
-                Ok((row.get::<_, i32>(0) == 1, row.get::<_, Option<Vec<u8>>>(1)))
+                Ok((
+                    row.get::<_, i32>(0) == 1,
+                    row.get::<_, Option<Vec<u8>>>(1),
+                    row.get::<_, i64>(2),
+                ))
             })
             .await?;
-        Ok(match (inserted, existing) {
+        let store_now = self.observe(store_now);
+        let found = match (inserted, existing) {
             (true, _) => Insert::Stored,
             (false, Some(bytes)) => Insert::Existing(decode(&bytes)?),
+            (false, None) if !at.accepted_by(store_now) => Insert::Skewed,
             // The winner committed after this statement's snapshot: not visible yet.
             (false, None) => Insert::NotYetVisible,
-        })
+        };
+        Ok((found, store_now))
     }
 
     async fn replace(
         &self,
         key: &RecordKey,
-        expected: u64,
+        expected: &Record,
         record: &Record,
-    ) -> Result<bool, StoreError> {
+        at: Stamp,
+    ) -> Result<(Swap, Millis), StoreError> {
         let r = Row::of(record);
-        let n = self
+        let expected = expected.encode();
+        let (replaced, store_now) = self
             .with_client(async |client| {
                 let stmt = client.prepare_cached(REPLACE).await.map_err(unavailable)?;
-                client
-                    .execute(
+                let row = client
+                    .query_one(
                         &stmt,
                         &[
                             &key.as_str(),
-                            &sql_i64(expected),
+                            &expected,
                             &r.token,
                             &r.state,
                             &r.expires_at,
                             &r.record,
+                            &sql_i64(at.now),
+                            &sql_i64(at.tolerance),
                         ],
                     )
                     .await
-                    .map_err(unavailable)
+                    .map_err(unavailable)?;
+                Ok((row.get::<_, i32>(0) == 1, row.get::<_, i64>(1)))
             })
             .await?;
-        Ok(n == 1)
+        let store_now = self.observe(store_now);
+        let swap = if replaced {
+            Swap::Replaced
+        } else if !at.accepted_by(store_now) {
+            Swap::Skewed
+        } else {
+            Swap::Changed
+        };
+        Ok((swap, store_now))
     }
 }
 
@@ -486,6 +609,10 @@ impl CasRecords for PostgresStore {
 impl Store for PostgresStore {
     fn name(&self) -> &'static str {
         "postgres"
+    }
+
+    fn now(&self) -> Millis {
+        self.clock.now()
     }
 
     async fn claim_with_record(
@@ -498,7 +625,7 @@ impl Store for PostgresStore {
         match self.options.strategy {
             PgStrategy::OnConflict => claim_by_cas(self, key, fp, now, policy).await,
             PgStrategy::AdvisoryLock => {
-                Ok((self.claim_advisory_lock(key, fp, now, policy).await?, None))
+                Ok((self.claim_advisory_lock(key, fp, policy).await?, None))
             }
             PgStrategy::Naive => Ok((self.claim_naive(key, fp, now, policy).await?, None)),
         }
@@ -508,10 +635,11 @@ impl Store for PostgresStore {
         &self,
         key: &RecordKey,
         holder: &Holder,
-        next: Record,
-        _: HolderWriteKind,
+        change: &Transition,
+        now: Millis,
+        policy: &Policy,
     ) -> Result<HolderWrite, StoreError> {
-        self.holder_write(key, holder, &next).await
+        self.holder_write(key, holder, change, now, policy).await
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {

@@ -5,14 +5,18 @@
 //! one key; the braces are a hash tag, so a cluster never sees a cross-slot call, and
 //! the fencing token lives inside the record rather than in a second key.
 //!
-//! The scripts are primitives — insert-if-absent, compare-and-swap on the token, the
-//! holder precondition, supersede-only mirroring — and the core decides which to run.
+//! The scripts are primitives — insert-if-absent, compare-and-swap on the whole record,
+//! the holder precondition, supersede-only mirroring — and the core decides which to
+//! run. Time is the server's: each script reads `TIME`, returns it, and refuses a
+//! record computed further than the tolerance from it (see [`super::clock`]). In a
+//! cluster, a key is judged on the clock of the master that holds it.
 
 use super::{
-    claim_by_cas, decode, CasRecords, HolderWrite, HolderWriteKind, Insert, Store, StoreError,
+    claim_by_cas, decode, holder_write_at, CasRecords, HolderWrite, Insert, Stamp, Store,
+    StoreClock, StoreError, Swap, Written,
 };
 use async_trait::async_trait;
-use idem_core::{Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey};
+use idem_core::{Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, Transition};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::{Script, Value};
@@ -27,8 +31,8 @@ const EXPIRY_GRACE_MS: u64 = 1_000;
 
 static INSERT_IF_ABSENT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("redis/insert_if_absent.lua")));
-static REPLACE_IF_TOKEN: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("redis/replace_if_token.lua")));
+static REPLACE_IF_SAME: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("redis/replace_if_same.lua")));
 static HOLDER_WRITE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("redis/holder_write.lua")));
 static MIRROR: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redis/mirror.lua")));
@@ -122,6 +126,7 @@ pub struct RedisStore {
     conn: Conn,
     timeout: Duration,
     namespace: String,
+    clock: StoreClock,
 }
 
 fn tls_certificates(ca: &[u8]) -> redis::TlsCertificates {
@@ -166,6 +171,7 @@ impl RedisStore {
                     conn: Self::single(nodes[0], timeout, ca.as_ref()).await?,
                     timeout,
                     namespace: String::new(),
+                    clock: StoreClock::new(),
                 };
                 probe.cluster_enabled().await?
             }
@@ -179,6 +185,7 @@ impl RedisStore {
             conn,
             timeout,
             namespace: options.namespace,
+            clock: StoreClock::new(),
         };
         store.ping().await?;
         Ok(store)
@@ -315,27 +322,43 @@ impl RedisStore {
         Ok(written == 1)
     }
 
-    /// The holder write under the core's precondition, executed by the script.
+    /// The holder write under the core's precondition and the clock check, executed
+    /// by the script; recomputed at the server's time when the clocks disagree.
     pub(crate) async fn holder_write(
         &self,
         key: &RecordKey,
         holder: &Holder,
-        next: &Record,
+        change: &Transition,
+        now: Millis,
+        policy: &Policy,
     ) -> Result<HolderWrite, StoreError> {
-        let reply: Vec<Value> = self
-            .run(&HOLDER_WRITE, key, ScriptArgs::holder(holder.token, next))
-            .await?;
-        match reply.as_slice() {
-            [Value::Int(1)] => Ok(Ok(())),
-            [Value::Int(0), rest @ ..] => {
-                let current = match rest.first() {
+        holder_write_at(holder, change, now, policy, |next, at| async move {
+            let reply: Vec<Value> = self
+                .run(
+                    &HOLDER_WRITE,
+                    key,
+                    ScriptArgs::Holder(holder.token, &next, at),
+                )
+                .await?;
+            let (code, rest) = self.reply(&reply)?;
+            match code {
+                1 => Ok(Written::Done),
+                2 => Ok(Written::Skewed(self.clock.now())),
+                _ => Ok(Written::Refused(match rest.first() {
                     Some(Value::BulkString(bytes)) => Some(decode(bytes)?),
                     _ => None,
-                };
-                match holder.check(current.as_ref()) {
-                    Err(refusal) => Ok(Err(refusal)),
-                    Ok(()) => Err(StoreError::Contention),
-                }
+                })),
+            }
+        })
+        .await
+    }
+
+    /// A script's `{code, server time, …}` reply: records the server's clock.
+    fn reply<'v>(&self, reply: &'v [Value]) -> Result<(i64, &'v [Value]), StoreError> {
+        match reply {
+            [Value::Int(code), Value::Int(now), rest @ ..] => {
+                self.clock.observe(u64::try_from(*now).unwrap_or(0));
+                Ok((*code, rest))
             }
             other => Err(StoreError::Corrupt(format!(
                 "unexpected script reply {other:?}"
@@ -355,38 +378,44 @@ enum ScriptArgs<'a> {
     None,
     /// token, state, record, pexpireat
     Record(&'a Record),
-    /// expected token, then as `Record`
-    Replace(u64, &'a Record),
-    /// holder token, state, record, pexpireat
-    Holder(u64, &'a Record),
+    /// as `Record`, then now, tolerance
+    Claim(&'a Record, Stamp),
+    /// expected record, then as `Claim`
+    Replace(&'a [u8], &'a Record, Stamp),
+    /// holder token, state, record, pexpireat, now, tolerance
+    Holder(u64, &'a Record, Stamp),
 }
 
 impl<'a> ScriptArgs<'a> {
     fn record(r: &'a Record) -> Self {
         ScriptArgs::Record(r)
     }
-    fn holder(token: u64, r: &'a Record) -> Self {
-        ScriptArgs::Holder(token, r)
-    }
     fn apply(self, inv: &mut redis::ScriptInvocation<'_>) {
-        let record = match self {
+        let (record, stamp) = match self {
             ScriptArgs::None => return,
             ScriptArgs::Record(r) => {
                 inv.arg(r.token());
-                r
+                (r, None)
             }
-            ScriptArgs::Replace(expected, r) => {
+            ScriptArgs::Claim(r, at) => {
+                inv.arg(r.token());
+                (r, Some(at))
+            }
+            ScriptArgs::Replace(expected, r, at) => {
                 inv.arg(expected).arg(r.token());
-                r
+                (r, Some(at))
             }
-            ScriptArgs::Holder(token, r) => {
+            ScriptArgs::Holder(token, r, at) => {
                 inv.arg(token);
-                r
+                (r, Some(at))
             }
         };
         inv.arg(record.state_code())
             .arg(record.encode())
             .arg(pexpire_at(record));
+        if let Some(at) = stamp {
+            inv.arg(at.now).arg(at.tolerance);
+        }
     }
 }
 
@@ -396,30 +425,46 @@ impl CasRecords for RedisStore {
         &self,
         key: &RecordKey,
         record: &Record,
-    ) -> Result<Insert, StoreError> {
-        let existing: Option<Vec<u8>> = self
-            .run(&INSERT_IF_ABSENT, key, ScriptArgs::record(record))
+        at: Stamp,
+    ) -> Result<(Insert, Millis), StoreError> {
+        let reply: Vec<Value> = self
+            .run(&INSERT_IF_ABSENT, key, ScriptArgs::Claim(record, at))
             .await?;
-        Ok(match existing {
-            None => Insert::Stored,
-            Some(bytes) => Insert::Existing(decode(&bytes)?),
-        })
+        let (code, rest) = self.reply(&reply)?;
+        let found = match (code, rest) {
+            (0, _) => Insert::Stored,
+            (1, [Value::BulkString(bytes)]) => Insert::Existing(decode(bytes)?),
+            (2, _) => Insert::Skewed,
+            _ => {
+                return Err(StoreError::Corrupt(format!(
+                    "unexpected insert reply {reply:?}"
+                )))
+            }
+        };
+        Ok((found, self.clock.now()))
     }
 
     async fn replace(
         &self,
         key: &RecordKey,
-        expected: u64,
+        expected: &Record,
         record: &Record,
-    ) -> Result<bool, StoreError> {
-        let replaced: i64 = self
+        at: Stamp,
+    ) -> Result<(Swap, Millis), StoreError> {
+        let expected = expected.encode();
+        let reply: Vec<Value> = self
             .run(
-                &REPLACE_IF_TOKEN,
+                &REPLACE_IF_SAME,
                 key,
-                ScriptArgs::Replace(expected, record),
+                ScriptArgs::Replace(&expected, record, at),
             )
             .await?;
-        Ok(replaced == 1)
+        let swap = match self.reply(&reply)?.0 {
+            1 => Swap::Replaced,
+            2 => Swap::Skewed,
+            _ => Swap::Changed,
+        };
+        Ok((swap, self.clock.now()))
     }
 }
 
@@ -431,6 +476,10 @@ impl Store for RedisStore {
         } else {
             "redis"
         }
+    }
+
+    fn now(&self) -> Millis {
+        self.clock.now()
     }
 
     async fn claim_with_record(
@@ -447,10 +496,11 @@ impl Store for RedisStore {
         &self,
         key: &RecordKey,
         holder: &Holder,
-        next: Record,
-        _: HolderWriteKind,
+        change: &Transition,
+        now: Millis,
+        policy: &Policy,
     ) -> Result<HolderWrite, StoreError> {
-        self.holder_write(key, holder, &next).await
+        self.holder_write(key, holder, change, now, policy).await
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {

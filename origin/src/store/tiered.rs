@@ -16,12 +16,12 @@
 pub mod outbox;
 
 use super::{
-    claim_by_cas, CasRecords, HolderWrite, HolderWriteKind, Insert, PostgresStore, RedisStore,
-    Store, StoreError,
+    claim_by_cas, CasRecords, HolderWrite, Insert, PostgresStore, RedisStore, Stamp, Store,
+    StoreError, Swap,
 };
 use async_trait::async_trait;
 use idem_core::{
-    decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, Refusal,
+    decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, Refusal, Transition,
 };
 use outbox::{Outbox, OutboxOptions};
 use std::sync::Arc;
@@ -73,14 +73,14 @@ impl TieredStore {
 
     /// Makes Redis hold `record`: swap out the record we saw (`expected`), or else
     /// write it if it supersedes whatever Redis has. Best effort: Redis is a cache here.
-    async fn mirror(&self, key: &RecordKey, expected: Option<u64>, record: &Record) {
+    async fn mirror(&self, key: &RecordKey, expected: Option<&Record>, record: &Record, at: Stamp) {
         let swapped = match expected {
-            Some(t) => self.redis.replace(key, t, record).await,
-            None => Ok(false),
+            Some(e) => self.redis.replace(key, e, record, at).await.map(|(s, _)| s),
+            None => Ok(Swap::Changed),
         };
         let result = match swapped {
-            Ok(true) => Ok(true),
-            Ok(false) => self.redis.mirror(key, record).await,
+            Ok(Swap::Replaced) => Ok(true),
+            Ok(_) => self.redis.mirror(key, record).await,
             Err(e) => Err(e),
         };
         if let Err(e) = result {
@@ -98,17 +98,24 @@ impl TieredStore {
         let Decision::Execute(provisional) = decide(None, fp, now, policy) else {
             unreachable!("no record always executes")
         };
+        let at = Stamp::new(now, policy);
         // 1. Redis: a retry of a key it knows is answered without touching Postgres.
-        let seen = match self.redis.insert_if_absent(key, &provisional.record).await {
-            Ok(Insert::Existing(record)) => {
-                let decision = decide(Some(&record), fp, now, policy);
+        // (Redis' clock judges here only answers that run nothing: a replay, a 409, a
+        // 422. Whether anything runs is Postgres' decision, on Postgres' clock.)
+        let seen = match self
+            .redis
+            .insert_if_absent(key, &provisional.record, at)
+            .await
+        {
+            Ok((Insert::Existing(record), redis_now)) => {
+                let decision = decide(Some(&record), fp, redis_now, policy);
                 if !matches!(decision, Decision::Execute(_) | Decision::TakeOver(_)) {
                     return Ok((decision, Some(record)));
                 }
-                Some(record.token())
+                Some(record)
             }
-            Ok(Insert::Stored) => Some(provisional.token),
-            Ok(Insert::NotYetVisible) => None,
+            Ok((Insert::Stored, _)) => Some(provisional.record.clone()),
+            Ok((Insert::NotYetVisible | Insert::Skewed, _)) => None,
             Err(e) => {
                 self.redis_failed("claim", &e);
                 None
@@ -119,13 +126,15 @@ impl TieredStore {
             Ok(done) => done,
             Err(e) => {
                 // Don't leave our provisional record answering 409 for a claim that never happened.
-                if seen == Some(provisional.token) {
+                if seen.as_ref() == Some(&provisional.record) {
                     let _ = self
                         .redis
                         .holder_write(
                             key,
                             &provisional.holder(),
-                            &provisional.holder().released(now),
+                            &Transition::Release,
+                            now,
+                            policy,
                         )
                         .await;
                 }
@@ -134,7 +143,7 @@ impl TieredStore {
         };
         // 3. Redis mirrors what Postgres now holds (this is also the cold path's write-back).
         if let Some(record) = &record {
-            self.mirror(key, seen, record).await;
+            self.mirror(key, seen.as_ref(), record, at).await;
         }
         Ok((decision, record))
     }
@@ -143,31 +152,41 @@ impl TieredStore {
         &self,
         key: &RecordKey,
         holder: &Holder,
-        next: Record,
-        write: HolderWriteKind,
+        change: &Transition,
+        now: Millis,
+        policy: &Policy,
     ) -> Result<HolderWrite, StoreError> {
+        let next = change.record(holder, now, policy);
         match &self.outbox {
             None => {
-                let written = self.pg.holder_write(key, holder, &next).await?;
+                let written = self
+                    .pg
+                    .holder_write(key, holder, change, now, policy)
+                    .await?;
                 if written.is_ok() {
-                    self.mirror(key, None, &next).await;
+                    self.mirror(key, None, &next, Stamp::new(now, policy)).await;
                 }
                 Ok(written)
             }
             Some(outbox) => {
-                let slot = match write {
+                let slot = if change.is_final() {
                     // The claim parked a slot for its final write; fall back to waiting for one.
-                    HolderWriteKind::Final => match outbox.take_parked(key, holder.token) {
+                    match outbox.take_parked(key, holder.token) {
                         Some(slot) => Some(slot),
                         None => Some(outbox.reserve().await?),
-                    },
+                    }
+                } else {
                     // A heartbeat queues only if there is room; see the outbox docs.
-                    HolderWriteKind::Heartbeat => outbox.try_reserve(),
+                    outbox.try_reserve()
                 };
-                let mut written = match self.redis.holder_write(key, holder, &next).await {
+                let mut written = match self
+                    .redis
+                    .holder_write(key, holder, change, now, policy)
+                    .await
+                {
                     Ok(w) => w,
                     Err(e) => {
-                        if let (HolderWriteKind::Final, Some(slot)) = (write, slot) {
+                        if let (true, Some(slot)) = (change.is_final(), slot) {
                             // The layer will try again: keep the slot for it.
                             outbox.park(key.clone(), holder.token, slot, crate::now());
                         }
@@ -179,6 +198,9 @@ impl TieredStore {
                     // the authority decides whether this holder still owns the key.
                     let authority = self.pg.get_record(key).await?;
                     written = holder.check(authority.as_ref());
+                    if holder.already_wrote(authority.as_ref(), change) {
+                        written = Ok(());
+                    }
                     if written.is_ok() {
                         metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
                         self.redis.mirror(key, &next).await?;
@@ -198,7 +220,7 @@ impl TieredStore {
 }
 
 /// The `async` hot path: Redis, with the cold path folded into insert-if-absent.
-struct ColdPath<'a>(&'a TieredStore);
+struct ColdPath<'a>(&'a TieredStore, &'a Policy);
 
 #[async_trait]
 impl CasRecords for ColdPath<'_> {
@@ -206,11 +228,13 @@ impl CasRecords for ColdPath<'_> {
         &self,
         key: &RecordKey,
         record: &Record,
-    ) -> Result<Insert, StoreError> {
+        at: Stamp,
+    ) -> Result<(Insert, Millis), StoreError> {
         let tiered = self.0;
-        match tiered.redis.insert_if_absent(key, record).await? {
+        let (found, redis_now) = tiered.redis.insert_if_absent(key, record, at).await?;
+        match found {
             Insert::Stored => {}
-            other => return Ok(other),
+            other => return Ok((other, redis_now)),
         }
         // Redis had nothing. Postgres may still know the key (Redis lost it).
         let authority = match tiered.pg.get_record(key).await {
@@ -222,32 +246,46 @@ impl CasRecords for ColdPath<'_> {
                 };
                 let _ = tiered
                     .redis
-                    .holder_write(key, &holder, &holder.released(0))
+                    .holder_write(key, &holder, &Transition::Release, redis_now, self.1)
                     .await;
                 return Err(e);
             }
         };
         match authority {
-            None => Ok(Insert::Stored),
+            None => Ok((Insert::Stored, redis_now)),
             Some(found) => {
                 metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
                 // Put the authority's record back in place of ours; the core decides on it.
-                if tiered.redis.replace(key, record.token(), &found).await? {
-                    Ok(Insert::Existing(found))
+                let (swap, redis_now) = tiered.redis.replace(key, record, &found, at).await?;
+                if swap == Swap::Replaced {
+                    Ok((Insert::Existing(found), redis_now))
                 } else {
-                    Ok(Insert::NotYetVisible)
+                    Ok((Insert::NotYetVisible, redis_now))
                 }
             }
         }
     }
 
+    /// Before any takeover or reclaim decided on Redis' record, the authority is
+    /// asked: after a failover or restart Redis may hold a stale in-progress record
+    /// while Postgres already holds that claim's completion. Then the authority's
+    /// record goes back into Redis and the core decides again.
     async fn replace(
         &self,
         key: &RecordKey,
-        expected: u64,
+        expected: &Record,
         record: &Record,
-    ) -> Result<bool, StoreError> {
-        self.0.redis.replace(key, expected, record).await
+        at: Stamp,
+    ) -> Result<(Swap, Millis), StoreError> {
+        let tiered = self.0;
+        if let Some(found) = tiered.pg.get_record(key).await? {
+            if found.is_newer_than(expected) {
+                metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
+                tiered.redis.mirror(key, &found).await?;
+                return Ok((Swap::Changed, at.now));
+            }
+        }
+        tiered.redis.replace(key, expected, record, at).await
     }
 }
 
@@ -257,6 +295,14 @@ impl Store for TieredStore {
         match self.durability() {
             Durability::Sync => "tiered-sync",
             Durability::Async => "tiered-async",
+        }
+    }
+
+    /// Postgres' clock in `sync` mode (it decides every claim), Redis' in `async`.
+    fn now(&self) -> Millis {
+        match self.outbox {
+            None => self.pg.now(),
+            Some(_) => self.redis.now(),
         }
     }
 
@@ -272,7 +318,8 @@ impl Store for TieredStore {
         };
         // Reserve before writing anything: a full outbox refuses the claim cleanly.
         let (claim_slot, final_slot) = outbox.reserve_pair().await?;
-        let (decision, record) = claim_by_cas(&ColdPath(self), key, fp, now, policy).await?;
+        let (decision, record) =
+            claim_by_cas(&ColdPath(self, policy), key, fp, now, policy).await?;
         if let (Decision::Execute(c) | Decision::TakeOver(c), Some(record)) = (&decision, &record) {
             claim_slot.send(key.clone(), record.clone());
             outbox.park(key.clone(), c.token, final_slot, now);
@@ -284,10 +331,11 @@ impl Store for TieredStore {
         &self,
         key: &RecordKey,
         holder: &Holder,
-        next: Record,
-        kind: HolderWriteKind,
+        change: &Transition,
+        now: Millis,
+        policy: &Policy,
     ) -> Result<HolderWrite, StoreError> {
-        self.holder_write(key, holder, next, kind).await
+        self.holder_write(key, holder, change, now, policy).await
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {

@@ -1,0 +1,383 @@
+//! One execution, from the handler's first poll to its record landing in the store.
+//!
+//! The handler runs in a task of its own, tracked by [`Executions`]: a client that goes
+//! away doesn't cancel it, and graceful shutdown waits for it. While it runs — and
+//! until its final write lands — a [`Heartbeat`] renews the lease, so a store outage
+//! shorter than the lease can't let a retry take over. The final write (completion or
+//! release) is retried with backoff until it lands or the holder is fenced out; the
+//! client waits for it only [`CLIENT_WAIT`], then gets its answer marked `pending`
+//! while the write goes on.
+
+use super::response::problem;
+use super::{Config, ReleaseSignal};
+use crate::metrics;
+use axum::body::Body;
+use bytes::Bytes;
+use futures_util::FutureExt;
+use http::{header, response::Parts, HeaderValue, Request, Response};
+use http_body_util::BodyExt;
+use idem_core::contract::{self, Disposition, OriginDisposition, Problem};
+use idem_core::{Holder, Millis, RecordKey, StoredResponse, Transition};
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tower::{Service, ServiceExt};
+
+/// How long the client waits for the final write before it gets its answer anyway
+/// (marked `pending`: the write goes on in the background).
+pub const CLIENT_WAIT: Duration = Duration::from_secs(1);
+
+/// The executions a layer started and whose records are not written yet.
+#[derive(Clone, Default)]
+pub struct Executions {
+    tracker: TaskTracker,
+    /// Keys whose final write has not landed, by execution.
+    unwritten: Arc<Mutex<HashMap<u64, String>>>,
+    next_id: Arc<AtomicU64>,
+}
+
+impl Executions {
+    /// How many executions are still running or writing their record.
+    pub fn running(&self) -> usize {
+        self.tracker.len()
+    }
+
+    /// Waits for every execution to finish and write its record, at most `deadline`.
+    /// Returns the keys whose record was still not written then (each is logged and
+    /// counted in `idem_lost_writes_total`): a retry of those runs the handler again
+    /// once their lease ends.
+    pub async fn drain(&self, deadline: Duration) -> Vec<String> {
+        self.tracker.close();
+        if tokio::time::timeout(deadline, self.tracker.wait())
+            .await
+            .is_ok()
+        {
+            return Vec::new();
+        }
+        let keys: Vec<String> = self
+            .unwritten
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for key in &keys {
+            metrics::write_lost("shutdown");
+            tracing::error!(key = %key, "shutdown deadline passed before this key's record was written; after its lease a retry runs the handler again");
+        }
+        keys
+    }
+
+    fn pending(&self, key: &RecordKey) -> Unwritten {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.unwritten
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, key.as_str().to_owned());
+        Unwritten {
+            id,
+            map: self.unwritten.clone(),
+        }
+    }
+}
+
+/// Removes its key from the unwritten set when dropped (written, fenced, or the task ended).
+struct Unwritten {
+    id: u64,
+    map: Arc<Mutex<HashMap<u64, String>>>,
+}
+
+impl Drop for Unwritten {
+    fn drop(&mut self) {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+    }
+}
+
+/// Runs the handler in a tracked task and answers the client with its answer.
+pub(crate) async fn execute<S>(
+    config: Arc<Config>,
+    inner: S,
+    req: Request<Body>,
+    key: RecordKey,
+    holder: Holder,
+    lease_lost: CancellationToken,
+) -> Response<Body>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let (answer, answered) = oneshot::channel();
+    let executions = config.executions.clone();
+    executions.tracker.spawn(run_to_completion(
+        config, inner, req, key, holder, lease_lost, answer,
+    ));
+    answered.await.unwrap_or_else(|_| {
+        tracing::error!("idempotent execution task ended without an answer");
+        problem(Problem::HandlerPanicked, None)
+    })
+}
+
+/// What the handler's run came to.
+enum Outcome {
+    /// It answered in full.
+    Answered(Parts, Bytes),
+    /// Execution began and its result is unknown: stored as this problem.
+    Unknown(Problem, &'static str),
+}
+
+async fn run_to_completion<S>(
+    config: Arc<Config>,
+    inner: S,
+    req: Request<Body>,
+    key: RecordKey,
+    holder: Holder,
+    lease_lost: CancellationToken,
+    answer: oneshot::Sender<Response<Body>>,
+) where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let unwritten = config.executions.pending(&key);
+    // Renews the lease until dropped: after the final write, or on any unwind.
+    let heartbeat = Heartbeat::start(config.clone(), key.clone(), holder, lease_lost);
+    let run = AssertUnwindSafe(async move {
+        let res = match inner.oneshot(req).await {
+            Ok(res) => res,
+            Err(never) => match never {},
+        };
+        let (parts, body) = res.into_parts();
+        body.collect()
+            .await
+            .map(|b| (parts, b.to_bytes()))
+            .map_err(|e| e.to_string())
+    })
+    .catch_unwind();
+    let ran = match config.max_execution {
+        Some(limit) => tokio::time::timeout(limit, run).await.ok(),
+        None => Some(run.await),
+    };
+    let outcome = match ran {
+        Some(Ok(Ok((parts, body)))) => Outcome::Answered(parts, body),
+        Some(Ok(Err(error))) => {
+            tracing::error!(key = %key.as_str(), %error, "the handler's response body broke off; storing a 502 for this key");
+            Outcome::Unknown(Problem::HandlerFailed, "the handler's response broke off; its outcome is unknown and it will not run again for this key")
+        }
+        Some(Err(_panic)) => {
+            tracing::error!(key = %key.as_str(), "handler panicked; storing a 500 for this key");
+            Outcome::Unknown(
+                Problem::HandlerPanicked,
+                "the handler failed; it will not run again for this key",
+            )
+        }
+        None => {
+            metrics::execution_timed_out();
+            tracing::error!(key = %key.as_str(), "handler ran past --max-execution; storing a 502 for this key");
+            Outcome::Unknown(Problem::HandlerFailed, "the handler ran past its maximum execution time; its outcome is unknown and it will not run again for this key")
+        }
+    };
+    let (mut parts, body) = match outcome {
+        Outcome::Answered(parts, body) => (parts, body),
+        Outcome::Unknown(p, detail) => {
+            let (mut parts, body) = problem(p, Some(detail)).into_parts();
+            // Unlike idem's other problems, this one is the request's result: replayed.
+            parts.headers.remove(header::CACHE_CONTROL);
+            let body = body
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            (parts, body)
+        }
+    };
+    // The private signal is idem's alone: it never reaches the client.
+    let released = parts.extensions.remove::<ReleaseSignal>().is_some();
+    let change = match contract::disposition(released) {
+        Disposition::Release => {
+            metrics::released();
+            Transition::Release
+        }
+        Disposition::Store => Transition::Complete(stored_response(&config, &parts, &body)),
+    };
+    let op = if change == Transition::Release {
+        "release"
+    } else {
+        "complete"
+    };
+    let write = write_final(&config, &key, &holder, &change, op);
+    tokio::pin!(write);
+    let landed = tokio::select! {
+        landed = &mut write => Some(landed),
+        _ = tokio::time::sleep(CLIENT_WAIT) => None,
+    };
+    let disposition = match (&landed, &change) {
+        (Some(Some(_)), Transition::Release) => Some(OriginDisposition::Released),
+        (Some(Some(at)), _) => Some(OriginDisposition::Stored {
+            expires_at: at.saturating_add(config.policy.ttl_ms),
+        }),
+        // Fenced: another attempt owns the key; this answer is not the stored one.
+        (Some(None), _) => None,
+        (None, _) => Some(OriginDisposition::Pending),
+    };
+    if let Some(d) = disposition {
+        if let Ok(v) = HeaderValue::from_str(&d.header_value()) {
+            parts.headers.insert(contract::ORIGIN_DISPOSITION, v);
+        }
+    }
+    // The client may be gone; the write goes on regardless.
+    let _ = answer.send(Response::from_parts(parts, Body::from(body)));
+    if landed.is_none() {
+        write.await;
+    }
+    drop(heartbeat);
+    drop(unwritten);
+}
+
+fn stored_response(config: &Config, parts: &Parts, body: &Bytes) -> StoredResponse {
+    let headers = config
+        .cached_headers
+        .iter()
+        .flat_map(|name| {
+            parts
+                .headers
+                .get_all(name)
+                .iter()
+                .map(move |v| (name.as_str().to_owned(), v.as_bytes().to_vec()))
+        })
+        .collect();
+    StoredResponse {
+        status: parts.status.as_u16(),
+        headers,
+        body: body.to_vec(),
+    }
+}
+
+/// Backoff of the final write: from 25 ms, doubling, at most 2 s between attempts.
+const FIRST_BACKOFF: Duration = Duration::from_millis(25);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Writes the holder's final record until it lands (`Some(the store time it was
+/// written at)`) or the holder is fenced out (`None`). Until then the key stays
+/// claimed and the heartbeat keeps its lease: nobody else runs the handler.
+async fn write_final(
+    config: &Config,
+    key: &RecordKey,
+    holder: &Holder,
+    change: &Transition,
+    op: &'static str,
+) -> Option<Millis> {
+    let store = &config.store;
+    let mut backoff = FIRST_BACKOFF;
+    let mut failures = 0u64;
+    loop {
+        let now = store.now();
+        let write = store.write_as_holder(key, holder, change, now, &config.policy);
+        match metrics::timed(store.name(), op, write).await {
+            Ok(Ok(())) => {
+                if failures > 0 {
+                    tracing::info!(key = %key.as_str(), failures, "{op} written after retries");
+                }
+                return Some(now);
+            }
+            Ok(Err(refusal)) => {
+                metrics::fenced(op);
+                tracing::warn!(key = %key.as_str(), %refusal, "{op} refused: another attempt owns this key");
+                return None;
+            }
+            Err(e) => {
+                failures += 1;
+                metrics::final_write_retried(op);
+                // Every failure of a long outage would flood the log: the first, then every 10th.
+                if failures == 1 || failures % 10 == 0 {
+                    tracing::warn!(key = %key.as_str(), error = %e, failures, "{op} failed; retrying while the lease is kept alive");
+                }
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// The lease's keeper: renews it every third of the lease (sooner after a failure)
+/// until dropped, and tells the handler — through `lease_lost` — when the lease is
+/// lost: fenced out, or not renewed for a whole lease.
+struct Heartbeat(tokio::task::JoinHandle<()>);
+
+impl Heartbeat {
+    fn start(
+        config: Arc<Config>,
+        key: RecordKey,
+        holder: Holder,
+        lease_lost: CancellationToken,
+    ) -> Heartbeat {
+        Heartbeat(tokio::spawn(keep_alive(config, key, holder, lease_lost)))
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn keep_alive(
+    config: Arc<Config>,
+    key: RecordKey,
+    holder: Holder,
+    lease_lost: CancellationToken,
+) {
+    let lease = Duration::from_millis(config.policy.lease_ms);
+    let every = (lease / 3).max(Duration::from_millis(1));
+    let after_failure = (lease / 12).max(Duration::from_millis(5));
+    // A heartbeat that doesn't answer within this is given up and sent again.
+    let attempt_timeout = (lease / 6).max(Duration::from_millis(20));
+    let mut renewed_at = Instant::now();
+    let mut wait = every;
+    loop {
+        tokio::time::sleep(wait).await;
+        let store = &config.store;
+        let sent = Instant::now();
+        let beat = store.heartbeat(&key, &holder, store.now(), &config.policy);
+        match tokio::time::timeout(
+            attempt_timeout,
+            metrics::timed(store.name(), "heartbeat", beat),
+        )
+        .await
+        {
+            Ok(Ok(Ok(()))) => {
+                renewed_at = sent;
+                wait = every;
+            }
+            Ok(Ok(Err(refusal))) => {
+                metrics::fenced("heartbeat");
+                if !lease_lost.is_cancelled() {
+                    metrics::lease_lost();
+                    lease_lost.cancel();
+                }
+                tracing::warn!(key = %key.as_str(), token = holder.token, %refusal, "lost the claim while the handler runs");
+                return;
+            }
+            failed => {
+                if let Ok(Err(e)) = failed {
+                    tracing::warn!(key = %key.as_str(), error = %e, "heartbeat failed; retrying");
+                } else {
+                    tracing::warn!(key = %key.as_str(), "heartbeat timed out; retrying");
+                }
+                if renewed_at.elapsed() >= lease && !lease_lost.is_cancelled() {
+                    metrics::lease_lost();
+                    lease_lost.cancel();
+                    tracing::error!(key = %key.as_str(), "the lease was not renewed for a whole lease: another attempt may take over");
+                }
+                wait = after_failure;
+            }
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! The store's clock, as this process knows it.
+//!
+//! Leases and expiries are judged on the clock of the store that holds the record —
+//! never on a replica's own wall clock, which may run ahead (taking over a live
+//! holder) or behind (its leases ending early). Every statement that reads or writes
+//! a record also returns the store's time; decisions over an existing record are made
+//! with that time, and writes computed from the caller's `now` are refused by the
+//! store itself when that `now` is further than a tolerance from its clock (see
+//! [`Stamp`]). This module keeps the offset between the store's clock and ours, so that
+//! the next `now` is usually right at the first try.
+
+use idem_core::{Millis, Policy};
+use std::sync::atomic::{AtomicI64, Ordering};
+
+/// The store's clock: the local clock plus the offset last observed.
+#[derive(Debug, Default)]
+pub struct StoreClock {
+    offset_ms: AtomicI64,
+}
+
+impl StoreClock {
+    /// A clock that trusts the local one until it observes the store's.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The store's time, estimated from the last observation.
+    pub fn now(&self) -> Millis {
+        shift(crate::now(), self.offset_ms.load(Ordering::Relaxed))
+    }
+
+    /// Records the store's time as a statement just returned it.
+    pub fn observe(&self, store_now: Millis) {
+        let local = i128::from(crate::now());
+        let offset = (i128::from(store_now) - local).clamp(i64::MIN.into(), i64::MAX.into());
+        self.offset_ms.store(offset as i64, Ordering::Relaxed);
+    }
+
+    /// The last observed offset (store − local), in milliseconds.
+    pub fn offset_ms(&self) -> i64 {
+        self.offset_ms.load(Ordering::Relaxed)
+    }
+}
+
+fn shift(t: Millis, by: i64) -> Millis {
+    if by >= 0 {
+        t.saturating_add(by as u64)
+    } else {
+        t.saturating_sub(by.unsigned_abs())
+    }
+}
+
+/// The instant a write was computed at, and how far from the store's clock that may be.
+///
+/// A store refuses (as [`Skewed`]) a write whose `now` differs from its own clock by
+/// more than `tolerance`: the caller recomputes the record at the store's time and
+/// tries again. Within the tolerance a lease or an expiry may be off by at most that
+/// much, which is why it is a small fraction of the lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stamp {
+    /// The caller's estimate of the store's clock.
+    pub now: Millis,
+    /// The largest accepted difference from the store's clock.
+    pub tolerance: u64,
+}
+
+impl Stamp {
+    /// `now` with the tolerance the policy allows: a tenth of the lease, at least 50 ms.
+    pub fn new(now: Millis, policy: &Policy) -> Stamp {
+        Stamp {
+            now,
+            tolerance: (policy.lease_ms / 10).max(50),
+        }
+    }
+
+    /// Whether the store's clock reading `store_now` accepts this stamp.
+    pub fn accepted_by(&self, store_now: Millis) -> bool {
+        self.now.abs_diff(store_now) <= self.tolerance
+    }
+
+    /// The same tolerance at the store's time.
+    pub fn at(self, store_now: Millis) -> Stamp {
+        Stamp {
+            now: store_now,
+            ..self
+        }
+    }
+}
+
+/// A write refused because its stamp was too far from the store's clock, which read `0`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Skewed(pub Millis);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn follows_the_observed_store_clock() {
+        let clock = StoreClock::new();
+        let local = crate::now();
+        clock.observe(local + 60_000);
+        assert!(clock.now().abs_diff(local + 60_000) < 1_000);
+        clock.observe(local.saturating_sub(5_000));
+        assert!(clock.now().abs_diff(local - 5_000) < 1_000);
+        clock.observe(0);
+        assert!(clock.now() < 1_000, "never below the epoch");
+    }
+
+    #[test]
+    fn stamps_accept_only_nearby_store_clocks() {
+        let p = Policy {
+            lease_ms: 30_000,
+            ttl_ms: 60_000,
+        };
+        let s = Stamp::new(100_000, &p);
+        assert_eq!(s.tolerance, 3_000);
+        assert!(s.accepted_by(103_000) && s.accepted_by(97_000));
+        assert!(!s.accepted_by(103_001) && !s.accepted_by(96_999));
+        assert_eq!(
+            Stamp::new(
+                0,
+                &Policy {
+                    lease_ms: 100,
+                    ttl_ms: 1
+                }
+            )
+            .tolerance,
+            50
+        );
+    }
+}
