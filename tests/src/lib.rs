@@ -397,6 +397,11 @@ impl OriginProcess {
     /// Starts it on a free port with `args`; returns the child and its base URL once
     /// `/healthz` answers. Its log goes to `target/idem-reports/origin-<port>.log`.
     pub async fn spawn(args: &[&str]) -> (std::process::Child, String) {
+        Self::spawn_env(args, &[]).await
+    }
+
+    /// [`OriginProcess::spawn`] with extra environment variables (e.g. libfaketime's).
+    pub async fn spawn_env(args: &[&str], env: &[(&str, &str)]) -> (std::process::Child, String) {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -409,6 +414,7 @@ impl OriginProcess {
         let mut child = std::process::Command::new(Self::binary())
             .args(["--listen", &listen])
             .args(args)
+            .envs(env.iter().copied())
             .env("NO_COLOR", "1")
             .stdout(std::process::Stdio::null())
             .stderr(log)
