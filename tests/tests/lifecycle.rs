@@ -200,3 +200,245 @@ async fn a_replica_whose_clock_runs_ahead_never_takes_over_a_live_holder() {
     assert!(retries.iter().all(|s| *s == 409), "{retries:?}");
     assert_eq!(firsts_done, vec![201; 5]);
 }
+
+fn sigterm(child: &std::process::Child) {
+    let pid = child.id().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+}
+
+fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "no exit within {within:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Defect 5: the client leaves, SIGTERM comes while its handler still runs. Shutdown
+/// waits for the execution and its record; after a restart the retry is a replay at
+/// once — not a 409 for a whole lease, not a second charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_an_execution_whose_client_left() {
+    let db = TestDb::new("term_gone").await;
+    let args = [
+        "--store",
+        "postgres",
+        "--database-url",
+        &db.url,
+        "--lease",
+        "30s",
+    ];
+    let (mut child, url) = OriginProcess::spawn(&args).await;
+    let body = charge_body("c", 100, 1_500);
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let gone = impatient
+        .post(format!("{url}/v1/charges"))
+        .header("idempotency-key", "gone-1")
+        .header("content-type", "application/json")
+        .body(body.clone())
+        .send()
+        .await;
+    assert!(gone.is_err(), "the client gave up before the answer");
+    sigterm(&child);
+    let signalled = Instant::now();
+    let status = tokio::task::block_in_place(|| wait_exit(&mut child, Duration::from_secs(40)));
+    let stopped_after = signalled.elapsed();
+    let (mut again, url) = OriginProcess::spawn(&args).await;
+    let retry = post_charge(&client(), &url, Some("gone-1"), &body).await;
+    let retry_status = retry.status().as_u16();
+    let replayed = retry.headers().get("idempotent-replayed").is_some();
+    let charges = db.charges_for("gone-1").await;
+    report(
+        "lifecycle",
+        &format!("SIGTERM with the client gone, 1.5 s handler: exit {status} after {stopped_after:.1?}; retry after restart {retry_status} replayed={replayed}; {charges} charge"),
+    );
+    let _ = again.kill();
+    assert!(status.success());
+    assert_eq!((retry_status, replayed), (201, true), "a replay at once");
+    assert_eq!(charges, 1);
+}
+
+/// Defect 8: a panic while the response body streams. Before the fix the heartbeat
+/// kept renewing the lease forever: every retry got 409. Now the unknown outcome is
+/// stored as a 500 problem and replayed; the handler never runs again.
+#[tokio::test]
+async fn a_panic_inside_the_body_is_stored_and_never_pins_the_key() {
+    use axum::body::Body;
+    use futures_util::StreamExt;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let store: Arc<dyn Store> = Arc::new(idem_origin::store::MemoryStore::new());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let router = axum::Router::new()
+        .route(
+            "/op",
+            axum::routing::post(move || {
+                c.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    let chunks = futures_util::stream::iter(0..2).map(|i| {
+                        if i == 1 {
+                            panic!("the body failed half-way");
+                        }
+                        Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"{\"partial\":"))
+                    });
+                    http::Response::new(Body::from_stream(chunks))
+                }
+            }),
+        )
+        .layer(IdempotencyLayer::new(store.clone()).lease(Duration::from_millis(300)));
+    let origin = TestOrigin::serve_router(router, store).await;
+    let send = || {
+        client()
+            .post(origin.url("/op"))
+            .header("idempotency-key", "p")
+            .send()
+    };
+    let first = send().await.unwrap();
+    assert_eq!(first.status(), 500);
+    tokio::time::sleep(Duration::from_millis(1_500)).await; // five leases
+    let retry = send().await.unwrap();
+    let (status, replayed) = (
+        retry.status(),
+        retry.headers().get("idempotent-replayed").cloned(),
+    );
+    report(
+        "lifecycle",
+        &format!("panic inside the body (lease 300 ms): retry 1.5 s later {status} replayed={replayed:?}; handler ran {} time(s)", calls.load(Ordering::SeqCst)),
+    );
+    assert_eq!(status, 500);
+    assert_eq!(replayed.unwrap(), "true");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// Defect 8: a handler that never finishes. After `max_execution` its outcome is
+/// stored as a 502 problem and the lease is no longer renewed; retries replay it.
+#[tokio::test]
+async fn a_handler_past_max_execution_is_stored_as_a_problem() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let store: Arc<dyn Store> = Arc::new(idem_origin::store::MemoryStore::new());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let router = axum::Router::new()
+        .route(
+            "/op",
+            axum::routing::post(move || {
+                c.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    tokio::time::sleep(Duration::from_secs(3_600)).await;
+                    "never"
+                }
+            }),
+        )
+        .layer(
+            IdempotencyLayer::new(store.clone())
+                .lease(Duration::from_millis(300))
+                .max_execution(Duration::from_millis(500)),
+        );
+    let origin = TestOrigin::serve_router(router, store).await;
+    let send = || {
+        client()
+            .post(origin.url("/op"))
+            .header("idempotency-key", "slow")
+            .send()
+    };
+    let started = Instant::now();
+    let first = send().await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(first.status(), 502);
+    assert!(first
+        .text()
+        .await
+        .unwrap()
+        .contains("urn:idem:problem:handler-failed"));
+    assert!(
+        took < Duration::from_secs(3),
+        "answered after max_execution, not after the handler: {took:?}"
+    );
+    let retry = send().await.unwrap();
+    assert_eq!(retry.status(), 502);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// Defect 6: a holder that lost its claim is told, so a well-written handler stops
+/// before its effect. Another attempt takes the key over (its lease is forced over);
+/// the running handler sees `lease_lost` cancelled at its next heartbeat.
+#[tokio::test]
+async fn a_fenced_holder_is_told_through_its_context() {
+    use idem_origin::idempotency::IdempotencyContext;
+    let store: Arc<dyn Store> = Arc::new(idem_origin::store::MemoryStore::new());
+    let router = axum::Router::new()
+        .route(
+            "/op",
+            axum::routing::post(
+                |axum::Extension(ctx): axum::Extension<IdempotencyContext>| async move {
+                    let lost =
+                        tokio::time::timeout(Duration::from_secs(5), ctx.lease_lost.cancelled())
+                            .await;
+                    if lost.is_ok() {
+                        "stopped: lease lost"
+                    } else {
+                        "charged"
+                    }
+                },
+            ),
+        )
+        .layer(IdempotencyLayer::new(store.clone()).lease(Duration::from_millis(300)));
+    let origin = TestOrigin::serve_router(router, store.clone()).await;
+    let running = tokio::spawn({
+        let url = origin.url("/op");
+        async move {
+            client()
+                .post(url)
+                .header("idempotency-key", "fence")
+                .body("{}")
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Another attempt takes over, as after a pause past the lease (the memory store
+    // takes the time it is given).
+    let key = idem_core::RecordKey::new(
+        &idem_core::Scope::anonymous(),
+        &idem_core::IdempotencyKey::parse(b"fence").unwrap(),
+    );
+    let fp = store
+        .get(&key)
+        .await
+        .unwrap()
+        .unwrap()
+        .fingerprint()
+        .to_owned();
+    let policy = idem_core::Policy {
+        lease_ms: 300,
+        ttl_ms: 60_000,
+    };
+    let later = idem_origin::now() + 10_000;
+    let took_over = store.claim(&key, &fp, later, &policy).await.unwrap();
+    assert!(
+        matches!(took_over, idem_core::Decision::TakeOver(_)),
+        "{took_over:?}"
+    );
+    let started = Instant::now();
+    let answer = running.await.unwrap();
+    assert_eq!(answer, "stopped: lease lost");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "told at the next heartbeat"
+    );
+}
