@@ -442,3 +442,107 @@ async fn a_fenced_holder_is_told_through_its_context() {
         "told at the next heartbeat"
     );
 }
+
+/// Defect 7: after a Redis failover or restart, Redis can hold a claim's in-progress
+/// record while Postgres, the authority, holds its completion. A retry after the lease
+/// must replay the completion (the authority is asked before any takeover), not run
+/// the handler again — and the write-behind must never bury the completed row.
+#[tokio::test]
+async fn tiered_async_asks_the_authority_before_taking_over_a_stale_redis_record() {
+    use idem_core::{IdempotencyKey, Record, RecordKey, Scope};
+    use idem_origin::store::tiered::outbox::OutboxOptions;
+    use idem_origin::store::{Durability, RedisOptions, RedisStore, TieredStore};
+    let db = TestDb::new("stale_redis").await;
+    let ns = idem_tests::unique_namespace("stale");
+    let redis = RedisStore::connect(
+        &idem_tests::redis_url(),
+        RedisOptions {
+            namespace: ns.clone(),
+            ..RedisOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let pg = Arc::new(
+        PostgresStore::connect(&db.url, PgOptions::default())
+            .await
+            .unwrap(),
+    );
+    let store: Arc<dyn Store> = Arc::new(TieredStore::new(
+        redis,
+        pg,
+        Durability::Async,
+        OutboxOptions::default(),
+    ));
+    let (origin, ledger) = TestOrigin::demo_on(store).await;
+    let http = client();
+    let body = charge_body("c", 100, 0);
+    let first = post_charge(&http, &origin.url(""), Some("stale-1"), &body).await;
+    assert_eq!(first.status(), 201);
+    let answer = first.text().await.unwrap();
+    // The completion reaches Postgres through the outbox.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while db
+        .count("SELECT count(*) FROM idem_records WHERE state = 1")
+        .await
+        < 1
+    {
+        assert!(Instant::now() < deadline, "written behind");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Redis goes back in time: it holds the claim in progress, its lease long over.
+    let record_key = RecordKey::new(
+        &Scope::anonymous(),
+        &IdempotencyKey::parse(b"stale-1").unwrap(),
+    );
+    let client = db.client().await;
+    let row = client
+        .query_one(
+            "SELECT record FROM idem_records WHERE id = $1",
+            &[&record_key.as_str()],
+        )
+        .await
+        .unwrap();
+    let completed = Record::decode(row.get::<_, &[u8]>(0)).unwrap();
+    let now = idem_origin::now();
+    let stale = Record::InProgress {
+        fingerprint: *completed.fingerprint(),
+        token: completed.token(),
+        lease_until: now - 60_000,
+        expires_at: now + 3_600_000,
+    };
+    let mut conn = redis::Client::open(idem_tests::redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let redis_key = format!("{ns}:{{{}}}", record_key.as_str());
+    let _: () = redis::cmd("HSET")
+        .arg(&redis_key)
+        .arg("t")
+        .arg(stale.token())
+        .arg("s")
+        .arg(0)
+        .arg("r")
+        .arg(stale.encode())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let retry = post_charge(&http, &origin.url(""), Some("stale-1"), &body).await;
+    let status = retry.status().as_u16();
+    let replayed = retry.headers().get("idempotent-replayed").is_some();
+    let text = retry.text().await.unwrap();
+    origin.flush().await;
+    let charges = ledger.count_for_key("stale-1");
+    let completed_rows = db
+        .count("SELECT count(*) FROM idem_records WHERE state = 1")
+        .await;
+    report(
+        "lifecycle",
+        &format!("tiered async, Redis holds a stale in-progress record, Postgres the completion: retry {status} replayed={replayed}; {charges} charge(s); completed rows in Postgres {completed_rows}"),
+    );
+    assert_eq!((status, replayed), (201, true));
+    assert_eq!(text, answer, "the first answer");
+    assert_eq!(charges, 1);
+    assert_eq!(completed_rows, 1, "the completion was not buried");
+}
