@@ -4,8 +4,8 @@ use crate::contract::{self, EdgeConfig, Route};
 use crate::durable::DurableObjectRecords;
 use crate::records::{EdgeRecords, Op, Reply, WireResponse};
 use idem_core::contract::{
-    disposition, Disposition, Problem, DEFAULT_CACHED_HEADERS, IDEMPOTENT_REPLAYED,
-    PROBLEM_CONTENT_TYPE,
+    edge_ttl_ms, OriginDisposition, Problem, DEFAULT_CACHED_HEADERS, IDEMPOTENT_REPLAYED,
+    ORIGIN_DISPOSITION, PROBLEM_CONTENT_TYPE,
 };
 use idem_core::StoredResponse;
 use std::time::Duration;
@@ -138,13 +138,15 @@ pub async fn handle(mut req: Request, env: &Env) -> Result<Response> {
             );
         }
     };
-    let cache_control = answer
+    // The edge keeps exactly what the origin stored, until the origin's record expires:
+    // never an answer the origin released or did not make (a CDN's 524, a WAF's 429).
+    let origin_said = answer
         .headers
         .iter()
-        .find(|(n, _)| n.eq_ignore_ascii_case("cache-control"))
-        .map(|(_, v)| v.as_bytes());
-    let write = match disposition(answer.status, cache_control) {
-        Disposition::Store if answer.body.len() <= config.max_stored_body_bytes => {
+        .find(|(n, _)| n.eq_ignore_ascii_case(ORIGIN_DISPOSITION))
+        .and_then(|(_, v)| OriginDisposition::parse(v.as_bytes()));
+    let write = match edge_ttl_ms(origin_said, Date::now().as_millis()) {
+        Some(ttl_ms) if answer.body.len() <= config.max_stored_body_bytes => {
             let stored = StoredResponse {
                 status: answer.status,
                 headers: answer
@@ -164,10 +166,10 @@ pub async fn handle(mut req: Request, env: &Env) -> Result<Response> {
                 token,
                 response: WireResponse::from(&stored),
                 lease_ms: config.policy.lease_ms,
-                ttl_ms: config.policy.ttl_ms,
+                ttl_ms,
             }
         }
-        // Too big to keep at the edge (the origin replays it), or not to be kept at all.
+        // Too big to keep at the edge (the origin replays it), or not stored at the origin.
         _ => release,
     };
     match records.send(&write).await {
@@ -231,10 +233,12 @@ async fn forward(
 fn respond(answer: Answer, what: &str) -> Result<Response> {
     let headers = Headers::new();
     for (name, value) in answer.headers.iter().filter(|(n, _)| {
+        // The origin's disposition is for the edge alone.
+        let n = n.to_ascii_lowercase();
         !matches!(
-            n.to_ascii_lowercase().as_str(),
+            n.as_str(),
             "content-length" | "transfer-encoding" | "connection"
-        )
+        ) && n != ORIGIN_DISPOSITION
     }) {
         headers.append(name, value)?;
     }

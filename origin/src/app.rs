@@ -160,9 +160,21 @@ pub fn router(layer: IdempotencyLayer, store: Arc<dyn Store>, ledger: Arc<dyn Le
         })
 }
 
+/// Readiness. The body names what is down in a few words; the store's own error (host
+/// names, users, server messages) goes to the log, never to whoever can reach `/readyz`.
 async fn readyz(State(h): State<Health>) -> impl IntoResponse {
-    let store = h.store.ping().await.map_err(|e| e.to_string());
-    let ledger = h.ledger.ping().await.map_err(|e| e.to_string());
+    let store = h.store.ping().await.map_err(|e| {
+        tracing::warn!(error = %e, "readiness: the store is not ready");
+        match e {
+            crate::store::StoreError::Unavailable(_) => "unreachable",
+            crate::store::StoreError::Corrupt(_) => "corrupt record",
+            crate::store::StoreError::Contention => "contention",
+        }
+    });
+    let ledger = h.ledger.ping().await.map_err(|e| {
+        tracing::warn!(error = %e, "readiness: the ledger is not ready");
+        "unreachable"
+    });
     let ready = store.is_ok() && ledger.is_ok();
     let body = serde_json::json!({
         "ready": ready,
@@ -215,16 +227,68 @@ pub fn spawn_sweeper(store: Arc<dyn Store>, interval: Duration) -> tokio::task::
     })
 }
 
-/// The URL without its password, for messages.
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
+/// The URL — or comma-separated list of URLs — without passwords, for messages: the
+/// userinfo's password and `password=` / `sslpassword=` query parameters.
+pub fn redact(urls: &str) -> String {
+    if urls.contains(',') && urls.split(',').all(|u| u.contains("://")) {
+        return urls
+            .split(',')
+            .map(redact_one)
+            .collect::<Vec<_>>()
+            .join(",");
+    }
+    redact_one(urls)
+}
+
+fn redact_one(url: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let base = match (base.find("://"), base.rfind('@')) {
         (Some(scheme_end), Some(at)) if at > scheme_end => {
-            let userinfo = &url[scheme_end + 3..at];
+            let userinfo = &base[scheme_end + 3..at];
             match userinfo.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..]),
-                None => url.to_owned(),
+                Some((user, _)) => format!("{}{user}:***{}", &base[..scheme_end + 3], &base[at..]),
+                None => base.to_owned(),
             }
         }
-        _ => url.to_owned(),
+        _ => base.to_owned(),
+    };
+    let Some(query) = query else { return base };
+    let query: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((k, _))
+                if k.eq_ignore_ascii_case("password") || k.eq_ignore_ascii_case("sslpassword") =>
+            {
+                format!("{k}=***")
+            }
+            _ => pair.to_owned(),
+        })
+        .collect();
+    format!("{base}?{}", query.join("&"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn redacts_passwords_wherever_they_are() {
+        assert_eq!(
+            redact("postgres://u:secret@h:5432/db"),
+            "postgres://u:***@h:5432/db"
+        );
+        assert_eq!(
+            redact("postgres://u@h/db?sslmode=require&password=secret&PassWord=x"),
+            "postgres://u@h/db?sslmode=require&password=***&PassWord=***"
+        );
+        assert_eq!(
+            redact("redis://:s1@a:7000,redis://:s2@b:7001"),
+            "redis://:***@a:7000,redis://:***@b:7001"
+        );
+        assert_eq!(redact("postgres://h/db"), "postgres://h/db");
+        assert!(!redact("postgres://u:p%40ss@h/db?password=z").contains('z'));
     }
 }

@@ -56,8 +56,9 @@ pub struct Config {
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
 
-    /// CA certificates (PEM) that verify the Postgres server; with sslmode=verify-full
-    /// or verify-ca in --database-url. Overrides sslrootcert.
+    /// CA certificates (PEM) that verify the Postgres server's chain whenever TLS is
+    /// used (sslmode prefer, require, verify-ca; verify-full checks the host name too).
+    /// Overrides sslrootcert.
     #[arg(long, env = "IDEM_DATABASE_CA_FILE")]
     pub database_ca_file: Option<std::path::PathBuf>,
 

@@ -96,6 +96,16 @@ impl OriginDisposition {
     }
 }
 
+/// How long the edge keeps an answer, given what the origin said about it and the
+/// edge's clock: only an answer the origin stored, only until the origin's record
+/// expires (a refill from a late replay never outlives it). `None`: keep nothing.
+pub fn edge_ttl_ms(origin: Option<OriginDisposition>, now: crate::Millis) -> Option<u64> {
+    match origin? {
+        OriginDisposition::Stored { expires_at } if expires_at > now => Some(expires_at - now),
+        _ => None,
+    }
+}
+
 /// The `wait` preference of a `Prefer` header (RFC 7240), in seconds, if present and
 /// well-formed. With several `wait` preferences the first wins, as RFC 7240 says.
 pub fn prefer_wait(prefer: &[u8]) -> Option<u64> {
@@ -249,6 +259,21 @@ mod tests {
         // Only the private signal releases; statuses and headers are never read.
         assert_eq!(disposition(false), Disposition::Store);
         assert_eq!(disposition(true), Disposition::Release);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_edge_keeps_only_what_the_origin_stored_until_it_expires() {
+        let stored = |expires_at| Some(OriginDisposition::Stored { expires_at });
+        assert_eq!(edge_ttl_ms(stored(1_500), 1_000), Some(500));
+        assert_eq!(
+            edge_ttl_ms(stored(1_000), 1_000),
+            None,
+            "expired at the edge"
+        );
+        assert_eq!(edge_ttl_ms(stored(900), 1_000), None);
+        assert_eq!(edge_ttl_ms(Some(OriginDisposition::Released), 0), None);
+        assert_eq!(edge_ttl_ms(Some(OriginDisposition::Pending), 0), None);
+        assert_eq!(edge_ttl_ms(None, 0), None, "not an idem origin's answer");
     }
 
     #[wasm_bindgen_test(unsupported = test)]

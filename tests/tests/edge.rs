@@ -200,6 +200,10 @@ async fn the_edge_charges_once_replays_and_survives_losing_its_state() {
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or("-")
                     .to_owned();
+                assert!(
+                    res.headers().get("idem-disposition").is_none(),
+                    "the origin's disposition is for the edge alone"
+                );
                 (res.status().as_u16(), edge)
             }));
         }
@@ -265,6 +269,22 @@ async fn the_edge_charges_once_replays_and_survives_losing_its_state() {
         problem["type"],
         "urn:idem:problem:idempotency-key-malformed"
     );
+    // A 400 the origin released is not kept at the edge: the corrected retry through
+    // the edge runs (not a 422 for a different body, not the 400 replayed).
+    let bad = post(
+        &http,
+        &edge.base,
+        "edge-fix",
+        r#"{"amount":-1,"currency":"usd","customer":"c"}"#.to_owned(),
+        false,
+    )
+    .await;
+    assert_eq!(bad.status(), 400);
+    assert!(bad.headers().get("idem-disposition").is_none());
+    let fixed = post(&http, &edge.base, "edge-fix", charge_body("c", 1, 0), false).await;
+    assert_eq!(fixed.status(), 201, "the corrected retry runs");
+    assert!(fixed.headers().get("idempotent-replayed").is_none());
+    assert_eq!(db.charges_for("edge-fix").await, 1);
     let missing = http
         .post(format!("{}/v1/charges", edge.base))
         .body(charge_body("c", 1, 0))
@@ -324,4 +344,50 @@ async fn the_edge_charges_once_replays_and_survives_losing_its_state() {
             KEYS
         ),
     );
+}
+
+/// The edge stores exactly what the origin stored: an answer without the origin's
+/// disposition (a proxy's 500, a CDN's 524, a WAF's 429 — here a bare service that is
+/// not an idem origin) is passed through and never replayed from the edge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_keeps_nothing_the_origin_did_not_store() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let bare = axum::Router::new().route(
+        "/v1/charges",
+        axum::routing::post(move || {
+            c.fetch_add(1, Ordering::SeqCst);
+            async {
+                (
+                    http::StatusCode::INTERNAL_SERVER_ERROR,
+                    "{\"error\":\"from a proxy\"}",
+                )
+            }
+        }),
+    );
+    let store: Arc<dyn idem_origin::store::Store> =
+        Arc::new(idem_origin::store::MemoryStore::new());
+    let origin = TestOrigin::serve_router(bare, store).await;
+    let edge = Edge::start(&origin.url(""), &[]).await;
+    let http = client();
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let res = post(&http, &edge.base, "bare-1", charge_body("c", 1, 0), false).await;
+        assert_eq!(res.status(), 500);
+        seen.push(res.headers()["idem-edge"].to_str().unwrap().to_owned());
+    }
+    report(
+        "edge",
+        &format!(
+            "a 500 that no idem origin stored, sent twice through the edge: {seen:?}, {} calls",
+            calls.load(Ordering::SeqCst)
+        ),
+    );
+    assert_eq!(
+        seen,
+        ["forwarded", "forwarded"],
+        "never replayed from the edge"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
 }

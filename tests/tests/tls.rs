@@ -97,6 +97,29 @@ async fn postgres_over_tls_verifies_the_server() {
         &format!("postgres verify-full with a wrong CA refused: {err}"),
     );
 
+    // A CA given by the flag is used with `require` and `prefer` too: a wrong one is
+    // refused (it used to be ignored), the right one verifies.
+    for mode in ["require", "prefer"] {
+        let url = format!("{base}?sslmode={mode}");
+        let with = |ca_file: &std::path::Path| PgOptions {
+            ca_file: Some(ca_file.to_path_buf()),
+            ..PgOptions::default()
+        };
+        let err = PostgresStore::connect(&url, with(&ca.wrong_ca))
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{mode} with a wrong --database-ca-file is refused"))
+            .to_string();
+        assert!(
+            err.contains("certificate") || err.contains("UnknownIssuer"),
+            "{mode}: {err}"
+        );
+        let store = PostgresStore::connect(&url, with(&ca.ca))
+            .await
+            .unwrap_or_else(|e| panic!("{mode} with the right CA: {e}"));
+        assert!(uses_ssl(&store).await);
+    }
+
     let missing = format!("{base}?sslmode=verify-full");
     let err = PostgresStore::connect(&missing, PgOptions::default())
         .await

@@ -72,6 +72,9 @@ impl Default for PgOptions {
 /// Postgres-backed [`Store`].
 pub struct PostgresStore {
     pool: Pool,
+    /// Heartbeats' own connections: a flood of new claims holding every pooled
+    /// connection must not starve the renewals of running holders' leases.
+    heartbeat_pool: Pool,
     options: PgOptions,
     clock: StoreClock,
 }
@@ -220,6 +223,9 @@ impl Row {
 
 type Client = deadpool_postgres::Client;
 
+/// Connections kept for heartbeats, besides the pool.
+const HEARTBEAT_POOL_SIZE: usize = 2;
+
 impl PostgresStore {
     /// Connects (bounded by `options.timeout`) and applies pending migrations.
     pub async fn connect(url: &str, options: PgOptions) -> Result<Self, StoreError> {
@@ -229,8 +235,15 @@ impl PostgresStore {
             options.timeout,
             options.ca_file.as_deref(),
         )?;
+        let heartbeat_pool = self::pool(
+            url,
+            HEARTBEAT_POOL_SIZE,
+            options.timeout,
+            options.ca_file.as_deref(),
+        )?;
         let store = PostgresStore {
             pool,
+            heartbeat_pool,
             options,
             clock: StoreClock::new(),
         };
@@ -254,8 +267,17 @@ impl PostgresStore {
         &self,
         f: impl AsyncFnOnce(&mut Client) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
+        self.with_client_of(&self.pool, f).await
+    }
+
+    /// [`Self::with_client`] on a given pool.
+    async fn with_client_of<T>(
+        &self,
+        pool: &Pool,
+        f: impl AsyncFnOnce(&mut Client) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let op = async {
-            let mut client = self.pool.get().await.map_err(unavailable)?;
+            let mut client = pool.get().await.map_err(unavailable)?;
             f(&mut client).await
         };
         match tokio::time::timeout(self.options.timeout, op).await {
@@ -372,10 +394,14 @@ impl PostgresStore {
         now: Millis,
         policy: &Policy,
     ) -> Result<HolderWrite, StoreError> {
+        let pool = match change {
+            Transition::Renew => &self.heartbeat_pool,
+            _ => &self.pool,
+        };
         holder_write_at(holder, change, now, policy, |next, at| async move {
             let r = Row::of(&next);
             let (written, store_now, current) = self
-                .with_client(async |client| {
+                .with_client_of(pool, async |client| {
                     let stmt = client
                         .prepare_cached(HOLDER_WRITE)
                         .await
@@ -493,6 +519,12 @@ pub fn pool(
         None => Manager::from_config(config, NoTls, recycling()),
         Some(verify) => {
             let ca = ca_file.map(std::path::Path::to_path_buf).or(tls.ca_file);
+            // A CA given is a CA used: `prefer`/`require` with one verify the chain
+            // (as libpq does with a root certificate), never silently ignore it.
+            let verify = match (verify, &ca) {
+                (super::tls::Verify::Nothing, Some(_)) => super::tls::Verify::Chain,
+                (v, _) => v,
+            };
             let client = super::tls::client_config(verify, ca.as_deref())
                 .map_err(StoreError::Unavailable)?;
             Manager::from_config(
