@@ -407,10 +407,27 @@ impl OriginProcess {
             .local_addr()
             .unwrap()
             .port();
+        Self::try_spawn_at(port, args, env)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Starts it on `port` (a restart keeps its address); `Err` when it exits at
+    /// start-up (its store unreachable, say) or is not serving within 20 s. The log is
+    /// appended to `target/idem-reports/origin-<port>.log`.
+    pub async fn try_spawn_at(
+        port: u16,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<(std::process::Child, String), String> {
         let listen = format!("127.0.0.1:{port}");
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/idem-reports");
         let _ = std::fs::create_dir_all(&dir);
-        let log = std::fs::File::create(dir.join(format!("origin-{port}.log"))).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("origin-{port}.log")))
+            .unwrap();
         let mut child = std::process::Command::new(Self::binary())
             .args(["--listen", &listen])
             .args(args)
@@ -429,14 +446,15 @@ impl OriginProcess {
             .is_err()
         {
             if let Ok(Some(status)) = child.try_wait() {
-                panic!("origin process exited with {status} at start-up");
+                return Err(format!("origin process exited with {status} at start-up"));
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "origin process did not start"
-            );
+            if std::time::Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err("origin process did not start within 20 s".into());
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        (child, base)
+        Ok((child, base))
     }
 }

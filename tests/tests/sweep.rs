@@ -32,11 +32,19 @@ async fn fill(store: &dyn Store, n: usize, prefix: &str, now: u64, ttl_ms: u64) 
     }
 }
 
+/// On the store's clock: records are written at its time, and the sweeper deletes
+/// nothing that has not expired there, whatever the caller's clock says.
 async fn sweeps_only_expired(store: &dyn Store) {
-    let now = 1_000_000;
-    fill(store, 25, "old", now, 1_000).await; // expires at now + 1 s
+    let now = store.now();
+    fill(store, 25, "old", now, 1_000).await; // expires 1 s from now
     fill(store, 5, "new", now, 3_600_000).await;
-    let later = now + 5_000;
+    assert_eq!(
+        store.sweep(now + 3_600_000 * 2, 10).await.unwrap(),
+        0,
+        "a caller's clock far ahead deletes nothing the store's clock keeps"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    let later = store.now();
     assert_eq!(store.sweep(later, 10).await.unwrap(), 10, "one batch");
     assert_eq!(store.sweep(later, 10).await.unwrap(), 10);
     assert_eq!(store.sweep(later, 10).await.unwrap(), 5);
