@@ -18,11 +18,13 @@ impl std::fmt::Display for LedgerError {
 /// The charges ledger.
 #[async_trait]
 pub trait Ledger: Send + Sync + 'static {
-    /// Records a charge, with the idempotency key it ran under (not unique on purpose).
+    /// Records a charge, with the idempotency key it ran under (not unique on purpose)
+    /// and the fencing token of that execution.
     async fn insert(
         &self,
         charge: &Charge,
         idempotency_key: Option<&str>,
+        fencing_token: Option<u64>,
     ) -> Result<(), LedgerError>;
     /// A customer's charges, oldest first.
     async fn list(&self, customer: &str) -> Result<Vec<Charge>, LedgerError>;
@@ -60,7 +62,12 @@ impl MemoryLedger {
 
 #[async_trait]
 impl Ledger for MemoryLedger {
-    async fn insert(&self, charge: &Charge, key: Option<&str>) -> Result<(), LedgerError> {
+    async fn insert(
+        &self,
+        charge: &Charge,
+        key: Option<&str>,
+        _: Option<u64>,
+    ) -> Result<(), LedgerError> {
         self.rows
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -95,6 +102,10 @@ const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS charges (
         created         bigint NOT NULL,
         idempotency_key text          -- deliberately not unique: duplicates must be countable
     );
+    -- Which execution made the charge: its fencing token and the process, so that a fault
+    -- campaign can tell a duplicate after a crashed holder from any other.
+    ALTER TABLE charges ADD COLUMN IF NOT EXISTS fencing_token bigint;
+    ALTER TABLE charges ADD COLUMN IF NOT EXISTS executed_by int;
     CREATE INDEX IF NOT EXISTS charges_customer ON charges (customer);";
 
 fn pg_error(e: impl std::fmt::Display) -> LedgerError {
@@ -113,16 +124,32 @@ impl PgLedger {
 
 #[async_trait]
 impl Ledger for PgLedger {
-    async fn insert(&self, c: &Charge, key: Option<&str>) -> Result<(), LedgerError> {
+    async fn insert(
+        &self,
+        c: &Charge,
+        key: Option<&str>,
+        token: Option<u64>,
+    ) -> Result<(), LedgerError> {
         let client = self.pool.get().await.map_err(pg_error)?;
         let stmt = client
-            .prepare_cached("INSERT INTO charges (id, amount, currency, customer, created, idempotency_key) VALUES ($1, $2, $3, $4, $5, $6)")
+            .prepare_cached("INSERT INTO charges (id, amount, currency, customer, created, idempotency_key, fencing_token, executed_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)")
             .await
             .map_err(pg_error)?;
+        let token = token.and_then(|t| i64::try_from(t).ok());
+        let pid = i32::try_from(std::process::id()).unwrap_or(-1);
         client
             .execute(
                 &stmt,
-                &[&c.id, &c.amount, &c.currency, &c.customer, &c.created, &key],
+                &[
+                    &c.id,
+                    &c.amount,
+                    &c.currency,
+                    &c.customer,
+                    &c.created,
+                    &key,
+                    &token,
+                    &pid,
+                ],
             )
             .await
             .map_err(pg_error)?;

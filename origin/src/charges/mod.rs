@@ -135,7 +135,8 @@ async fn create(
         created: i64::try_from(crate::now() / 1000).unwrap_or(i64::MAX),
     };
     let key = context.as_ref().map(|Extension(c)| c.key.as_str());
-    match ledger.insert(&charge, key).await {
+    let token = context.as_ref().map(|Extension(c)| c.token);
+    match ledger.insert(&charge, key, token).await {
         Ok(()) => {
             let mut res = json_response(StatusCode::CREATED, &json!(charge));
             if let Ok(location) = HeaderValue::from_str(&format!("/v1/charges/{}", charge.id)) {
