@@ -302,7 +302,17 @@ enum Fault {
 #[derive(Default)]
 struct Faults {
     log: Vec<String>,
-    killed: BTreeSet<i32>,
+    /// Processes killed with -9, and when (ms since the epoch, this machine's clock —
+    /// the clock of the Postgres that stamps the claims).
+    killed: BTreeMap<i32, u64>,
+}
+
+impl Faults {
+    fn killed(&mut self, pid: Option<u32>) {
+        if let Some(pid) = pid {
+            self.killed.insert(pid as i32, idem_origin::now());
+        }
+    }
 }
 
 async fn nemesis(cluster: &mut Cluster, rng: &mut Rng, until: Instant, faults: &mut Faults) {
@@ -322,9 +332,7 @@ async fn nemesis(cluster: &mut Cluster, rng: &mut Rng, until: Instant, faults: &
         match fault {
             Fault::KillReplica => {
                 let i = rng.below(REPLICAS as u64) as usize;
-                faults
-                    .killed
-                    .extend(cluster.kill_replica(i).map(|p| p as i32));
+                faults.killed(cluster.kill_replica(i));
                 tokio::time::sleep(Duration::from_millis(rng.between(200, 1_500))).await;
                 cluster.start_replica(i).await;
                 faults
@@ -357,9 +365,7 @@ async fn nemesis(cluster: &mut Cluster, rng: &mut Rng, until: Instant, faults: &
                 let i = rng.below(REPLICAS as u64) as usize;
                 let secs = rng.between(5, 90) as i64 * if rng.below(2) == 0 { 1 } else { -1 };
                 let skew = format!("{secs:+}s");
-                faults
-                    .killed
-                    .extend(cluster.kill_replica(i).map(|p| p as i32));
+                faults.killed(cluster.kill_replica(i));
                 cluster.replicas[i].skew = Some(skew.clone());
                 cluster.start_replica(i).await;
                 faults.log.push(format!(
@@ -437,22 +443,28 @@ async fn run(workload: Workload) -> Verdict {
             .push((r.get(1), r.get(2)));
     }
     let total: i64 = executions.values().map(|e| e.len() as i64).sum();
-    // A key executed twice is a failure — unless every execution but the last ran in a
-    // process the nemesis killed with -9, under a claim of its own: the handler made its
-    // effect and died before its record was written. That window is the one no layer
-    // outside the handler's transaction can close (the crash-safe-handlers issue closes
-    // it); it is counted and reported, not hidden.
+    // A key executed twice is a failure — unless each execution before the last ran in
+    // a process the nemesis killed with -9 after that execution's claim and before the
+    // next one's (tokens carry their claim's instant: at least ms × 1024): the handler
+    // made its effect and died before its record was written, and the next attempt
+    // took over once the lease ended. That window is the one no layer outside the
+    // handler's transaction can close (the crash-safe-handlers issue closes it); it is
+    // counted and reported, not hidden. A holder taken over while alive is a failure.
     let mut duplicated = Vec::new();
     let mut crash_window = Vec::new();
     for (key, runs) in &executions {
         if runs.len() < 2 {
             continue;
         }
-        let distinct_claims = runs.windows(2).all(|w| w[0].0 < w[1].0);
-        let earlier_killed = runs[..runs.len() - 1]
-            .iter()
-            .all(|(_, pid)| faults.killed.contains(pid));
-        if distinct_claims && earlier_killed {
+        let died_in_between = runs.windows(2).all(|w| {
+            let ((t1, pid), (t2, _)) = (w[0], w[1]);
+            let claimed_at = |t: i64| u64::try_from(t).unwrap_or(0) / 1024;
+            faults
+                .killed
+                .get(&pid)
+                .is_some_and(|&k| claimed_at(t1) <= k && k <= claimed_at(t2))
+        });
+        if died_in_between {
             crash_window.push(key.clone());
         } else {
             duplicated.push(key.clone());
