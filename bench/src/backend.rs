@@ -9,7 +9,7 @@ use tokio_postgres::{Client, NoTls};
 
 /// Commands the store's Lua scripts call inside Redis. Redis counts those calls in
 /// its statistics too, but they are not round trips: the client never sends them.
-const SCRIPT_INNER_COMMANDS: &[&str] = &["hget", "hmget", "hset", "pexpireat"];
+const SCRIPT_INNER_COMMANDS: &[&str] = &["hget", "hmget", "hset", "pexpireat", "time"];
 
 /// A connection to the bench database.
 pub struct Postgres {

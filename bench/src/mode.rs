@@ -18,6 +18,9 @@ pub enum Mode {
     Redis,
     /// The 6-node Redis Cluster.
     RedisCluster,
+    /// The 6-node Redis Cluster, each write `WAIT`ing for one replica
+    /// (`--redis-wait-replicas 1`).
+    RedisClusterWait1,
     /// Redis Cluster in front of Postgres, claims written to Postgres first.
     TieredSync,
     /// Redis Cluster in front of Postgres, Postgres written behind.
@@ -60,6 +63,7 @@ impl Mode {
             Mode::PgAdvisoryLock => "pg-advisory-lock",
             Mode::Redis => "redis",
             Mode::RedisCluster => "redis-cluster",
+            Mode::RedisClusterWait1 => "redis-cluster-wait1",
             Mode::TieredSync => "tiered-sync",
             Mode::TieredAsync => "tiered-async",
         }
@@ -73,7 +77,9 @@ impl Mode {
             Mode::PgOnConflict | Mode::TieredSync => Some(Raw::Pgbench(PgStrategy::OnConflict)),
             Mode::PgAdvisoryLock => Some(Raw::Pgbench(PgStrategy::AdvisoryLock)),
             Mode::Redis => Some(Raw::RedisSetNx),
-            Mode::RedisCluster | Mode::TieredAsync => Some(Raw::ClusterSetNx),
+            Mode::RedisCluster | Mode::RedisClusterWait1 | Mode::TieredAsync => {
+                Some(Raw::ClusterSetNx)
+            }
         }
     }
 
@@ -87,7 +93,9 @@ impl Mode {
     pub fn redis(self) -> Option<RedisKind> {
         match self {
             Mode::Redis => Some(RedisKind::Standalone),
-            Mode::RedisCluster | Mode::TieredSync | Mode::TieredAsync => Some(RedisKind::Cluster),
+            Mode::RedisCluster | Mode::RedisClusterWait1 | Mode::TieredSync | Mode::TieredAsync => {
+                Some(RedisKind::Cluster)
+            }
             _ => None,
         }
     }
@@ -99,6 +107,7 @@ impl Mode {
             Mode::PgOnConflict => vec!["--store", "postgres", "--pg-strategy", "on-conflict"],
             Mode::PgAdvisoryLock => vec!["--store", "postgres", "--pg-strategy", "advisory-lock"],
             Mode::Redis | Mode::RedisCluster => vec!["--store", "redis"],
+            Mode::RedisClusterWait1 => vec!["--store", "redis", "--redis-wait-replicas", "1"],
             Mode::TieredSync => vec!["--store", "tiered", "--durability", "sync"],
             Mode::TieredAsync => vec!["--store", "tiered", "--durability", "async"],
         }

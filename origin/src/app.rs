@@ -43,6 +43,8 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
                 timeout: config.store_timeout,
                 namespace: config.redis_namespace.clone(),
                 ca_file: config.redis_ca_file.clone(),
+                allow_eviction: config.redis_allow_eviction,
+                wait_replicas: config.redis_wait_replicas,
             };
             Some(
                 RedisStore::connect(urls, options)
@@ -169,6 +171,7 @@ async fn readyz(State(h): State<Health>) -> impl IntoResponse {
             crate::store::StoreError::Unavailable(_) => "unreachable",
             crate::store::StoreError::Corrupt(_) => "corrupt record",
             crate::store::StoreError::Contention => "contention",
+            crate::store::StoreError::Unsafe(_) => "unsafe configuration",
         }
     });
     let ledger = h.ledger.ping().await.map_err(|e| {

@@ -80,6 +80,18 @@ pub struct Config {
     #[arg(long, env = "IDEM_REDIS_NAMESPACE", default_value = "idem")]
     pub redis_namespace: String,
 
+    /// Start even if a Redis master evicts keys when full (maxmemory set and
+    /// maxmemory-policy not noeviction): an evicted claim or answer lets a retry run the
+    /// handler again.
+    #[arg(long, env = "IDEM_REDIS_ALLOW_EVICTION")]
+    pub redis_allow_eviction: bool,
+
+    /// Replicas that must acknowledge every claim and completion (Redis WAIT) before
+    /// it counts; 0 = don't wait. Narrows the window in which a master that dies
+    /// loses an acknowledged claim.
+    #[arg(long, env = "IDEM_REDIS_WAIT_REPLICAS", default_value_t = 0)]
+    pub redis_wait_replicas: u32,
+
     /// Tiered store: when claims and completions reach Postgres.
     #[arg(long, env = "IDEM_DURABILITY", value_enum, default_value_t = Durability::Sync)]
     pub durability: Durability,

@@ -36,6 +36,8 @@ pub enum StoreError {
     Corrupt(String),
     /// A compare-and-swap kept losing to concurrent writers.
     Contention,
+    /// The backend is configured so that it may lose records (an evicting Redis).
+    Unsafe(String),
 }
 
 impl fmt::Display for StoreError {
@@ -44,6 +46,7 @@ impl fmt::Display for StoreError {
             StoreError::Unavailable(e) => write!(f, "store unavailable: {e}"),
             StoreError::Corrupt(e) => write!(f, "stored record is corrupt: {e}"),
             StoreError::Contention => f.write_str("store contention: claim retried too often"),
+            StoreError::Unsafe(e) => write!(f, "unsafe store configuration: {e}"),
         }
     }
 }

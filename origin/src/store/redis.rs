@@ -51,6 +51,11 @@ pub struct RedisOptions {
     pub namespace: String,
     /// CA certificates (PEM) to verify `rediss://` servers with (else the system's).
     pub ca_file: Option<std::path::PathBuf>,
+    /// Start even if a master evicts keys when full. Refused by default: an evicted
+    /// claim or answer lets a retry run the handler again.
+    pub allow_eviction: bool,
+    /// Replicas that must acknowledge each claim and holder write (`WAIT`); 0: none.
+    pub wait_replicas: u32,
 }
 
 impl Default for RedisOptions {
@@ -60,6 +65,8 @@ impl Default for RedisOptions {
             timeout: Duration::from_secs(2),
             namespace: "idem".into(),
             ca_file: None,
+            allow_eviction: false,
+            wait_replicas: 0,
         }
     }
 }
@@ -127,6 +134,7 @@ pub struct RedisStore {
     timeout: Duration,
     namespace: String,
     clock: StoreClock,
+    wait_replicas: u32,
 }
 
 fn tls_certificates(ca: &[u8]) -> redis::TlsCertificates {
@@ -172,6 +180,7 @@ impl RedisStore {
                     timeout,
                     namespace: String::new(),
                     clock: StoreClock::new(),
+                    wait_replicas: 0,
                 };
                 probe.cluster_enabled().await?
             }
@@ -186,8 +195,10 @@ impl RedisStore {
             timeout,
             namespace: options.namespace,
             clock: StoreClock::new(),
+            wait_replicas: options.wait_replicas,
         };
         store.ping().await?;
+        store.check_eviction(options.allow_eviction).await?;
         Ok(store)
     }
 
@@ -263,6 +274,88 @@ impl RedisStore {
         Ok(info.lines().any(|l| l.trim() == "cluster_enabled:1"))
     }
 
+    /// Refuses a Redis that evicts keys when full (every master, in a cluster): records
+    /// expire by their own TTL, and an eviction before that is a lost claim or answer.
+    /// A Redis that won't say (`CONFIG` disabled, as on some managed services) is
+    /// accepted with a warning.
+    async fn check_eviction(&self, allowed: bool) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("GET").arg("maxmemory*");
+        let reply: Result<Value, StoreError> = match &self.conn {
+            Conn::Single(c) => self.bounded(cmd.query_async(&mut c.clone())).await,
+            Conn::Cluster(h) => {
+                let routing = redis::cluster_routing::RoutingInfo::MultiNode((
+                    redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
+                    None,
+                ));
+                self.bounded(h.connection().route_command(cmd, routing))
+                    .await
+            }
+        };
+        let reply = match reply {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read Redis' maxmemory-policy (CONFIG GET refused?): make sure every master has maxmemory-policy noeviction or maxmemory 0, or a full Redis loses claims");
+                return Ok(());
+            }
+        };
+        let evicting: Vec<String> = per_node(&reply)
+            .into_iter()
+            .filter_map(|(node, config)| evicts(&config).map(|why| format!("{node}: {why}")))
+            .collect();
+        if evicting.is_empty() {
+            return Ok(());
+        }
+        let found = evicting.join("; ");
+        if allowed {
+            tracing::warn!(%found, "Redis may evict records (accepted with --redis-allow-eviction): an evicted claim lets a retry run the handler again");
+            return Ok(());
+        }
+        Err(StoreError::Unsafe(format!(
+            "Redis evicts keys when full ({found}): an evicted claim or answer lets a retry run the handler again. \
+             Set maxmemory-policy noeviction (or maxmemory 0), or pass --redis-allow-eviction to accept the risk"
+        )))
+    }
+
+    /// `WAIT` for the configured replicas after a write on `key`, on the connection to
+    /// the key's master; fewer acknowledgements than asked is a failed write.
+    async fn wait_for_replicas(&self, key: &RecordKey) -> Result<(), StoreError> {
+        if self.wait_replicas == 0 {
+            return Ok(());
+        }
+        let wait_ms = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX) / 2;
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(self.wait_replicas).arg(wait_ms);
+        let acked: i64 = match &self.conn {
+            Conn::Single(c) => self.bounded(cmd.query_async(&mut c.clone())).await?,
+            Conn::Cluster(h) => {
+                let route = redis::cluster_routing::Route::with_key(
+                    self.redis_key(key),
+                    redis::cluster_routing::SlotAddr::Master,
+                );
+                let routing = redis::cluster_routing::RoutingInfo::SingleNode(
+                    redis::cluster_routing::SingleNodeRoutingInfo::SpecificNode(route),
+                );
+                let result = self
+                    .bounded(h.connection().route_command(cmd, routing))
+                    .await
+                    .and_then(|v| {
+                        redis::from_redis_value(v)
+                            .map_err(|e| StoreError::Corrupt(format!("WAIT answered {e}")))
+                    });
+                h.observe(&result);
+                result?
+            }
+        };
+        if acked < i64::from(self.wait_replicas) {
+            return Err(StoreError::Unavailable(format!(
+                "redis: the write reached {acked} of {} replicas within {wait_ms} ms",
+                self.wait_replicas
+            )));
+        }
+        Ok(())
+    }
+
     /// Whether this store talks to a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
         matches!(self.conn, Conn::Cluster(_))
@@ -332,7 +425,7 @@ impl RedisStore {
         now: Millis,
         policy: &Policy,
     ) -> Result<HolderWrite, StoreError> {
-        holder_write_at(holder, change, now, policy, |next, at| async move {
+        let written = holder_write_at(holder, change, now, policy, |next, at| async move {
             let reply: Vec<Value> = self
                 .run(
                     &HOLDER_WRITE,
@@ -350,7 +443,11 @@ impl RedisStore {
                 })),
             }
         })
-        .await
+        .await?;
+        if written.is_ok() {
+            self.wait_for_replicas(key).await?;
+        }
+        Ok(written)
     }
 
     /// A script's `{code, server time, …}` reply: records the server's clock.
@@ -371,6 +468,64 @@ impl RedisStore {
         let bytes: Option<Vec<u8>> = self.run(&GET, key, ScriptArgs::None).await?;
         bytes.map(|b| decode(&b)).transpose()
     }
+}
+
+/// Each node's `CONFIG GET` pairs: a cluster's routed reply maps node addresses to
+/// replies; a standalone reply is one node's.
+fn per_node(reply: &Value) -> Vec<(String, Vec<(String, String)>)> {
+    match reply {
+        Value::Map(nodes)
+            if nodes
+                .iter()
+                .all(|(_, v)| !matches!(v, Value::BulkString(_))) =>
+        {
+            nodes
+                .iter()
+                .map(|(node, config)| (text(node), pairs(config)))
+                .collect()
+        }
+        other => vec![("redis".to_owned(), pairs(other))],
+    }
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        Value::Int(i) => i.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// `CONFIG GET` pairs, from a RESP2 array or a RESP3 map.
+fn pairs(v: &Value) -> Vec<(String, String)> {
+    match v {
+        Value::Array(items) => items
+            .chunks(2)
+            .filter_map(|kv| match kv {
+                [k, v] => Some((text(k), text(v))),
+                _ => None,
+            })
+            .collect(),
+        Value::Map(kvs) => kvs.iter().map(|(k, v)| (text(k), text(v))).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Why a node with this configuration evicts records, or `None` if it doesn't: it has
+/// a memory limit and a policy other than `noeviction` (our records all carry a TTL,
+/// so the `volatile-*` policies evict them too).
+fn evicts(config: &[(String, String)]) -> Option<String> {
+    let get = |name: &str| {
+        config
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let limit = get("maxmemory")?;
+    let policy = get("maxmemory-policy")?;
+    (limit != "0" && policy != "noeviction")
+        .then(|| format!("maxmemory {limit}, maxmemory-policy {policy}"))
 }
 
 /// The argument lists of the scripts.
@@ -432,7 +587,10 @@ impl CasRecords for RedisStore {
             .await?;
         let (code, rest) = self.reply(&reply)?;
         let found = match (code, rest) {
-            (0, _) => Insert::Stored,
+            (0, _) => {
+                self.wait_for_replicas(key).await?;
+                Insert::Stored
+            }
             (1, [Value::BulkString(bytes)]) => Insert::Existing(decode(bytes)?),
             (2, _) => Insert::Skewed,
             _ => {
@@ -460,7 +618,10 @@ impl CasRecords for RedisStore {
             )
             .await?;
         let swap = match self.reply(&reply)?.0 {
-            1 => Swap::Replaced,
+            1 => {
+                self.wait_for_replicas(key).await?;
+                Swap::Replaced
+            }
             2 => Swap::Skewed,
             _ => Swap::Changed,
         };
@@ -521,5 +682,61 @@ impl Store for RedisStore {
                 "redis answered {pong:?} to PING"
             )))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(limit: &str, policy: &str) -> Vec<(String, String)> {
+        vec![
+            ("maxmemory".into(), limit.into()),
+            ("maxmemory-policy".into(), policy.into()),
+        ]
+    }
+
+    #[test]
+    fn only_noeviction_or_no_limit_keeps_every_record() {
+        assert_eq!(
+            evicts(&config("0", "allkeys-lru")),
+            None,
+            "no limit, no eviction"
+        );
+        assert_eq!(evicts(&config("100mb", "noeviction")), None);
+        for policy in [
+            "allkeys-lru",
+            "volatile-lru",
+            "volatile-ttl",
+            "allkeys-random",
+        ] {
+            assert!(evicts(&config("104857600", policy)).is_some(), "{policy}");
+        }
+    }
+
+    #[test]
+    fn reads_standalone_and_cluster_replies() {
+        let b = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        let single = Value::Array(vec![
+            b("maxmemory"),
+            b("1"),
+            b("maxmemory-policy"),
+            b("allkeys-lru"),
+        ]);
+        assert_eq!(per_node(&single)[0].1, config("1", "allkeys-lru"));
+        let cluster = Value::Map(vec![
+            (
+                b("127.0.0.1:7000"),
+                Value::Map(vec![
+                    (b("maxmemory"), b("0")),
+                    (b("maxmemory-policy"), b("noeviction")),
+                ]),
+            ),
+            (b("127.0.0.1:7001"), single),
+        ]);
+        let nodes = per_node(&cluster);
+        assert_eq!(nodes.len(), 2);
+        assert_eq!(nodes[1].0, "127.0.0.1:7001");
+        assert!(evicts(&nodes[1].1).is_some() && evicts(&nodes[0].1).is_none());
     }
 }

@@ -1,0 +1,142 @@
+//! A Redis that can lose acknowledged records: one that evicts keys when full is
+//! refused at start-up (unless accepted explicitly), and `--redis-wait-replicas N`
+//! makes a claim or completion count only once N replicas have it.
+
+use idem_core::{Decision, Fingerprint, IdempotencyKey, Policy, RecordKey, Scope};
+use idem_origin::store::{RedisOptions, RedisStore, Store, StoreError};
+use idem_tests::procs::{RedisClusterProc, RedisProc};
+use idem_tests::{redis_cluster_urls, unique_namespace, OriginProcess};
+
+const P: Policy = Policy {
+    lease_ms: 5_000,
+    ttl_ms: 60_000,
+};
+
+fn key(name: &str) -> RecordKey {
+    RecordKey::new(
+        &Scope::anonymous(),
+        &IdempotencyKey::parse(name.as_bytes()).unwrap(),
+    )
+}
+
+fn options(allow_eviction: bool, wait_replicas: u32) -> RedisOptions {
+    RedisOptions {
+        namespace: unique_namespace("safety"),
+        allow_eviction,
+        wait_replicas,
+        ..RedisOptions::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicting_redis_is_refused_unless_accepted() {
+    let redis = tokio::task::block_in_place(|| RedisProc::start("evicting"));
+    redis.cli(&["config", "set", "maxmemory", "100mb"]);
+    redis.cli(&["config", "set", "maxmemory-policy", "allkeys-lru"]);
+    let err = RedisStore::connect(&redis.url(), options(false, 0))
+        .await
+        .err()
+        .expect("an evicting Redis is refused");
+    assert!(matches!(err, StoreError::Unsafe(_)), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("allkeys-lru")
+            && msg.contains("noeviction")
+            && msg.contains("--redis-allow-eviction"),
+        "{msg}"
+    );
+    // The process says so and exits; with the flag it starts.
+    let port = idem_tests::procs::free_port();
+    let url = redis.url();
+    let refused =
+        OriginProcess::try_spawn_at(port, &["--store", "redis", "--redis-url", &url], &[]).await;
+    assert!(refused.is_err(), "the origin refuses to start");
+    let (mut accepted, _) = OriginProcess::try_spawn_at(
+        port,
+        &[
+            "--store",
+            "redis",
+            "--redis-url",
+            &url,
+            "--redis-allow-eviction",
+        ],
+        &[],
+    )
+    .await
+    .expect("accepted explicitly");
+    let _ = accepted.kill();
+    // volatile-* evicts our records too (they all carry a TTL); noeviction is fine.
+    redis.cli(&["config", "set", "maxmemory-policy", "volatile-ttl"]);
+    assert!(RedisStore::connect(&redis.url(), options(false, 0))
+        .await
+        .is_err());
+    redis.cli(&["config", "set", "maxmemory-policy", "noeviction"]);
+    RedisStore::connect(&redis.url(), options(false, 0))
+        .await
+        .expect("noeviction is safe");
+    redis.cli(&["config", "set", "maxmemory-policy", "allkeys-lru"]);
+    redis.cli(&["config", "set", "maxmemory", "0"]);
+    RedisStore::connect(&redis.url(), options(false, 0))
+        .await
+        .expect("no memory limit, no eviction");
+    idem_tests::report(
+        "redis_safety",
+        &format!("evicting Redis refused at start-up: {msg}"),
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_with_one_evicting_master_is_refused() {
+    let cluster = tokio::task::block_in_place(|| RedisClusterProc::start("evicting-cluster"));
+    RedisStore::connect(&cluster.urls(), options(false, 0))
+        .await
+        .expect("no master evicts");
+    let master = tokio::task::block_in_place(|| cluster.a_master());
+    cluster.nodes[master].cli(&["config", "set", "maxmemory", "1gb"]);
+    cluster.nodes[master].cli(&["config", "set", "maxmemory-policy", "allkeys-lfu"]);
+    let err = RedisStore::connect(&cluster.urls(), options(false, 0))
+        .await
+        .err()
+        .expect("one evicting master is enough to refuse");
+    let msg = err.to_string();
+    let port = cluster.nodes[master].port.to_string();
+    assert!(
+        msg.contains(&port) && msg.contains("allkeys-lfu"),
+        "names the node: {msg}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_replicas_makes_a_write_count_only_once_replicated() {
+    let fp = Fingerprint([4; 32]);
+    // The cluster's masters have a replica each: claims and completions pass.
+    let cluster = RedisStore::connect(&redis_cluster_urls(), options(false, 1))
+        .await
+        .unwrap();
+    let k = key(&format!("wait-{}", idem_origin::now()));
+    let Decision::Execute(c) = cluster.claim(&k, &fp, cluster.now(), &P).await.unwrap() else {
+        panic!("new key executes")
+    };
+    let done = idem_core::StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: b"ok".to_vec(),
+    };
+    assert_eq!(
+        cluster
+            .complete(&k, &c.holder(), done, cluster.now(), &P)
+            .await
+            .unwrap(),
+        Ok(())
+    );
+    // A standalone Redis has no replica: the claim is refused (503), never trusted.
+    let single = tokio::task::block_in_place(|| RedisProc::start("no-replica"));
+    let store = RedisStore::connect(&single.url(), options(false, 1))
+        .await
+        .unwrap();
+    let err = store
+        .claim(&key("wait-alone"), &fp, store.now(), &P)
+        .await
+        .expect_err("no replica acknowledged it");
+    assert!(err.to_string().contains("0 of 1 replicas"), "{err}");
+}
