@@ -114,7 +114,8 @@ pub fn layer(config: &Config, store: Arc<dyn Store>) -> IdempotencyLayer {
         .ttl(config.ttl)
         .lease(config.lease)
         .max_wait(config.max_wait)
-        .max_body_bytes(config.max_body_bytes);
+        .max_body_bytes(config.max_body_bytes)
+        .max_stored_body_bytes(config.max_stored_body_bytes);
     if config.max_execution.is_zero() {
         layer
     } else {

@@ -143,6 +143,11 @@ pub struct Config {
     #[arg(long, env = "IDEM_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
     pub max_body_bytes: usize,
 
+    /// Largest answer body stored for replay, in bytes; a larger answer is delivered to
+    /// the attempt that ran and replays get a problem.
+    #[arg(long, env = "IDEM_MAX_STORED_BODY_BYTES", default_value_t = 1024 * 1024)]
+    pub max_stored_body_bytes: usize,
+
     /// Bound on connecting to and on each operation of the store.
     #[arg(long, env = "IDEM_STORE_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub store_timeout: Duration,

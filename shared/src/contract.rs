@@ -165,11 +165,14 @@ pub enum Problem {
     /// execution time. Execution began and its outcome is unknown: this answer is
     /// stored, and the request is never silently run again.
     HandlerFailed,
+    /// 500: the request ran and its answer was delivered to the first attempt, but it
+    /// was too large to keep for replay. Stored in its place, so the key stays used.
+    ResponseNotStored,
 }
 
 impl Problem {
     /// All problems, for documentation and tests.
-    pub const ALL: [Problem; 9] = [
+    pub const ALL: [Problem; 10] = [
         Problem::KeyMissing,
         Problem::KeyMalformed,
         Problem::BodyTooLarge,
@@ -179,6 +182,7 @@ impl Problem {
         Problem::StoreUnavailable,
         Problem::HandlerPanicked,
         Problem::HandlerFailed,
+        Problem::ResponseNotStored,
     ];
 
     /// The HTTP status.
@@ -191,6 +195,7 @@ impl Problem {
             Problem::StoreUnavailable => 503,
             Problem::HandlerPanicked => 500,
             Problem::HandlerFailed => 502,
+            Problem::ResponseNotStored => 500,
         }
     }
 
@@ -206,6 +211,7 @@ impl Problem {
             Problem::StoreUnavailable => "urn:idem:problem:store-unavailable",
             Problem::HandlerPanicked => "urn:idem:problem:handler-panicked",
             Problem::HandlerFailed => "urn:idem:problem:handler-failed",
+            Problem::ResponseNotStored => "urn:idem:problem:response-not-stored",
         }
     }
 
@@ -221,6 +227,7 @@ impl Problem {
             Problem::StoreUnavailable => "Idempotency store unavailable",
             Problem::HandlerPanicked => "The request handler failed",
             Problem::HandlerFailed => "The request handler's outcome is unknown",
+            Problem::ResponseNotStored => "The answer was too large to keep for replay",
         }
     }
 

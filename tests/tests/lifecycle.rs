@@ -546,3 +546,55 @@ async fn tiered_async_asks_the_authority_before_taking_over_a_stale_redis_record
     assert_eq!(charges, 1);
     assert_eq!(completed_rows, 1, "the completion was not buried");
 }
+
+/// Defect 10: an answer larger than the stored-body limit is delivered in full to the
+/// attempt that ran (streamed, not held whole), and replays get a clear problem; the
+/// handler never runs again.
+#[tokio::test]
+async fn an_answer_too_large_to_store_is_delivered_and_replayed_as_a_problem() {
+    use futures_util::StreamExt;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let store: Arc<dyn Store> = Arc::new(idem_origin::store::MemoryStore::new());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = calls.clone();
+    let router = axum::Router::new()
+        .route(
+            "/op",
+            axum::routing::post(move || {
+                c.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    let chunks = futures_util::stream::iter(0..48).map(|_| {
+                        Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b'x'; 64 * 1024]))
+                    });
+                    (
+                        http::StatusCode::CREATED,
+                        axum::body::Body::from_stream(chunks),
+                    )
+                }
+            }),
+        )
+        .layer(IdempotencyLayer::new(store.clone()).max_stored_body_bytes(1024 * 1024));
+    let origin = TestOrigin::serve_router(router, store).await;
+    let send = || {
+        client()
+            .post(origin.url("/op"))
+            .header("idempotency-key", "big")
+            .send()
+    };
+    let first = send().await.unwrap();
+    assert_eq!(first.status(), 201);
+    assert_eq!(
+        first.bytes().await.unwrap().len(),
+        48 * 64 * 1024,
+        "delivered in full"
+    );
+    let retry = send().await.unwrap();
+    assert_eq!(retry.status(), 500);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    let text = retry.text().await.unwrap();
+    assert!(
+        text.contains("urn:idem:problem:response-not-stored"),
+        "{text}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}

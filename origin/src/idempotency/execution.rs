@@ -13,7 +13,7 @@ use super::{Config, ReleaseSignal};
 use crate::metrics;
 use axum::body::Body;
 use bytes::Bytes;
-use futures_util::FutureExt;
+use futures_util::{FutureExt, StreamExt};
 use http::{header, response::Parts, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 use idem_core::contract::{self, Disposition, OriginDisposition, Problem};
@@ -130,8 +130,34 @@ where
 enum Outcome {
     /// It answered in full.
     Answered(Parts, Bytes),
+    /// It answered with more than the stored-body limit: the first part read, and the
+    /// rest still to stream to the client. Stored as a problem in its place.
+    TooLarge(Parts, Bytes, Body),
     /// Execution began and its result is unknown: stored as this problem.
     Unknown(Problem, &'static str),
+}
+
+/// A response body read up to `limit` bytes.
+enum Read {
+    Whole(Bytes),
+    /// Over the limit: what was read, and the rest of the body.
+    Over(Bytes, Body),
+}
+
+/// Reads `body` whole, or until it exceeds `limit` (the rest is left unread, so an
+/// answer of any size never sits in memory).
+async fn read_bounded(mut body: Body, limit: usize) -> Result<Read, String> {
+    let mut head = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| e.to_string())?;
+        if let Ok(data) = frame.into_data() {
+            head.extend_from_slice(&data);
+            if head.len() > limit {
+                return Ok(Read::Over(head.freeze(), body));
+            }
+        }
+    }
+    Ok(Read::Whole(head.freeze()))
 }
 
 async fn run_to_completion<S>(
@@ -149,16 +175,14 @@ async fn run_to_completion<S>(
     let unwritten = config.executions.pending(&key);
     // Renews the lease until dropped: after the final write, or on any unwind.
     let heartbeat = Heartbeat::start(config.clone(), key.clone(), holder, lease_lost);
+    let limit = config.max_stored_body_bytes;
     let run = AssertUnwindSafe(async move {
         let res = match inner.oneshot(req).await {
             Ok(res) => res,
             Err(never) => match never {},
         };
         let (parts, body) = res.into_parts();
-        body.collect()
-            .await
-            .map(|b| (parts, b.to_bytes()))
-            .map_err(|e| e.to_string())
+        read_bounded(body, limit).await.map(|read| (parts, read))
     })
     .catch_unwind();
     let ran = match config.max_execution {
@@ -166,7 +190,11 @@ async fn run_to_completion<S>(
         None => Some(run.await),
     };
     let outcome = match ran {
-        Some(Ok(Ok((parts, body)))) => Outcome::Answered(parts, body),
+        Some(Ok(Ok((parts, Read::Whole(body))))) => Outcome::Answered(parts, body),
+        Some(Ok(Ok((parts, Read::Over(head, rest))))) => {
+            tracing::warn!(key = %key.as_str(), limit, "the answer is larger than --max-stored-body-bytes: delivered, not stored; replays get a problem");
+            Outcome::TooLarge(parts, head, rest)
+        }
         Some(Ok(Err(error))) => {
             tracing::error!(key = %key.as_str(), %error, "the handler's response body broke off; storing a 502 for this key");
             Outcome::Unknown(Problem::HandlerFailed, "the handler's response broke off; its outcome is unknown and it will not run again for this key")
@@ -184,8 +212,25 @@ async fn run_to_completion<S>(
             Outcome::Unknown(Problem::HandlerFailed, "the handler ran past its maximum execution time; its outcome is unknown and it will not run again for this key")
         }
     };
+    let mut stored_instead = None;
     let (mut parts, body) = match outcome {
-        Outcome::Answered(parts, body) => (parts, body),
+        Outcome::Answered(parts, body) => (parts, ClientBody::Whole(body)),
+        Outcome::TooLarge(parts, head, rest) => {
+            let detail = format!("the request was executed; its answer, larger than {limit} bytes, was delivered to the first attempt only");
+            let (p, b) = problem(Problem::ResponseNotStored, Some(&detail)).into_parts();
+            let b = b.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+            stored_instead = Some(StoredResponse {
+                status: p.status.as_u16(),
+                headers: p
+                    .headers
+                    .iter()
+                    .filter(|(n, _)| *n == header::CONTENT_TYPE)
+                    .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+                    .collect(),
+                body: b.to_vec(),
+            });
+            (parts, ClientBody::Streamed(head, rest))
+        }
         Outcome::Unknown(p, detail) => {
             let (mut parts, body) = problem(p, Some(detail)).into_parts();
             // Unlike idem's other problems, this one is the request's result: replayed.
@@ -195,7 +240,7 @@ async fn run_to_completion<S>(
                 .await
                 .map(|b| b.to_bytes())
                 .unwrap_or_default();
-            (parts, body)
+            (parts, ClientBody::Whole(body))
         }
     };
     // The private signal is idem's alone: it never reaches the client.
@@ -205,7 +250,11 @@ async fn run_to_completion<S>(
             metrics::released();
             Transition::Release
         }
-        Disposition::Store => Transition::Complete(stored_response(&config, &parts, &body)),
+        Disposition::Store => Transition::Complete(match (stored_instead, &body) {
+            (Some(instead), _) => instead,
+            (None, ClientBody::Whole(body)) => stored_response(&config, &parts, body),
+            (None, ClientBody::Streamed(..)) => unreachable!("a streamed answer is stored instead"),
+        }),
     };
     let op = if change == Transition::Release {
         "release"
@@ -233,12 +282,26 @@ async fn run_to_completion<S>(
         }
     }
     // The client may be gone; the write goes on regardless.
-    let _ = answer.send(Response::from_parts(parts, Body::from(body)));
+    let body = match body {
+        ClientBody::Whole(body) => Body::from(body),
+        ClientBody::Streamed(head, rest) => {
+            let head = futures_util::stream::once(async move { Ok::<_, axum::Error>(head) });
+            Body::from_stream(head.chain(rest.into_data_stream()))
+        }
+    };
+    let _ = answer.send(Response::from_parts(parts, body));
     if landed.is_none() {
         write.await;
     }
     drop(heartbeat);
     drop(unwritten);
+}
+
+/// The answer's body as the client gets it.
+enum ClientBody {
+    Whole(Bytes),
+    /// What was read, then the rest of the handler's body, streamed.
+    Streamed(Bytes, Body),
 }
 
 fn stored_response(config: &Config, parts: &Parts, body: &Bytes) -> StoredResponse {

@@ -107,6 +107,7 @@ pub(crate) struct Config {
     pub(crate) max_body_bytes: usize,
     pub(crate) max_execution: Option<Duration>,
     pub(crate) executions: Executions,
+    pub(crate) max_stored_body_bytes: usize,
 }
 
 /// A tower layer that makes guarded requests idempotent. See the [module docs](self).
@@ -135,6 +136,7 @@ impl IdempotencyLayer {
                 max_body_bytes: 1024 * 1024,
                 max_execution: None,
                 executions: Executions::default(),
+                max_stored_body_bytes: 1024 * 1024,
             }),
         }
     }
@@ -189,6 +191,13 @@ impl IdempotencyLayer {
     pub fn cached_headers(self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
         let headers = headers.into_iter().collect();
         self.with(|c| c.cached_headers = headers)
+    }
+
+    /// The largest answer body stored for replay (1 MiB by default). A larger answer is
+    /// still delivered in full to the attempt that ran — streamed, never held whole in
+    /// memory — and replays get a `500` problem (`…:response-not-stored`) instead.
+    pub fn max_stored_body_bytes(self, limit: usize) -> Self {
+        self.with(|c| c.max_stored_body_bytes = limit)
     }
 
     /// The longest a handler may run. After it, the handler is dropped, its outcome
