@@ -477,38 +477,139 @@ async fn tiered_async_asks_the_authority_before_taking_over_a_stale_redis_record
     let (origin, ledger) = TestOrigin::demo_on(store).await;
     let http = client();
     let body = charge_body("c", 100, 0);
-    let first = post_charge(&http, &origin.url(""), Some("stale-1"), &body).await;
-    assert_eq!(first.status(), 201);
-    let answer = first.text().await.unwrap();
-    // The completion reaches Postgres through the outbox.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while db
-        .count("SELECT count(*) FROM idem_records WHERE state = 1")
+    let mut conn = redis::Client::open(idem_tests::redis_url())
+        .unwrap()
+        .get_multiplexed_async_connection()
         .await
-        < 1
-    {
-        assert!(Instant::now() < deadline, "written behind");
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        .unwrap();
+    // Two stale records: the claim itself, in progress (Redis restarted from an old
+    // snapshot); and a provisional claim left by an attempt that failed half-way
+    // through the cold path — its token is higher than the real holder's.
+    for (name, token_offset) in [("stale-1", 0u64), ("stale-2", 5_000_000)] {
+        let first = post_charge(&http, &origin.url(""), Some(name), &body).await;
+        assert_eq!(first.status(), 201);
+        let answer = first.text().await.unwrap();
+        let record_key = RecordKey::new(
+            &Scope::anonymous(),
+            &IdempotencyKey::parse(name.as_bytes()).unwrap(),
+        );
+        // The completion reaches Postgres through the outbox.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let completed = loop {
+            let row = db
+                .client()
+                .await
+                .query_opt(
+                    "SELECT record FROM idem_records WHERE id = $1 AND state = 1",
+                    &[&record_key.as_str()],
+                )
+                .await
+                .unwrap();
+            if let Some(row) = row {
+                break Record::decode(row.get::<_, &[u8]>(0)).unwrap();
+            }
+            assert!(Instant::now() < deadline, "written behind");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let now = idem_origin::now();
+        let stale = Record::InProgress {
+            fingerprint: *completed.fingerprint(),
+            token: completed.token() + token_offset,
+            lease_until: now - 60_000,
+            expires_at: now + 3_600_000,
+        };
+        let redis_key = format!("{ns}:{{{}}}", record_key.as_str());
+        let _: () = redis::cmd("HSET")
+            .arg(&redis_key)
+            .arg("t")
+            .arg(stale.token())
+            .arg("s")
+            .arg(0)
+            .arg("r")
+            .arg(stale.encode())
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let retry = post_charge(&http, &origin.url(""), Some(name), &body).await;
+        let status = retry.status().as_u16();
+        let replayed = retry.headers().get("idempotent-replayed").is_some();
+        let text = retry.text().await.unwrap();
+        // Whatever the retry queued is written behind by now (the outbox batches in ms).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let charges = ledger.count_for_key(name);
+        let kept = db
+            .count(&format!(
+                "SELECT count(*) FROM idem_records WHERE id = '{}' AND state = 1 AND token = {}",
+                record_key.as_str(),
+                completed.token()
+            ))
+            .await;
+        report(
+            "lifecycle",
+            &format!("tiered async, Redis holds a stale in-progress record (token +{token_offset}), Postgres the completion: retry {status} replayed={replayed}; {charges} charge(s); Postgres keeps the first completion: {}", kept == 1),
+        );
+        assert_eq!((status, replayed), (201, true), "{name}");
+        assert_eq!(text, answer, "{name}: the first answer");
+        assert_eq!(charges, 1, "{name}");
+        assert_eq!(kept, 1, "{name}: the completion was not buried");
     }
-    // Redis goes back in time: it holds the claim in progress, its lease long over.
+}
+
+/// Tiered sync: a release whose mirror to Redis failed leaves Redis holding the
+/// pre-release claim. A corrected retry (another body) must run — Postgres, which
+/// freed the key, decides — not be answered 422 from Redis' stale record.
+#[tokio::test]
+async fn tiered_sync_lets_postgres_decide_over_a_stale_redis_claim() {
+    use idem_core::{IdempotencyKey, Record, RecordKey, Scope};
+    use idem_origin::store::tiered::outbox::OutboxOptions;
+    use idem_origin::store::{Durability, RedisOptions, RedisStore, TieredStore};
+    let db = TestDb::new("stale_sync").await;
+    let ns = idem_tests::unique_namespace("stale-sync");
+    let redis = RedisStore::connect(
+        &idem_tests::redis_url(),
+        RedisOptions {
+            namespace: ns.clone(),
+            ..RedisOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let pg = Arc::new(
+        PostgresStore::connect(&db.url, PgOptions::default())
+            .await
+            .unwrap(),
+    );
+    let store: Arc<dyn Store> = Arc::new(TieredStore::new(
+        redis,
+        pg,
+        Durability::Sync,
+        OutboxOptions::default(),
+    ));
+    let (origin, ledger) = TestOrigin::demo_on(store).await;
+    let http = client();
+    let invalid = r#"{"amount":-5,"currency":"usd","customer":"c"}"#;
+    let bad = post_charge(&http, &origin.url(""), Some("fix-sync"), invalid).await;
+    assert_eq!(bad.status(), 400);
+    // Redis still holds the claim as it was before the release (its mirror failed).
     let record_key = RecordKey::new(
         &Scope::anonymous(),
-        &IdempotencyKey::parse(b"stale-1").unwrap(),
+        &IdempotencyKey::parse(b"fix-sync").unwrap(),
     );
-    let client = db.client().await;
-    let row = client
+    let row = db
+        .client()
+        .await
         .query_one(
             "SELECT record FROM idem_records WHERE id = $1",
             &[&record_key.as_str()],
         )
         .await
         .unwrap();
-    let completed = Record::decode(row.get::<_, &[u8]>(0)).unwrap();
+    let released = Record::decode(row.get::<_, &[u8]>(0)).unwrap();
     let now = idem_origin::now();
-    let stale = Record::InProgress {
-        fingerprint: *completed.fingerprint(),
-        token: completed.token(),
-        lease_until: now - 60_000,
+    let before_release = Record::InProgress {
+        fingerprint: *released.fingerprint(),
+        token: released.token(),
+        lease_until: now + 30_000,
         expires_at: now + 3_600_000,
     };
     let mut conn = redis::Client::open(idem_tests::redis_url())
@@ -516,35 +617,31 @@ async fn tiered_async_asks_the_authority_before_taking_over_a_stale_redis_record
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let redis_key = format!("{ns}:{{{}}}", record_key.as_str());
     let _: () = redis::cmd("HSET")
-        .arg(&redis_key)
+        .arg(format!("{ns}:{{{}}}", record_key.as_str()))
         .arg("t")
-        .arg(stale.token())
+        .arg(before_release.token())
         .arg("s")
         .arg(0)
         .arg("r")
-        .arg(stale.encode())
+        .arg(before_release.encode())
         .query_async(&mut conn)
         .await
         .unwrap();
-    let retry = post_charge(&http, &origin.url(""), Some("stale-1"), &body).await;
-    let status = retry.status().as_u16();
-    let replayed = retry.headers().get("idempotent-replayed").is_some();
-    let text = retry.text().await.unwrap();
-    origin.flush().await;
-    let charges = ledger.count_for_key("stale-1");
-    let completed_rows = db
-        .count("SELECT count(*) FROM idem_records WHERE state = 1")
-        .await;
+    let fixed = post_charge(
+        &http,
+        &origin.url(""),
+        Some("fix-sync"),
+        &charge_body("c", 5, 0),
+    )
+    .await;
+    let status = fixed.status().as_u16();
     report(
         "lifecycle",
-        &format!("tiered async, Redis holds a stale in-progress record, Postgres the completion: retry {status} replayed={replayed}; {charges} charge(s); completed rows in Postgres {completed_rows}"),
+        &format!("tiered sync, Redis holds the claim a release freed in Postgres: the corrected retry {status}, {} charge", ledger.count_for_key("fix-sync")),
     );
-    assert_eq!((status, replayed), (201, true));
-    assert_eq!(text, answer, "the first answer");
-    assert_eq!(charges, 1);
-    assert_eq!(completed_rows, 1, "the completion was not buried");
+    assert_eq!(status, 201, "the corrected retry runs");
+    assert_eq!(ledger.count_for_key("fix-sync"), 1);
 }
 
 /// Defect 10: an answer larger than the stored-body limit is delivered in full to the

@@ -3,7 +3,8 @@
 //! The handler runs in a task of its own, tracked by [`Executions`]: a client that goes
 //! away doesn't cancel it, and graceful shutdown waits for it. While it runs — and
 //! until its final write lands — a [`Heartbeat`] renews the lease, so a store outage
-//! shorter than the lease can't let a retry take over. The final write (completion or
+//! that ends before the lease does (counted from the last renewal, less the clock
+//! tolerance) can't let a retry take over. The final write (completion or
 //! release) is retried with backoff until it lands or the holder is fenced out; the
 //! client waits for it only [`CLIENT_WAIT`], then gets its answer marked `pending`
 //! while the write goes on.
@@ -174,7 +175,12 @@ async fn run_to_completion<S>(
 {
     let unwritten = config.executions.pending(&key);
     // Renews the lease until dropped: after the final write, or on any unwind.
-    let heartbeat = Heartbeat::start(config.clone(), key.clone(), holder, lease_lost);
+    let mut heartbeat = Some(Heartbeat::start(
+        config.clone(),
+        key.clone(),
+        holder,
+        lease_lost,
+    ));
     let limit = config.max_stored_body_bytes;
     let run = AssertUnwindSafe(async move {
         let res = match inner.oneshot(req).await {
@@ -257,6 +263,9 @@ async fn run_to_completion<S>(
         }),
     };
     let op = if change == Transition::Release {
+        // No renewal after "nothing happened": a heartbeat landing after the release
+        // would lock the freed key again.
+        heartbeat.take();
         "release"
     } else {
         "complete"
@@ -327,8 +336,8 @@ fn stored_response(config: &Config, parts: &Parts, body: &Bytes) -> StoredRespon
 const FIRST_BACKOFF: Duration = Duration::from_millis(25);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
-/// Writes the holder's final record until it lands (`Some(the store time it was
-/// written at)`) or the holder is fenced out (`None`). Until then the key stays
+/// Writes the holder's final record until it lands (`Some(the time it was computed
+/// at, the store's clock as this process knew it)`) or the holder is fenced out (`None`). Until then the key stays
 /// claimed and the heartbeat keeps its lease: nobody else runs the handler.
 async fn write_final(
     config: &Config,
@@ -371,7 +380,7 @@ async fn write_final(
 
 /// The lease's keeper: renews it every third of the lease (sooner after a failure)
 /// until dropped, and tells the handler — through `lease_lost` — when the lease is
-/// lost: fenced out, or not renewed for a whole lease.
+/// lost: fenced out, or not renewed by the time it may end on the store's clock.
 struct Heartbeat(tokio::task::JoinHandle<()>);
 
 impl Heartbeat {
@@ -402,19 +411,37 @@ async fn keep_alive(
     let after_failure = (lease / 12).max(Duration::from_millis(5));
     // A heartbeat that doesn't answer within this is given up and sent again.
     let attempt_timeout = (lease / 6).max(Duration::from_millis(20));
+    // The lease may end this much early on the store's clock (the clock tolerance):
+    // the handler is told before then, whatever the attempts are doing.
+    let margin = crate::store::Stamp::new(0, &config.policy).tolerance;
+    let told_after = lease.saturating_sub(Duration::from_millis(margin));
     let mut renewed_at = Instant::now();
     let mut wait = every;
     loop {
-        tokio::time::sleep(wait).await;
         let store = &config.store;
-        let sent = Instant::now();
-        let beat = store.heartbeat(&key, &holder, store.now(), &config.policy);
-        match tokio::time::timeout(
-            attempt_timeout,
-            metrics::timed(store.name(), "heartbeat", beat),
-        )
-        .await
-        {
+        let beat = async {
+            tokio::time::sleep(wait).await;
+            let sent = Instant::now();
+            let beat = store.heartbeat(&key, &holder, store.now(), &config.policy);
+            let outcome = tokio::time::timeout(
+                attempt_timeout,
+                metrics::timed(store.name(), "heartbeat", beat),
+            )
+            .await;
+            (sent, outcome)
+        };
+        let deadline = tokio::time::Instant::from_std(renewed_at + told_after);
+        let (sent, outcome) = tokio::select! {
+            done = beat => done,
+            _ = tokio::time::sleep_until(deadline), if !lease_lost.is_cancelled() => {
+                metrics::lease_lost();
+                lease_lost.cancel();
+                tracing::error!(key = %key.as_str(), "the lease was not renewed in time: another attempt may take over");
+                wait = after_failure;
+                continue;
+            }
+        };
+        match outcome {
             Ok(Ok(Ok(()))) => {
                 renewed_at = sent;
                 wait = every;
@@ -433,11 +460,6 @@ async fn keep_alive(
                     tracing::warn!(key = %key.as_str(), error = %e, "heartbeat failed; retrying");
                 } else {
                     tracing::warn!(key = %key.as_str(), "heartbeat timed out; retrying");
-                }
-                if renewed_at.elapsed() >= lease && !lease_lost.is_cancelled() {
-                    metrics::lease_lost();
-                    lease_lost.cancel();
-                    tracing::error!(key = %key.as_str(), "the lease was not renewed for a whole lease: another attempt may take over");
                 }
                 wait = after_failure;
             }

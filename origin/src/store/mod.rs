@@ -217,7 +217,7 @@ pub trait CasRecords: Sync {
 }
 
 /// CAS attempts before a claim gives up with [`StoreError::Contention`].
-const MAX_CLAIM_ROUNDS: usize = 16;
+pub(crate) const MAX_CLAIM_ROUNDS: usize = 16;
 
 /// A claim on a compare-and-swap store: assume the key is new (one round trip in the
 /// common case); otherwise let the core decide on the existing record *at the store's

@@ -4,9 +4,9 @@
 //!
 //! * `on-conflict` (default): one statement inserts the claim if absent and returns
 //!   the existing record otherwise; the core decides; a takeover or a reclaim of an
-//!   expired key is a compare-and-swap on the token.
+//!   expired key is a compare-and-swap on the whole record.
 //! * `advisory-lock`: a transaction takes `pg_advisory_xact_lock(hashtext(id))`, reads,
-//!   asks the core, writes.
+//!   asks the core, writes conditionally (holder writes don't take the lock).
 //! * `naive`: SELECT, then INSERT … ON CONFLICT DO UPDATE, with no lock — the classic
 //!   race, kept only so the race tests can prove they detect a double execution.
 //!
@@ -157,6 +157,12 @@ const GET_WITH_CLOCK: &str = concat!(
     " AS now"
 );
 const ADVISORY_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext($1))";
+/// The advisory-lock strategy's writes: conditional, because holder writes don't take
+/// the lock (a completion may land between the locked read and the claim's write).
+const INSERT_LOCKED: &str = "INSERT INTO idem_records (id, token, state, expires_at, record)
+    VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING";
+const REPLACE_LOCKED: &str = "UPDATE idem_records SET token = $3, state = $4, expires_at = $5,
+    record = $6 WHERE id = $1 AND record = $2";
 /// Deletes rows expired before both the caller's `$1` and the database's clock.
 const SWEEP: &str = concat!(
     "DELETE FROM idem_records WHERE id IN (
@@ -172,7 +178,13 @@ const SWEEP: &str = concat!(
 pub fn claim_statements(strategy: PgStrategy) -> &'static [&'static str] {
     match strategy {
         PgStrategy::OnConflict => &[CLAIM_INSERT],
-        PgStrategy::AdvisoryLock => &["BEGIN", ADVISORY_LOCK, GET_WITH_CLOCK, UPSERT, "COMMIT"],
+        PgStrategy::AdvisoryLock => &[
+            "BEGIN",
+            ADVISORY_LOCK,
+            GET_WITH_CLOCK,
+            INSERT_LOCKED,
+            "COMMIT",
+        ],
         PgStrategy::Naive => &[GET, UPSERT],
     }
 }
@@ -223,8 +235,10 @@ impl Row {
 
 type Client = deadpool_postgres::Client;
 
-/// Connections kept for heartbeats, besides the pool.
-const HEARTBEAT_POOL_SIZE: usize = 2;
+/// Connections kept for heartbeats, besides the pool: a quarter of it, at least two.
+fn heartbeat_pool_size(pool_size: usize) -> usize {
+    (pool_size / 4).max(2)
+}
 
 impl PostgresStore {
     /// Connects (bounded by `options.timeout`) and applies pending migrations.
@@ -237,7 +251,7 @@ impl PostgresStore {
         )?;
         let heartbeat_pool = self::pool(
             url,
-            HEARTBEAT_POOL_SIZE,
+            heartbeat_pool_size(options.pool_size),
             options.timeout,
             options.ca_file.as_deref(),
         )?;
@@ -289,14 +303,31 @@ impl PostgresStore {
         }
     }
 
-    /// Decides at the time the database returns with the row: under the lock,
-    /// nothing else writes the key, so no clock check is needed.
+    /// Decides at the time the database returns with the row, under the lock that
+    /// serialises claims on the key. Holder writes don't take that lock, so the claim
+    /// is still written conditionally — inserted if absent, or swapped for exactly the
+    /// record decided on — and decided again when a holder wrote in between.
     async fn claim_advisory_lock(
         &self,
         key: &RecordKey,
         fp: &Fingerprint,
         policy: &Policy,
     ) -> Result<Decision, StoreError> {
+        for _ in 0..super::MAX_CLAIM_ROUNDS {
+            if let Some(decision) = self.claim_advisory_lock_once(key, fp, policy).await? {
+                return Ok(decision);
+            }
+        }
+        Err(StoreError::Contention)
+    }
+
+    /// One locked round: `None` when a holder's write changed the row in between.
+    async fn claim_advisory_lock_once(
+        &self,
+        key: &RecordKey,
+        fp: &Fingerprint,
+        policy: &Policy,
+    ) -> Result<Option<Decision>, StoreError> {
         self.with_client(async |client| {
             let tx = client.transaction().await.map_err(unavailable)?;
             tx.execute(ADVISORY_LOCK, &[&key.as_str()])
@@ -317,18 +348,47 @@ impl PostgresStore {
             let now = self.observe(row.get::<_, i64>(1));
             let decision = decide(existing.as_ref(), fp, now, policy);
             if let Decision::Execute(c) | Decision::TakeOver(c) = &decision {
-                // The lock serialises every claim on this key, so an upsert is safe here.
                 let r = Row::of(&c.record);
-                let upsert = tx.prepare_cached(UPSERT).await.map_err(unavailable)?;
-                tx.execute(
-                    &upsert,
-                    &[&key.as_str(), &r.token, &r.state, &r.expires_at, &r.record],
-                )
-                .await
-                .map_err(unavailable)?;
+                let written = match &c.replaces {
+                    None => {
+                        let insert = tx
+                            .prepare_cached(INSERT_LOCKED)
+                            .await
+                            .map_err(unavailable)?;
+                        tx.execute(
+                            &insert,
+                            &[&key.as_str(), &r.token, &r.state, &r.expires_at, &r.record],
+                        )
+                        .await
+                        .map_err(unavailable)?
+                    }
+                    Some(expected) => {
+                        let replace = tx
+                            .prepare_cached(REPLACE_LOCKED)
+                            .await
+                            .map_err(unavailable)?;
+                        tx.execute(
+                            &replace,
+                            &[
+                                &key.as_str(),
+                                &expected.encode(),
+                                &r.token,
+                                &r.state,
+                                &r.expires_at,
+                                &r.record,
+                            ],
+                        )
+                        .await
+                        .map_err(unavailable)?
+                    }
+                };
+                if written != 1 {
+                    tx.rollback().await.map_err(unavailable)?;
+                    return Ok(None);
+                }
             }
             tx.commit().await.map_err(unavailable)?;
-            Ok(decision)
+            Ok(Some(decision))
         })
         .await
     }

@@ -11,7 +11,8 @@
 //!
 //! Both: when Redis has no record (evicted, flushed, failed over), Postgres is asked
 //! before the handler runs — a completed record found there is written back to Redis
-//! and replayed, an in-progress one answers 409 (the cold path).
+//! and replayed, an in-progress one answers 409 (the cold path). Before any takeover
+//! decided on Redis' record, Postgres is asked too (async): Redis may hold a stale one.
 
 pub mod outbox;
 
@@ -108,9 +109,14 @@ impl TieredStore {
             .await
         {
             Ok((Insert::Existing(record), redis_now)) => {
-                let decision = decide(Some(&record), fp, redis_now, policy);
-                if !matches!(decision, Decision::Execute(_) | Decision::TakeOver(_)) {
-                    return Ok((decision, Some(record)));
+                // Only a completed record answers from Redis (a replay, or a 422 against
+                // it): it never changes. An in-progress one may be stale — a release or
+                // a completion whose mirror failed — so Postgres decides on it.
+                if record.is_completed() {
+                    let decision = decide(Some(&record), fp, redis_now, policy);
+                    if !matches!(decision, Decision::Execute(_) | Decision::TakeOver(_)) {
+                        return Ok((decision, Some(record)));
+                    }
                 }
                 Some(record)
             }
@@ -193,17 +199,28 @@ impl TieredStore {
                         return Err(e);
                     }
                 };
-                if written == Err(Refusal::Missing) {
-                    // Redis lost the record (failover, flush) after it was written behind:
-                    // the authority decides whether this holder still owns the key.
+                if matches!(written, Err(Refusal::Missing | Refusal::Fenced { .. })) {
+                    // Redis lost the record (failover, flush) after it was written behind,
+                    // or holds a stale provisional claim over it: the authority decides
+                    // whether this holder still owns the key.
                     let authority = self.pg.get_record(key).await?;
-                    written = holder.check(authority.as_ref());
-                    if holder.already_wrote(authority.as_ref(), change) {
-                        written = Ok(());
-                    }
-                    if written.is_ok() {
+                    if holder.already_wrote(authority.as_ref(), change)
+                        || holder.check(authority.as_ref()).is_ok()
+                    {
                         metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
-                        self.redis.mirror(key, &next).await?;
+                        let stamp = Stamp::new(now, policy);
+                        let put = match self.redis.read(key).await? {
+                            None => self.redis.mirror(key, &next).await?,
+                            Some(stale) => {
+                                self.redis.replace(key, &stale, &next, stamp).await?.0
+                                    == Swap::Replaced
+                            }
+                        };
+                        if !put {
+                            // Redis changed again meanwhile: the caller retries.
+                            return Err(StoreError::Contention);
+                        }
+                        written = Ok(());
                     }
                 }
                 match (written.is_ok(), slot) {
@@ -267,9 +284,12 @@ impl CasRecords for ColdPath<'_> {
     }
 
     /// Before any takeover or reclaim decided on Redis' record, the authority is
-    /// asked: after a failover or restart Redis may hold a stale in-progress record
-    /// while Postgres already holds that claim's completion. Then the authority's
-    /// record goes back into Redis and the core decides again.
+    /// asked: after a failover or restart Redis may hold a stale record — an
+    /// in-progress claim whose completion Postgres holds, or a provisional claim left
+    /// by an attempt that failed half-way (its token is higher than the real holder's,
+    /// so tokens can't tell). The core decides on the authority's record: if it is live
+    /// (a completion to replay, a claim still running), it goes back into Redis in
+    /// place of the stale one and the claim is decided again.
     async fn replace(
         &self,
         key: &RecordKey,
@@ -279,10 +299,14 @@ impl CasRecords for ColdPath<'_> {
     ) -> Result<(Swap, Millis), StoreError> {
         let tiered = self.0;
         if let Some(found) = tiered.pg.get_record(key).await? {
-            if found.is_newer_than(expected) {
+            let live = !matches!(
+                decide(Some(&found), record.fingerprint(), at.now, self.1),
+                Decision::Execute(_) | Decision::TakeOver(_)
+            );
+            if found != *expected && live {
                 metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
-                tiered.redis.mirror(key, &found).await?;
-                return Ok((Swap::Changed, at.now));
+                let (_, redis_now) = tiered.redis.replace(key, expected, &found, at).await?;
+                return Ok((Swap::Changed, redis_now));
             }
         }
         tiered.redis.replace(key, expected, record, at).await
