@@ -695,3 +695,77 @@ async fn an_answer_too_large_to_store_is_delivered_and_replayed_as_a_problem() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
+
+/// Defect 1/5, the bound: SIGTERM while a completion can't be written (Postgres down).
+/// Shutdown waits for the write up to `--drain-timeout`, then exits anyway — and names
+/// the key whose record was never written, so an operator knows which retry may run
+/// the handler again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_names_the_keys_it_could_not_write_by_the_drain_deadline() {
+    let pg = tokio::task::block_in_place(|| PgProc::start("drain-deadline"));
+    let url = pg.url();
+    let args = [
+        "--store",
+        "postgres",
+        "--database-url",
+        &url,
+        "--demo-ledger",
+        "memory",
+        "--store-timeout",
+        "500ms",
+        "--drain-timeout",
+        "2s",
+    ];
+    let port = idem_tests::procs::free_port();
+    let (mut child, base) = OriginProcess::try_spawn_at(port, &args, &[]).await.unwrap();
+    let pending = tokio::spawn({
+        let base = base.clone();
+        async move {
+            post_charge(
+                &client(),
+                &base,
+                Some("unwritten-1"),
+                &charge_body("c", 1, 800),
+            )
+            .await
+            .headers()
+            .get("idem-disposition")
+            .map(|v| v.to_str().unwrap().to_owned())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::task::block_in_place(|| pg.stop());
+    let disposition = pending.await.unwrap();
+    sigterm(&child);
+    let signalled = Instant::now();
+    let status = tokio::task::block_in_place(|| wait_exit(&mut child, Duration::from_secs(20)));
+    let took = signalled.elapsed();
+    let log = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("../target/idem-reports/origin-{port}.log")),
+    )
+    .unwrap();
+    let named = log
+        .lines()
+        .find(|l| l.contains("shutdown deadline passed"))
+        .unwrap_or("")
+        .to_owned();
+    report(
+        "lifecycle",
+        &format!("SIGTERM with Postgres down, --drain-timeout 2s: the client got {disposition:?}; exit {status} after {took:.1?}; logged: {named}"),
+    );
+    assert_eq!(
+        disposition.as_deref(),
+        Some("pending"),
+        "answered while the write goes on"
+    );
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(8),
+        "waited the drain deadline: {took:?}"
+    );
+    assert!(
+        named.contains("ERROR"),
+        "the unwritten key is logged as an error: {named}"
+    );
+    assert!(log.contains("unwritten=1"), "and counted");
+}

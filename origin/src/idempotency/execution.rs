@@ -38,8 +38,8 @@ pub const CLIENT_WAIT: Duration = Duration::from_secs(1);
 #[derive(Clone, Default)]
 pub struct Executions {
     tracker: TaskTracker,
-    /// Keys whose final write has not landed, by execution.
-    unwritten: Arc<Mutex<HashMap<u64, String>>>,
+    /// (Idempotency key, record key) of executions whose final write has not landed.
+    unwritten: Arc<Mutex<HashMap<u64, (String, String)>>>,
     next_id: Arc<AtomicU64>,
 }
 
@@ -53,7 +53,7 @@ impl Executions {
     /// Returns the keys whose record was still not written then (each is logged and
     /// counted in `idem_lost_writes_total`): a retry of those runs the handler again
     /// once their lease ends.
-    pub async fn drain(&self, deadline: Duration) -> Vec<String> {
+    pub async fn drain(&self, deadline: Duration) -> Vec<(String, String)> {
         self.tracker.close();
         if tokio::time::timeout(deadline, self.tracker.wait())
             .await
@@ -61,26 +61,26 @@ impl Executions {
         {
             return Vec::new();
         }
-        let keys: Vec<String> = self
+        let keys: Vec<(String, String)> = self
             .unwritten
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
             .cloned()
             .collect();
-        for key in &keys {
+        for (idempotency_key, record) in &keys {
             metrics::write_lost("shutdown");
-            tracing::error!(key = %key, "shutdown deadline passed before this key's record was written; after its lease a retry runs the handler again");
+            tracing::error!(idempotency_key = %idempotency_key, record = %record, "shutdown deadline passed before this key's record was written; after its lease a retry runs the handler again");
         }
         keys
     }
 
-    fn pending(&self, key: &RecordKey) -> Unwritten {
+    fn pending(&self, key: &RecordKey, idempotency_key: &str) -> Unwritten {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.unwritten
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(id, key.as_str().to_owned());
+            .insert(id, (idempotency_key.to_owned(), key.as_str().to_owned()));
         Unwritten {
             id,
             map: self.unwritten.clone(),
@@ -91,7 +91,7 @@ impl Executions {
 /// Removes its key from the unwritten set when dropped (written, fenced, or the task ended).
 struct Unwritten {
     id: u64,
-    map: Arc<Mutex<HashMap<u64, String>>>,
+    map: Arc<Mutex<HashMap<u64, (String, String)>>>,
 }
 
 impl Drop for Unwritten {
@@ -173,7 +173,12 @@ async fn run_to_completion<S>(
     S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
     S::Future: Send + 'static,
 {
-    let unwritten = config.executions.pending(&key);
+    let idempotency_key = req
+        .extensions()
+        .get::<super::IdempotencyContext>()
+        .map(|c| c.key.as_str().to_owned())
+        .unwrap_or_default();
+    let unwritten = config.executions.pending(&key, &idempotency_key);
     // Renews the lease until dropped: after the final write, or on any unwind.
     let mut heartbeat = Some(Heartbeat::start(
         config.clone(),
