@@ -769,3 +769,103 @@ async fn shutdown_names_the_keys_it_could_not_write_by_the_drain_deadline() {
     );
     assert!(log.contains("unwritten=1"), "and counted");
 }
+
+/// Defect 6: heartbeats must not queue behind claims. Replica A's pool has one
+/// connection and a claim holds it (its advisory lock is taken elsewhere, so it waits
+/// inside its transaction); a long handler on A with a 600 ms lease meanwhile needs
+/// renewals. They go through connections of their own, so a retry on replica B sees a
+/// live holder. (Sharing the pool, A's renewals waited, the lease ran out and B's retry
+/// took over: a second charge.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_holding_the_pool_does_not_starve_a_holder_s_heartbeats() {
+    use idem_core::{IdempotencyKey, RecordKey, Scope};
+    let db = TestDb::new("starve").await;
+    let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
+    let replica = |pool_size| {
+        let (url, ledger) = (db.url.clone(), ledger.clone());
+        async move {
+            let store: Arc<dyn Store> = Arc::new(
+                PostgresStore::connect(
+                    &url,
+                    PgOptions {
+                        pool_size,
+                        strategy: idem_origin::store::PgStrategy::AdvisoryLock,
+                        ..PgOptions::default()
+                    },
+                )
+                .await
+                .unwrap(),
+            );
+            let layer = IdempotencyLayer::new(store.clone())
+                .require_key_on(["/v1/charges"])
+                .lease(Duration::from_millis(600));
+            let router = idem_origin::app::router(layer, store.clone(), ledger);
+            TestOrigin::serve_router(router, store).await
+        }
+    };
+    let origin = replica(1).await;
+    let other = replica(4).await;
+    let http = client();
+    let long_body = charge_body("c-long", 100, 4_000);
+    let long = tokio::spawn({
+        let (http, url, body) = (http.clone(), origin.url(""), long_body.clone());
+        async move {
+            post_charge(&http, &url, Some("long-1"), &body)
+                .await
+                .status()
+                .as_u16()
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Another session holds the advisory lock of key "blocker": its claim waits, in its
+    // transaction, on the pool's only connection.
+    let blocker = RecordKey::new(
+        &Scope::anonymous(),
+        &IdempotencyKey::parse(b"blocker").unwrap(),
+    );
+    let locker = db.client().await;
+    locker
+        .execute(
+            "SELECT pg_advisory_lock(hashtext($1))",
+            &[&blocker.as_str()],
+        )
+        .await
+        .unwrap();
+    let blocked = tokio::spawn({
+        let (http, url) = (http.clone(), origin.url(""));
+        async move {
+            post_charge(&http, &url, Some("blocker"), &charge_body("b", 1, 0))
+                .await
+                .status()
+                .as_u16()
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(2_000)).await; // three leases
+                                                            // The retry reaches the other replica, whose pool is free.
+    let retry = post_charge(&http, &other.url(""), Some("long-1"), &long_body).await;
+    locker
+        .execute(
+            "SELECT pg_advisory_unlock(hashtext($1))",
+            &[&blocker.as_str()],
+        )
+        .await
+        .unwrap();
+    let blocked = blocked.await.unwrap();
+    let retry = format!(
+        "{}{}",
+        retry.status().as_u16(),
+        if retry.headers().get("idempotent-replayed").is_some() {
+            " replayed"
+        } else {
+            ""
+        }
+    );
+    let first = long.await.unwrap();
+    let charges = ledger.count_for_key("long-1");
+    report(
+        "lifecycle",
+        &format!("replica A's pool of 1 held by a waiting claim, 4 s handler on A, lease 600 ms: retry on replica B after 2 s {retry}, first {first}, blocked claim {blocked}; {charges} charge(s) for the long key"),
+    );
+    assert_eq!(retry, "409", "a live holder: in flight");
+    assert_eq!(charges, 1, "the live holder was not taken over");
+}

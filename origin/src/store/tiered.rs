@@ -199,28 +199,19 @@ impl TieredStore {
                         return Err(e);
                     }
                 };
-                if matches!(written, Err(Refusal::Missing | Refusal::Fenced { .. })) {
-                    // Redis lost the record (failover, flush) after it was written behind,
-                    // or holds a stale provisional claim over it: the authority decides
-                    // whether this holder still owns the key.
+                if written == Err(Refusal::Missing) {
+                    // Redis lost the record (failover, flush) after it was written behind:
+                    // the authority decides whether this holder still owns the key. (A
+                    // refusal as fenced is final: the newer claim may be a legitimate one
+                    // not yet written behind, which Postgres can't tell from a stale one.)
                     let authority = self.pg.get_record(key).await?;
-                    if holder.already_wrote(authority.as_ref(), change)
-                        || holder.check(authority.as_ref()).is_ok()
-                    {
-                        metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
-                        let stamp = Stamp::new(now, policy);
-                        let put = match self.redis.read(key).await? {
-                            None => self.redis.mirror(key, &next).await?,
-                            Some(stale) => {
-                                self.redis.replace(key, &stale, &next, stamp).await?.0
-                                    == Swap::Replaced
-                            }
-                        };
-                        if !put {
-                            // Redis changed again meanwhile: the caller retries.
-                            return Err(StoreError::Contention);
-                        }
+                    written = holder.check(authority.as_ref());
+                    if holder.already_wrote(authority.as_ref(), change) {
                         written = Ok(());
+                    }
+                    if written.is_ok() {
+                        metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
+                        self.redis.mirror(key, &next).await?;
                     }
                 }
                 match (written.is_ok(), slot) {
