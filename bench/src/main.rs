@@ -41,7 +41,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "memory,pg-on-conflict,pg-advisory-lock,redis,redis-cluster,tiered-sync,tiered-async"
+        default_value = "memory,pg-on-conflict,pg-advisory-lock,redis,redis-cluster,redis-cluster-wait1,tiered-sync,tiered-async"
     )]
     modes: Vec<Mode>,
     /// Concurrent connections, comma-separated; each mode runs at each.
