@@ -458,3 +458,19 @@ impl OriginProcess {
         Ok((child, base))
     }
 }
+
+/// libfaketime's multi-threaded library, to run a process with its clock skewed
+/// (`LD_PRELOAD` it with `FAKETIME`). `scripts/test` installs it.
+pub fn faketime_lib() -> String {
+    for dir in [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib",
+    ] {
+        let lib = format!("{dir}/faketime/libfaketimeMT.so.1");
+        if std::path::Path::new(&lib).exists() {
+            return lib;
+        }
+    }
+    panic!("libfaketime is missing: apt-get install faketime (scripts/test installs it)")
+}

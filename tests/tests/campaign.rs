@@ -129,7 +129,7 @@ impl Cluster {
                     skew: None,
                 })
                 .collect(),
-            faketime: faketime_lib(),
+            faketime: idem_tests::faketime_lib(),
         };
         for i in 0..REPLICAS {
             cluster.start_replica(i).await;
@@ -187,20 +187,6 @@ impl Drop for Cluster {
             self.kill_replica(i);
         }
     }
-}
-
-fn faketime_lib() -> String {
-    for dir in [
-        "/usr/lib/x86_64-linux-gnu",
-        "/usr/lib/aarch64-linux-gnu",
-        "/usr/lib",
-    ] {
-        let lib = format!("{dir}/faketime/libfaketimeMT.so.1");
-        if std::path::Path::new(&lib).exists() {
-            return lib;
-        }
-    }
-    panic!("libfaketime is missing: apt-get install faketime (scripts/test installs it)")
 }
 
 /// What the clients saw, per key: the charge ids of 2xx answers, and a tally.

@@ -106,20 +106,6 @@ async fn a_store_outage_while_handlers_finish_charges_each_key_once() {
     }
 }
 
-fn faketime_lib() -> String {
-    for dir in [
-        "/usr/lib/x86_64-linux-gnu",
-        "/usr/lib/aarch64-linux-gnu",
-        "/usr/lib",
-    ] {
-        let lib = format!("{dir}/faketime/libfaketimeMT.so.1");
-        if std::path::Path::new(&lib).exists() {
-            return lib;
-        }
-    }
-    panic!("libfaketime is missing: apt-get install faketime (scripts/test installs it)")
-}
-
 /// Defect 2: two replicas on one Postgres, one with its clock 60 s ahead. A long
 /// handler runs on the normal one; its retries go to the skewed one, which must answer
 /// 409 (never take over). Before the fix every key was charged twice.
@@ -135,7 +121,7 @@ async fn a_replica_whose_clock_runs_ahead_never_takes_over_a_live_holder() {
         "3s",
     ];
     let (mut normal, normal_url) = OriginProcess::spawn(&args).await;
-    let lib = faketime_lib();
+    let lib = idem_tests::faketime_lib();
     let (mut ahead, ahead_url) = OriginProcess::spawn_env(
         &args,
         &[
