@@ -429,17 +429,21 @@ async fn a_fenced_holder_is_told_through_its_context() {
     );
 }
 
-/// Defect 7: after a Redis failover or restart, Redis can hold a claim's in-progress
-/// record while Postgres, the authority, holds its completion. A retry after the lease
-/// must replay the completion (the authority is asked before any takeover), not run
-/// the handler again — and the write-behind must never bury the completed row.
-#[tokio::test]
-async fn tiered_async_asks_the_authority_before_taking_over_a_stale_redis_record() {
-    use idem_core::{IdempotencyKey, Record, RecordKey, Scope};
+/// The demo API on a tiered store over the shared Redis (a namespace of its own) and a
+/// fresh Postgres schema, its charges in memory.
+async fn tiered_demo(
+    label: &str,
+    durability: idem_origin::store::Durability,
+) -> (
+    TestDb,
+    String,
+    TestOrigin,
+    Arc<idem_origin::charges::MemoryLedger>,
+) {
     use idem_origin::store::tiered::outbox::OutboxOptions;
-    use idem_origin::store::{Durability, RedisOptions, RedisStore, TieredStore};
-    let db = TestDb::new("stale_redis").await;
-    let ns = idem_tests::unique_namespace("stale");
+    use idem_origin::store::{RedisOptions, RedisStore, TieredStore};
+    let db = TestDb::new(label).await;
+    let ns = idem_tests::unique_namespace(label);
     let redis = RedisStore::connect(
         &idem_tests::redis_url(),
         RedisOptions {
@@ -457,17 +461,44 @@ async fn tiered_async_asks_the_authority_before_taking_over_a_stale_redis_record
     let store: Arc<dyn Store> = Arc::new(TieredStore::new(
         redis,
         pg,
-        Durability::Async,
+        durability,
         OutboxOptions::default(),
     ));
     let (origin, ledger) = TestOrigin::demo_on(store).await;
-    let http = client();
-    let body = charge_body("c", 100, 0);
+    (db, ns, origin, ledger)
+}
+
+/// Writes `record` into Redis behind the store's back, as a stale copy would be.
+async fn put_in_redis(ns: &str, key: &idem_core::RecordKey, record: &idem_core::Record) {
     let mut conn = redis::Client::open(idem_tests::redis_url())
         .unwrap()
         .get_multiplexed_async_connection()
         .await
         .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(format!("{ns}:{{{}}}", key.as_str()))
+        .arg("t")
+        .arg(record.token())
+        .arg("s")
+        .arg(record.state_code())
+        .arg("r")
+        .arg(record.encode())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
+/// Defect 7: after a Redis failover or restart, Redis can hold a claim's in-progress
+/// record while Postgres, the authority, holds its completion. A retry after the lease
+/// must replay the completion (the authority is asked before any takeover), not run
+/// the handler again — and the write-behind must never bury the completed row.
+#[tokio::test]
+async fn tiered_async_asks_the_authority_before_taking_over_a_stale_redis_record() {
+    use idem_core::{IdempotencyKey, Record, RecordKey, Scope};
+    use idem_origin::store::Durability;
+    let (db, ns, origin, ledger) = tiered_demo("stale_redis", Durability::Async).await;
+    let http = client();
+    let body = charge_body("c", 100, 0);
     // Two stale records: the claim itself, in progress (Redis restarted from an old
     // snapshot); and a provisional claim left by an attempt that failed half-way
     // through the cold path — its token is higher than the real holder's.
@@ -504,18 +535,7 @@ async fn tiered_async_asks_the_authority_before_taking_over_a_stale_redis_record
             lease_until: now - 60_000,
             expires_at: now + 3_600_000,
         };
-        let redis_key = format!("{ns}:{{{}}}", record_key.as_str());
-        let _: () = redis::cmd("HSET")
-            .arg(&redis_key)
-            .arg("t")
-            .arg(stale.token())
-            .arg("s")
-            .arg(0)
-            .arg("r")
-            .arg(stale.encode())
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        put_in_redis(&ns, &record_key, &stale).await;
         let retry = post_charge(&http, &origin.url(""), Some(name), &body).await;
         let status = retry.status().as_u16();
         let replayed = retry.headers().get("idempotent-replayed").is_some();
@@ -547,31 +567,8 @@ async fn tiered_async_asks_the_authority_before_taking_over_a_stale_redis_record
 #[tokio::test]
 async fn tiered_sync_lets_postgres_decide_over_a_stale_redis_claim() {
     use idem_core::{IdempotencyKey, Record, RecordKey, Scope};
-    use idem_origin::store::tiered::outbox::OutboxOptions;
-    use idem_origin::store::{Durability, RedisOptions, RedisStore, TieredStore};
-    let db = TestDb::new("stale_sync").await;
-    let ns = idem_tests::unique_namespace("stale-sync");
-    let redis = RedisStore::connect(
-        &idem_tests::redis_url(),
-        RedisOptions {
-            namespace: ns.clone(),
-            ..RedisOptions::default()
-        },
-    )
-    .await
-    .unwrap();
-    let pg = Arc::new(
-        PostgresStore::connect(&db.url, PgOptions::default())
-            .await
-            .unwrap(),
-    );
-    let store: Arc<dyn Store> = Arc::new(TieredStore::new(
-        redis,
-        pg,
-        Durability::Sync,
-        OutboxOptions::default(),
-    ));
-    let (origin, ledger) = TestOrigin::demo_on(store).await;
+    use idem_origin::store::Durability;
+    let (db, ns, origin, ledger) = tiered_demo("stale_sync", Durability::Sync).await;
     let http = client();
     let invalid = r#"{"amount":-5,"currency":"usd","customer":"c"}"#;
     let bad = post_charge(&http, &origin.url(""), Some("fix-sync"), invalid).await;
@@ -598,22 +595,7 @@ async fn tiered_sync_lets_postgres_decide_over_a_stale_redis_claim() {
         lease_until: now + 30_000,
         expires_at: now + 3_600_000,
     };
-    let mut conn = redis::Client::open(idem_tests::redis_url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let _: () = redis::cmd("HSET")
-        .arg(format!("{ns}:{{{}}}", record_key.as_str()))
-        .arg("t")
-        .arg(before_release.token())
-        .arg("s")
-        .arg(0)
-        .arg("r")
-        .arg(before_release.encode())
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    put_in_redis(&ns, &record_key, &before_release).await;
     let fixed = post_charge(
         &http,
         &origin.url(""),
