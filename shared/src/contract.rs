@@ -168,11 +168,15 @@ pub enum Problem {
     /// 500: the request ran and its answer was delivered to the first attempt, but it
     /// was too large to keep for replay. Stored in its place, so the key stays used.
     ResponseNotStored,
+    /// 409: this attempt lost its claim to a newer attempt (its lease ran out while it
+    /// was paused or cut off) and its transaction was rolled back: nothing it did
+    /// happened. Never stored; a retry gets the request's result.
+    Fenced,
 }
 
 impl Problem {
     /// All problems, for documentation and tests.
-    pub const ALL: [Problem; 10] = [
+    pub const ALL: [Problem; 11] = [
         Problem::KeyMissing,
         Problem::KeyMalformed,
         Problem::BodyTooLarge,
@@ -183,6 +187,7 @@ impl Problem {
         Problem::HandlerPanicked,
         Problem::HandlerFailed,
         Problem::ResponseNotStored,
+        Problem::Fenced,
     ];
 
     /// The HTTP status.
@@ -190,7 +195,7 @@ impl Problem {
         match self {
             Problem::KeyMissing | Problem::KeyMalformed | Problem::BodyUnreadable => 400,
             Problem::BodyTooLarge => 413,
-            Problem::InFlight => 409,
+            Problem::InFlight | Problem::Fenced => 409,
             Problem::Mismatch => 422,
             Problem::StoreUnavailable => 503,
             Problem::HandlerPanicked => 500,
@@ -212,6 +217,7 @@ impl Problem {
             Problem::HandlerPanicked => "urn:idem:problem:handler-panicked",
             Problem::HandlerFailed => "urn:idem:problem:handler-failed",
             Problem::ResponseNotStored => "urn:idem:problem:response-not-stored",
+            Problem::Fenced => "urn:idem:problem:fenced",
         }
     }
 
@@ -228,13 +234,14 @@ impl Problem {
             Problem::HandlerPanicked => "The request handler failed",
             Problem::HandlerFailed => "The request handler's outcome is unknown",
             Problem::ResponseNotStored => "The answer was too large to keep for replay",
+            Problem::Fenced => "This attempt lost its claim to a newer one; nothing it did was kept",
         }
     }
 
     /// Whether the answer carries `Retry-After`.
     pub fn retry_after_secs(self) -> Option<u64> {
         match self {
-            Problem::InFlight | Problem::StoreUnavailable => Some(1),
+            Problem::InFlight | Problem::StoreUnavailable | Problem::Fenced => Some(1),
             _ => None,
         }
     }

@@ -180,14 +180,54 @@ impl Holder {
     }
 
     /// Whether `change` already took effect: its completion is the record stored
-    /// (this holder's token, completed). A completion whose acknowledgement was lost
-    /// and that is sent again is refused as [`Refusal::AlreadyCompleted`], yet it
-    /// landed: only this holder could complete under its token.
+    /// (this holder's token, completed, with this very response). A completion whose
+    /// acknowledgement was lost and that is sent again is refused as
+    /// [`Refusal::AlreadyCompleted`], yet it landed: only this holder could complete
+    /// under its token. A completion under this token with *another* response was
+    /// written by the handler's own transaction ([`Holder::check_behind`] and the
+    /// origin's transactional completion): that one is the answer, see
+    /// [`Holder::own_completion`].
     pub fn already_wrote(&self, existing: Option<&Record>, change: &Transition) -> bool {
-        matches!(
-            (existing, change),
-            (Some(Record::Completed { token, .. }), Transition::Complete(_)) if *token == self.token
-        )
+        match (existing, change) {
+            (Some(Record::Completed { token, response, .. }), Transition::Complete(ours)) => {
+                *token == self.token && response == ours
+            }
+            _ => false,
+        }
+    }
+
+    /// The response this holder's own completion stored, when the record is one: a
+    /// handler that committed its answer in a transaction, then failed to return it
+    /// (it panicked, or lost the commit's acknowledgement), is answered with it.
+    pub fn own_completion<'r>(&self, existing: Option<&'r Record>) -> Option<&'r StoredResponse> {
+        match existing {
+            Some(Record::Completed { token, response, .. }) if *token == self.token => {
+                Some(response)
+            }
+            _ => None,
+        }
+    }
+
+    /// The precondition of a completion committed into an authority that may lag
+    /// behind the store that decides claims (the tiered store's Postgres in
+    /// write-behind mode): the authority may not have seen this holder's claim yet, nor
+    /// a takeover of it. Allowed over no record, over an in-progress claim under this
+    /// token or an older one, and over an older completion that has expired at `now`
+    /// (the key was reused); refused over a newer claim or any live completion. Two
+    /// holders of one key can therefore never both commit: the second one finds the
+    /// first one's completion. (SQL expresses exactly this as a conditional upsert.)
+    pub fn check_behind(&self, existing: Option<&Record>, now: Millis) -> Result<(), Refusal> {
+        match existing {
+            None => Ok(()),
+            Some(Record::InProgress { token, .. }) if *token <= self.token => Ok(()),
+            Some(Record::Completed {
+                token, expires_at, ..
+            }) if *token < self.token && *expires_at <= now => Ok(()),
+            Some(Record::Completed { token, .. }) if *token == self.token => {
+                Err(Refusal::AlreadyCompleted)
+            }
+            Some(r) => Err(Refusal::Fenced { current: r.token() }),
+        }
     }
 
     /// The record after a heartbeat at `now`: the lease runs `lease_ms` from now.
@@ -385,6 +425,71 @@ mod tests {
         let next = claim(decide(Some(&released), &OTHER, 900, &P));
         assert_eq!(next.replaces, Some(released.clone()));
         assert!(next.token > c.token);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_completion_already_written_is_recognised_only_with_its_own_response() {
+        let c = claim(decide(None, &FP, 0, &P));
+        let h = c.holder();
+        let done = h.completed(ok_response(), 100, &P);
+        assert!(h.already_wrote(Some(&done), &Transition::Complete(ok_response())));
+        // Another answer under the same token was committed by the handler's own
+        // transaction: not this write's, and it is the answer.
+        let other = StoredResponse {
+            status: 503,
+            headers: vec![],
+            body: vec![],
+        };
+        assert!(!h.already_wrote(Some(&done), &Transition::Complete(other)));
+        assert!(!h.already_wrote(Some(&done), &Transition::Release));
+        assert_eq!(h.own_completion(Some(&done)), Some(&ok_response()));
+        let stranger = Holder {
+            fingerprint: FP,
+            token: c.token + 1,
+        };
+        assert_eq!(stranger.own_completion(Some(&done)), None);
+        assert_eq!(h.own_completion(Some(&c.record)), None);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_lagging_authority_admits_one_completion_per_key() {
+        let first = claim(decide(None, &FP, 0, &P));
+        let h1 = first.holder();
+        // A takeover the authority has not seen yet.
+        let h2 = Holder {
+            fingerprint: FP,
+            token: first.token + 1,
+        };
+        // Nothing written behind yet, or only the older claim: either may commit.
+        assert_eq!(h1.check_behind(None, 10), Ok(()));
+        assert_eq!(h2.check_behind(Some(&first.record), 10), Ok(()));
+        assert_eq!(h1.check_behind(Some(&first.record), 10), Ok(()));
+        // Once one committed, the other is fenced, whichever token is higher.
+        let by_h1 = h1.completed(ok_response(), 20, &P);
+        assert_eq!(
+            h2.check_behind(Some(&by_h1), 30),
+            Err(Refusal::Fenced {
+                current: first.token
+            })
+        );
+        let by_h2 = h2.completed(ok_response(), 20, &P);
+        assert_eq!(
+            h1.check_behind(Some(&by_h2), 30),
+            Err(Refusal::Fenced { current: h2.token })
+        );
+        assert_eq!(
+            h2.check_behind(Some(&by_h2), 30),
+            Err(Refusal::AlreadyCompleted)
+        );
+        // A newer claim fences an older holder.
+        let newer = h2.renewed(20, &P);
+        assert_eq!(
+            h1.check_behind(Some(&newer), 30),
+            Err(Refusal::Fenced { current: h2.token })
+        );
+        // An older completion that expired is a reused key: the new holder may commit.
+        assert_eq!(h2.check_behind(Some(&by_h1), by_h1.expires_at()), Ok(()));
+        assert!(h2.check_behind(Some(&by_h1), by_h1.expires_at() - 1).is_err());
     }
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -70,6 +70,22 @@ impl RecordKey {
         &self.0
     }
 
+    /// A key for a downstream service's own idempotency (a payment processor's
+    /// `Idempotency-Key`, a message's deduplication id): the same for every attempt at
+    /// this request — a takeover after a crash included — and different per scope, per
+    /// key and per `purpose` (one per distinct downstream call the handler makes).
+    /// `idem_` and 40 hex digits: within every processor's limits.
+    pub fn downstream_key(&self, purpose: &str) -> String {
+        let digest = tagged_hash(
+            b"idem/downstream/v1",
+            &[self.0.as_bytes(), purpose.as_bytes()],
+        );
+        let mut out = String::with_capacity(45);
+        out.push_str("idem_");
+        out.push_str(&crate::hex(&digest[..20]));
+        out
+    }
+
     /// Rebuilds a key read back from storage; `None` unless it is 64 lower-case hex digits.
     pub fn from_stored(s: &str) -> Option<Self> {
         let ok = s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
@@ -116,6 +132,19 @@ mod tests {
             Scope::from_tenant("alice"),
             Scope::from_credential(b"alice")
         );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn downstream_keys_are_stable_and_distinct() {
+        let alice = RecordKey::new(&Scope::from_credential(b"alice"), &key("k1"));
+        let bob = RecordKey::new(&Scope::from_credential(b"bob"), &key("k1"));
+        let d = alice.downstream_key("charge");
+        assert_eq!(d, alice.clone().downstream_key("charge"));
+        assert!(d.starts_with("idem_") && d.len() == 45, "{d}");
+        assert_ne!(d, bob.downstream_key("charge"));
+        assert_ne!(d, alice.downstream_key("refund"));
+        // The record key never leaks into it.
+        assert!(!d.contains(&alice.as_str()[..8]));
     }
 
     #[wasm_bindgen_test(unsupported = test)]
