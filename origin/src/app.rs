@@ -1,7 +1,7 @@
 //! Wiring: the stores, the layer, the demo routes, health and metrics.
 
 use crate::charges::{self, Ledger, MemoryLedger, PgLedger};
-use crate::config::{Config, DemoLedger, StoreKind};
+use crate::config::{Config, DemoCompletion, DemoLedger, StoreKind};
 use crate::idempotency::IdempotencyLayer;
 use crate::store::tiered::outbox::OutboxOptions;
 use crate::store::{
@@ -55,6 +55,9 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
         _ => None,
     };
     // The demo's charges live in Postgres whenever there is one, unless told otherwise.
+    let ledger_in_authority = pg.is_some()
+        && matches!(config.demo_ledger, DemoLedger::Auto | DemoLedger::Postgres)
+        && matches!(config.store, StoreKind::Postgres | StoreKind::Tiered);
     let ledger: Arc<dyn Ledger> = match (&pg, config.demo_ledger) {
         (Some(pg), DemoLedger::Auto | DemoLedger::Postgres) => Arc::new(
             PgLedger::new(pg.pool().clone())
@@ -85,9 +88,28 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
         _ => Arc::new(ReplayCache::new(store, config.replay_cache_bytes)),
     };
     let layer = layer(config, store.clone());
+    // The charges commit with their records when both are in one Postgres: the store's
+    // authority, which the Postgres ledger shares its pool with.
+    let shared = ledger_in_authority && store.authority().is_some();
+    let (layer, transactional) = match config.demo_completion {
+        DemoCompletion::Separate => (layer, false),
+        DemoCompletion::Auto if !shared => (layer, false),
+        DemoCompletion::Auto | DemoCompletion::Transactional => (
+            layer.transactional().map_err(|e| e.to_string())?,
+            true,
+        ),
+    };
+    if config.demo_completion == DemoCompletion::Transactional && !shared {
+        return Err("--demo-completion transactional needs the charges in the records' Postgres (--demo-ledger auto or postgres)".into());
+    }
     let executions = layer.executions();
+    let demo = charges::Demo {
+        ledger: ledger.clone(),
+        transactional,
+        faults: config.demo_faults,
+    };
     Ok(Origin {
-        router: router(layer, store.clone(), ledger.clone()),
+        router: router(layer, store.clone(), demo),
         store,
         ledger,
         executions,
@@ -131,10 +153,10 @@ struct Health {
 }
 
 /// The demo API behind `layer`, plus `/healthz`, `/readyz` and `/metrics`.
-pub fn router(layer: IdempotencyLayer, store: Arc<dyn Store>, ledger: Arc<dyn Ledger>) -> Router {
+pub fn router(layer: IdempotencyLayer, store: Arc<dyn Store>, demo: charges::Demo) -> Router {
     let health = Health {
         store,
-        ledger: ledger.clone(),
+        ledger: demo.ledger.clone(),
         metrics: crate::metrics::install(),
     };
     let ops = Router::new()
@@ -142,7 +164,7 @@ pub fn router(layer: IdempotencyLayer, store: Arc<dyn Store>, ledger: Arc<dyn Le
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(health);
-    charges::routes(ledger)
+    charges::routes(demo)
         .layer(layer)
         .merge(ops)
         .fallback(|| async {

@@ -30,6 +30,21 @@ pub enum DemoLedger {
     Postgres,
 }
 
+/// How the demo commits a charge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DemoCompletion {
+    /// `transactional` when the charges and the records share a Postgres (--store postgres
+    /// or tiered, the ledger in Postgres); `separate` otherwise.
+    Auto,
+    /// The charge and its idempotency record commit in one transaction: a crash or a
+    /// paused holder can never charge twice. Needs --store postgres or tiered and the
+    /// ledger in Postgres.
+    Transactional,
+    /// The charge commits on its own, then idem stores the answer: a crash in between,
+    /// or a holder paused past its lease, charges twice (kept to show the difference).
+    Separate,
+}
+
 /// Log line format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -169,6 +184,17 @@ pub struct Config {
     #[arg(long, env = "IDEM_DEMO_LEDGER", value_enum, default_value_t = DemoLedger::Auto)]
     pub demo_ledger: DemoLedger,
 
+    /// How the demo commits a charge with its idempotency record.
+    #[arg(long, env = "IDEM_DEMO_COMPLETION", value_enum, default_value_t = DemoCompletion::Auto)]
+    pub demo_completion: DemoCompletion,
+
+    /// Lets a request ask the demo for a fault with a `Demo-Fault` header: abort the
+    /// process right after the charge commits (`abort-after-charge`), or stall before
+    /// charging (`stall-before-charge=<ms>`). Refused with 400 when off. For fault
+    /// tests only.
+    #[arg(long, env = "IDEM_DEMO_FAULTS")]
+    pub demo_faults: bool,
+
     /// Log format.
     #[arg(long, env = "IDEM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -195,6 +221,12 @@ impl Config {
         }
         if self.demo_ledger == DemoLedger::Postgres && missing(&self.database_url) {
             return Err("--demo-ledger postgres needs --database-url (or DATABASE_URL)".into());
+        }
+        if self.demo_completion == DemoCompletion::Transactional
+            && (!matches!(self.store, StoreKind::Postgres | StoreKind::Tiered)
+                || self.demo_ledger == DemoLedger::Memory)
+        {
+            return Err("--demo-completion transactional needs the records and the charges in one Postgres: --store postgres or tiered, and --demo-ledger auto or postgres".into());
         }
         if self.store == StoreKind::Tiered && missing(&self.database_url) {
             return Err(

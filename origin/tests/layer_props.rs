@@ -42,7 +42,7 @@ proptest! {
             let store = Arc::new(MemoryStore::new());
             let ledger = Arc::new(MemoryLedger::default());
             let layer = IdempotencyLayer::new(store.clone()).require_key_on(["/v1/charges"]).max_body_bytes(150);
-            let app = idem_origin::app::router(layer, store.clone(), ledger.clone());
+            let app = idem_origin::app::router(layer, store.clone(), idem_origin::charges::Demo::new(ledger.clone()));
             let mut req = Request::builder()
                 .method(["POST", "PATCH", "PUT"][method])
                 .uri("/v1/charges")

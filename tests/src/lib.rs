@@ -205,7 +205,8 @@ impl TestOrigin {
         let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
         let layer = idem_origin::idempotency::IdempotencyLayer::new(store.clone())
             .require_key_on(["/v1/charges"]);
-        let router = idem_origin::app::router(layer, store.clone(), ledger.clone());
+        let demo = idem_origin::charges::Demo::new(ledger.clone());
+        let router = idem_origin::app::router(layer, store.clone(), demo);
         (Self::serve_router(router, store).await, ledger)
     }
 

@@ -18,18 +18,24 @@ impl std::fmt::Display for LedgerError {
 /// The charges ledger.
 #[async_trait]
 pub trait Ledger: Send + Sync + 'static {
-    /// Records a charge, with the idempotency key it ran under (not unique on purpose)
-    /// and the fencing token of that execution.
-    async fn insert(
-        &self,
-        charge: &Charge,
-        idempotency_key: Option<&str>,
-        fencing_token: Option<u64>,
-    ) -> Result<(), LedgerError>;
+    /// Records a charge, with the execution it ran under.
+    async fn insert(&self, charge: &Charge, execution: &Execution<'_>) -> Result<(), LedgerError>;
     /// A customer's charges, oldest first.
     async fn list(&self, customer: &str) -> Result<Vec<Charge>, LedgerError>;
     /// Checks that the ledger answers.
     async fn ping(&self) -> Result<(), LedgerError>;
+}
+
+/// Which execution made a charge: countable per key, per token, per process.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Execution<'a> {
+    /// The request's idempotency key (not unique in the ledger, on purpose).
+    pub idempotency_key: Option<&'a str>,
+    /// The execution's fencing token.
+    pub fencing_token: Option<u64>,
+    /// The key a payment processor would get for this charge
+    /// ([`crate::idempotency::IdempotencyContext::downstream_key`]).
+    pub processor_key: Option<&'a str>,
 }
 
 /// Charges in memory.
@@ -62,16 +68,11 @@ impl MemoryLedger {
 
 #[async_trait]
 impl Ledger for MemoryLedger {
-    async fn insert(
-        &self,
-        charge: &Charge,
-        key: Option<&str>,
-        _: Option<u64>,
-    ) -> Result<(), LedgerError> {
+    async fn insert(&self, charge: &Charge, execution: &Execution<'_>) -> Result<(), LedgerError> {
         self.rows
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push((charge.clone(), key.map(str::to_owned)));
+            .push((charge.clone(), execution.idempotency_key.map(str::to_owned)));
         Ok(())
     }
 
@@ -106,6 +107,8 @@ const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS charges (
     -- campaign can tell a duplicate after a crashed holder from any other.
     ALTER TABLE charges ADD COLUMN IF NOT EXISTS fencing_token bigint;
     ALTER TABLE charges ADD COLUMN IF NOT EXISTS executed_by int;
+    -- The idempotency key a payment processor would get: the same for every attempt.
+    ALTER TABLE charges ADD COLUMN IF NOT EXISTS processor_key text;
     CREATE INDEX IF NOT EXISTS charges_customer ON charges (customer);";
 
 fn pg_error(e: impl std::fmt::Display) -> LedgerError {
@@ -122,38 +125,42 @@ impl PgLedger {
     }
 }
 
+const INSERT: &str = "INSERT INTO charges (id, amount, currency, customer, created, idempotency_key, fencing_token, executed_by, processor_key) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+
+/// Inserts `c` on `client` — in whatever transaction it is in.
+pub async fn insert_charge(
+    client: &deadpool_postgres::ClientWrapper,
+    c: &Charge,
+    execution: &Execution<'_>,
+) -> Result<(), LedgerError> {
+    let stmt = client.prepare_cached(INSERT).await.map_err(pg_error)?;
+    let token = execution.fencing_token.and_then(|t| i64::try_from(t).ok());
+    let pid = i32::try_from(std::process::id()).unwrap_or(-1);
+    client
+        .execute(
+            &stmt,
+            &[
+                &c.id,
+                &c.amount,
+                &c.currency,
+                &c.customer,
+                &c.created,
+                &execution.idempotency_key,
+                &token,
+                &pid,
+                &execution.processor_key,
+            ],
+        )
+        .await
+        .map_err(pg_error)?;
+    Ok(())
+}
+
 #[async_trait]
 impl Ledger for PgLedger {
-    async fn insert(
-        &self,
-        c: &Charge,
-        key: Option<&str>,
-        token: Option<u64>,
-    ) -> Result<(), LedgerError> {
+    async fn insert(&self, c: &Charge, execution: &Execution<'_>) -> Result<(), LedgerError> {
         let client = self.pool.get().await.map_err(pg_error)?;
-        let stmt = client
-            .prepare_cached("INSERT INTO charges (id, amount, currency, customer, created, idempotency_key, fencing_token, executed_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)")
-            .await
-            .map_err(pg_error)?;
-        let token = token.and_then(|t| i64::try_from(t).ok());
-        let pid = i32::try_from(std::process::id()).unwrap_or(-1);
-        client
-            .execute(
-                &stmt,
-                &[
-                    &c.id,
-                    &c.amount,
-                    &c.currency,
-                    &c.customer,
-                    &c.created,
-                    &key,
-                    &token,
-                    &pid,
-                ],
-            )
-            .await
-            .map_err(pg_error)?;
-        Ok(())
+        insert_charge(&client, c, execution).await
     }
 
     async fn list(&self, customer: &str) -> Result<Vec<Charge>, LedgerError> {

@@ -7,10 +7,17 @@
 //!
 //! The ledger has no unique constraint on the idempotency key on purpose: a duplicate
 //! execution shows up as a second row.
+//!
+//! When the charges and idem's records share a Postgres, a charge and its record
+//! commit in one transaction ([`crate::idempotency::Transaction`]): a crash between
+//! the two, or a holder paused past its lease, can't charge twice. With `--demo-faults`
+//! a request can ask for such a fault (see [`Fault`]).
 
+mod fault;
 mod ledger;
 
-pub use ledger::{Ledger, LedgerError, MemoryLedger, PgLedger};
+pub use fault::Fault;
+pub use ledger::{insert_charge, Execution, Ledger, LedgerError, MemoryLedger, PgLedger};
 
 use crate::idempotency::IdempotencyContext;
 use axum::body::{Body, Bytes};
@@ -18,6 +25,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::routing::post;
 use axum::{Extension, Router};
+use futures_util::FutureExt;
 use http::{header, HeaderValue, Response, StatusCode};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -43,11 +51,35 @@ pub struct Charge {
 /// The longest `simulate_latency_ms` accepted.
 pub const MAX_SIMULATED_LATENCY_MS: u64 = 10_000;
 
-/// The charges routes over `ledger`.
-pub fn routes(ledger: Arc<dyn Ledger>) -> Router {
+/// The demo API's set-up.
+#[derive(Clone)]
+pub struct Demo {
+    /// Where charges are written.
+    pub ledger: Arc<dyn Ledger>,
+    /// Whether a charge commits in the transaction that stores its answer (the layer
+    /// must be [`crate::idempotency::IdempotencyLayer::transactional`], and the ledger
+    /// in the records' Postgres).
+    pub transactional: bool,
+    /// Whether requests may ask for faults (`Demo-Fault`).
+    pub faults: bool,
+}
+
+impl Demo {
+    /// The demo over `ledger`: charges committed on their own, no faults.
+    pub fn new(ledger: Arc<dyn Ledger>) -> Self {
+        Demo {
+            ledger,
+            transactional: false,
+            faults: false,
+        }
+    }
+}
+
+/// The charges routes.
+pub fn routes(demo: Demo) -> Router {
     Router::new()
         .route("/v1/charges", post(create).get(list))
-        .with_state(ledger)
+        .with_state(demo)
 }
 
 /// A validated charge request.
@@ -106,22 +138,23 @@ fn take(obj: &mut Map<String, Value>, field: &str) -> Result<Value, String> {
 }
 
 async fn create(
-    State(ledger): State<Arc<dyn Ledger>>,
+    State(demo): State<Demo>,
     context: Option<Extension<IdempotencyContext>>,
+    headers: http::HeaderMap,
     body: Bytes,
 ) -> Response<Body> {
+    // Rejected before anything happened: idem's release signal frees the key for
+    // the corrected retry.
+    let rejected = |slug: &str, title: &str, detail: &str| {
+        crate::idempotency::release(demo_problem(StatusCode::BAD_REQUEST, slug, title, detail))
+    };
+    let fault = match Fault::from_headers(&headers, demo.faults) {
+        Ok(fault) => fault,
+        Err(detail) => return rejected("invalid-fault", "Fault refused", &detail),
+    };
     let new = match validate(&body) {
         Ok(new) => new,
-        // Rejected before anything happened: idem's release signal frees the key for
-        // the corrected retry.
-        Err(detail) => {
-            return crate::idempotency::release(demo_problem(
-                StatusCode::BAD_REQUEST,
-                "invalid-charge",
-                "Invalid charge request",
-                &detail,
-            ))
-        }
+        Err(detail) => return rejected("invalid-charge", "Invalid charge request", &detail),
     };
     if !new.latency.is_zero() {
         // (A zero sleep still waits for the timer's next 1 ms tick.)
@@ -134,29 +167,71 @@ async fn create(
         customer: new.customer,
         created: i64::try_from(crate::now() / 1000).unwrap_or(i64::MAX),
     };
-    let key = context.as_ref().map(|Extension(c)| c.key.as_str());
-    let token = context.as_ref().map(|Extension(c)| c.token);
-    match ledger.insert(&charge, key, token).await {
-        Ok(()) => {
-            let mut res = json_response(StatusCode::CREATED, &json!(charge));
-            if let Ok(location) = HeaderValue::from_str(&format!("/v1/charges/{}", charge.id)) {
-                res.headers_mut().insert(header::LOCATION, location);
+    let context = context.map(|Extension(c)| c);
+    let processor_key = context.as_ref().map(|c| c.downstream_key("charge"));
+    let execution = Execution {
+        idempotency_key: context.as_ref().map(|c| c.key.as_str()),
+        fencing_token: context.as_ref().map(|c| c.token),
+        processor_key: processor_key.as_deref(),
+    };
+    let response = match (&context, demo.transactional) {
+        (Some(context), true) => charge_in_transaction(context, &charge, &execution, fault).await,
+        _ => match fault.stall().then(|()| demo.ledger.insert(&charge, &execution)).await {
+            Ok(()) => created(&charge),
+            // The ledger failed, perhaps after its COMMIT landed (a lost acknowledgement):
+            // the outcome is unknown, so this 503 is the result, stored and replayed —
+            // never a second charge.
+            Err(e) => {
+                tracing::error!(error = %e, "ledger unavailable");
+                demo_problem(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "ledger-unavailable",
+                    "Ledger unavailable",
+                    "the ledger did not confirm the charge; it will not be retried under this key",
+                )
             }
-            res
-        }
-        // The ledger failed, perhaps after its COMMIT landed (a lost acknowledgement):
-        // the outcome is unknown, so this 503 is the result, stored and replayed — never
-        // a second charge.
-        Err(e) => {
-            tracing::error!(error = %e, "ledger unavailable");
-            demo_problem(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "ledger-unavailable",
-                "Ledger unavailable",
-                "the ledger did not confirm the charge; it will not be retried under this key",
-            )
-        }
+        },
+    };
+    if response.status() == StatusCode::CREATED {
+        fault.after_charge();
     }
+    response
+}
+
+/// The charge and its idempotency record, in one transaction.
+async fn charge_in_transaction(
+    context: &IdempotencyContext,
+    charge: &Charge,
+    execution: &Execution<'_>,
+    fault: Fault,
+) -> Response<Body> {
+    let tx = match context.transaction().await {
+        Ok(tx) => tx,
+        Err(e) => return e.into_response(),
+    };
+    if let Err(e) = insert_charge(tx.client(), charge, execution).await {
+        tracing::error!(error = %e, "ledger unavailable");
+        tx.rollback().await;
+        // Rolled back: no charge was made, so the key is freed for a retry.
+        return crate::idempotency::release(demo_problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ledger-unavailable",
+            "Ledger unavailable",
+            "the charge was not made; retry",
+        ));
+    }
+    fault.stall().await;
+    tx.commit(created(charge))
+        .await
+        .unwrap_or_else(|e| e.into_response())
+}
+
+fn created(charge: &Charge) -> Response<Body> {
+    let mut res = json_response(StatusCode::CREATED, &json!(charge));
+    if let Ok(location) = HeaderValue::from_str(&format!("/v1/charges/{}", charge.id)) {
+        res.headers_mut().insert(header::LOCATION, location);
+    }
+    res
 }
 
 #[derive(Deserialize)]
@@ -165,7 +240,7 @@ struct ListQuery {
 }
 
 async fn list(
-    State(ledger): State<Arc<dyn Ledger>>,
+    State(Demo { ledger, .. }): State<Demo>,
     query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Response<Body> {
     let customer = query

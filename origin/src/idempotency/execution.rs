@@ -10,6 +10,7 @@
 //! while the write goes on.
 
 use super::response::problem;
+use super::transaction::{Committed, FencedSignal};
 use super::{Config, ReleaseSignal};
 use crate::metrics;
 use axum::body::Body;
@@ -18,7 +19,7 @@ use futures_util::{FutureExt, StreamExt};
 use http::{header, response::Parts, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 use idem_core::contract::{self, Disposition, OriginDisposition, Problem};
-use idem_core::{Holder, Millis, RecordKey, StoredResponse, Transition};
+use idem_core::{Holder, Millis, RecordKey, Refusal, StoredResponse, Transition};
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::panic::AssertUnwindSafe;
@@ -254,11 +255,15 @@ async fn run_to_completion<S>(
             (parts, ClientBody::Whole(body))
         }
     };
-    // The private signal is idem's alone: it never reaches the client.
+    // idem's private signals never reach the client.
     let released = parts.extensions.remove::<ReleaseSignal>().is_some();
-    let change = match contract::disposition(released) {
+    let committed = parts.extensions.remove::<Committed>();
+    let fenced = parts.extensions.remove::<FencedSignal>().is_some();
+    let change = match contract::disposition(released || fenced) {
         Disposition::Release => {
-            metrics::released();
+            if !fenced {
+                metrics::released();
+            }
             Transition::Release
         }
         Disposition::Store => Transition::Complete(match (stored_instead, &body) {
@@ -267,44 +272,76 @@ async fn run_to_completion<S>(
             (None, ClientBody::Streamed(..)) => unreachable!("a streamed answer is stored instead"),
         }),
     };
-    let op = if change == Transition::Release {
-        // No renewal after "nothing happened": a heartbeat landing after the release
-        // would lock the freed key again.
+    if change == Transition::Release || committed.is_some() {
+        // No renewal after "nothing happened" (a heartbeat landing after the release
+        // would lock the freed key again), nor after the transaction completed it.
         heartbeat.take();
-        "release"
-    } else {
-        "complete"
+    }
+    let write = async {
+        match &committed {
+            // The handler's transaction wrote the completion: the tiers in front of the
+            // authority learn it, and nothing is written again.
+            Some(Committed(record)) => {
+                if let Err(e) = config.store.committed(&key, &holder, record).await {
+                    tracing::warn!(key = %key.as_str(), error = %e, "the store did not take note of a committed completion");
+                }
+                Final::Written(OriginDisposition::Stored {
+                    expires_at: record.expires_at(),
+                })
+            }
+            None => {
+                let op = if change == Transition::Release { "release" } else { "complete" };
+                write_final(&config, &key, &holder, &change, op).await
+            }
+        }
     };
-    let write = write_final(&config, &key, &holder, &change, op);
     tokio::pin!(write);
     let landed = tokio::select! {
         landed = &mut write => Some(landed),
         _ = tokio::time::sleep(CLIENT_WAIT) => None,
     };
-    let disposition = match (&landed, &change) {
-        (Some(Some(_)), Transition::Release) => Some(OriginDisposition::Released),
-        (Some(Some(at)), _) => Some(OriginDisposition::Stored {
-            expires_at: at.saturating_add(config.policy.ttl_ms),
-        }),
+    let disposition = match &landed {
+        // A fenced execution's release only helps the store forget its claim sooner.
+        _ if fenced => None,
+        Some(Final::Written(d)) => Some(*d),
         // Fenced: another attempt owns the key; this answer is not the stored one.
-        (Some(None), _) => None,
-        (None, _) => Some(OriginDisposition::Pending),
+        Some(Final::Fenced) => None,
+        Some(Final::Committed(..)) => None,
+        None => Some(OriginDisposition::Pending),
     };
     if let Some(d) = disposition {
         if let Ok(v) = HeaderValue::from_str(&d.header_value()) {
             parts.headers.insert(contract::ORIGIN_DISPOSITION, v);
         }
     }
-    // The client may be gone; the write goes on regardless.
-    let body = match body {
-        ClientBody::Whole(body) => Body::from(body),
-        ClientBody::Streamed(head, rest) => {
-            let head = futures_util::stream::once(async move { Ok::<_, axum::Error>(head) });
-            Body::from_stream(head.chain(rest.into_data_stream()))
+    let pending = landed.is_none();
+    let response = match landed {
+        // The handler's transaction committed an answer that it then failed to
+        // return (it panicked, lost the commit's acknowledgement): that answer is
+        // the request's result, so it is this attempt's too.
+        Some(Final::Committed(stored, expires_at)) => {
+            let mut res = super::response::answer(stored);
+            let d = OriginDisposition::Stored { expires_at };
+            if let Ok(v) = HeaderValue::from_str(&d.header_value()) {
+                res.headers_mut().insert(contract::ORIGIN_DISPOSITION, v);
+            }
+            res
+        }
+        // The client may be gone; the write goes on regardless.
+        _ => {
+            let body = match body {
+                ClientBody::Whole(body) => Body::from(body),
+                ClientBody::Streamed(head, rest) => {
+                    let head =
+                        futures_util::stream::once(async move { Ok::<_, axum::Error>(head) });
+                    Body::from_stream(head.chain(rest.into_data_stream()))
+                }
+            };
+            Response::from_parts(parts, body)
         }
     };
-    let _ = answer.send(Response::from_parts(parts, body));
-    if landed.is_none() {
+    let _ = answer.send(response);
+    if pending {
         write.await;
     }
     drop(heartbeat);
@@ -318,7 +355,7 @@ enum ClientBody {
     Streamed(Bytes, Body),
 }
 
-fn stored_response(config: &Config, parts: &Parts, body: &Bytes) -> StoredResponse {
+pub(crate) fn stored_response(config: &Config, parts: &Parts, body: &Bytes) -> StoredResponse {
     let headers = config
         .cached_headers
         .iter()
@@ -341,16 +378,26 @@ fn stored_response(config: &Config, parts: &Parts, body: &Bytes) -> StoredRespon
 const FIRST_BACKOFF: Duration = Duration::from_millis(25);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
 
-/// Writes the holder's final record until it lands (`Some(the time it was computed
-/// at, the store's clock as this process knew it)`) or the holder is fenced out (`None`). Until then the key stays
-/// claimed and the heartbeat keeps its lease: nobody else runs the handler.
+/// How a final write ended.
+enum Final {
+    /// Written; what the origin tells the edge about it.
+    Written(OriginDisposition),
+    /// Refused: another attempt owns the key.
+    Fenced,
+    /// Refused because the record already holds this holder's own completion with
+    /// another answer — committed by the handler's transaction — and its expiry.
+    Committed(StoredResponse, Millis),
+}
+
+/// Writes the holder's final record until it lands or is refused. Until then the key
+/// stays claimed and the heartbeat keeps its lease: nobody else runs the handler.
 async fn write_final(
     config: &Config,
     key: &RecordKey,
     holder: &Holder,
     change: &Transition,
     op: &'static str,
-) -> Option<Millis> {
+) -> Final {
     let store = &config.store;
     let mut backoff = FIRST_BACKOFF;
     let mut failures = 0u64;
@@ -362,12 +409,29 @@ async fn write_final(
                 if failures > 0 {
                     tracing::info!(key = %key.as_str(), failures, "{op} written after retries");
                 }
-                return Some(now);
+                return Final::Written(match change {
+                    Transition::Release => OriginDisposition::Released,
+                    _ => OriginDisposition::Stored {
+                        expires_at: now.saturating_add(config.policy.ttl_ms),
+                    },
+                });
+            }
+            Ok(Err(Refusal::AlreadyCompleted)) => {
+                if let Ok(record) = store.get(key).await {
+                    if let Some(stored) = holder.own_completion(record.as_ref()) {
+                        let expires_at = record.as_ref().map_or(0, |r| r.expires_at());
+                        tracing::info!(key = %key.as_str(), "{op} refused: the handler's transaction had committed the answer; it is the answer");
+                        return Final::Committed(stored.clone(), expires_at);
+                    }
+                }
+                metrics::fenced(op);
+                tracing::warn!(key = %key.as_str(), "{op} refused: the record is completed");
+                return Final::Fenced;
             }
             Ok(Err(refusal)) => {
                 metrics::fenced(op);
                 tracing::warn!(key = %key.as_str(), %refusal, "{op} refused: another attempt owns this key");
-                return None;
+                return Final::Fenced;
             }
             Err(e) => {
                 failures += 1;
@@ -451,6 +515,8 @@ async fn keep_alive(
                 renewed_at = sent;
                 wait = every;
             }
+            // This holder's own completion landed (the handler's transaction): done.
+            Ok(Ok(Err(Refusal::AlreadyCompleted))) => return,
             Ok(Ok(Err(refusal))) => {
                 metrics::fenced("heartbeat");
                 if !lease_lost.is_cancelled() {

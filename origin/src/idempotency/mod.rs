@@ -41,9 +41,11 @@
 mod execution;
 mod response;
 mod service;
+mod transaction;
 
 pub use execution::{Executions, CLIENT_WAIT};
 pub use service::IdempotencyService;
+pub use transaction::{Transaction, TransactionError, TransactionsUnsupported};
 
 use crate::store::Store;
 use http::{request::Parts, HeaderName, Method};
@@ -69,6 +71,8 @@ pub struct IdempotencyContext {
     /// so another attempt may take over. A handler should check it before an effect
     /// it cannot fence otherwise, and stop.
     pub lease_lost: CancellationToken,
+    /// Set when the layer is [`IdempotencyLayer::transactional`].
+    pub(crate) completion: Option<transaction::Completion>,
 }
 
 /// idem's private release signal: a response extension that says "this request did
@@ -108,6 +112,8 @@ pub(crate) struct Config {
     pub(crate) max_execution: Option<Duration>,
     pub(crate) executions: Executions,
     pub(crate) max_stored_body_bytes: usize,
+    /// Where handlers commit their effects with their answer, when enabled.
+    pub(crate) authority: Option<crate::store::postgres::Authority>,
 }
 
 /// A tower layer that makes guarded requests idempotent. See the [module docs](self).
@@ -137,6 +143,7 @@ impl IdempotencyLayer {
                 max_execution: None,
                 executions: Executions::default(),
                 max_stored_body_bytes: 1024 * 1024,
+                authority: None,
             }),
         }
     }
@@ -205,6 +212,23 @@ impl IdempotencyLayer {
     /// that key), and the lease is no longer renewed. Unbounded by default.
     pub fn max_execution(self, limit: Duration) -> Self {
         self.with(|c| c.max_execution = Some(limit))
+    }
+
+    /// Lets handlers commit their effects and their answer in one transaction
+    /// ([`IdempotencyContext::transaction`]), on the Postgres database that holds the
+    /// store's authoritative records. Fails — at start-up — when the store has none
+    /// (memory, Redis alone).
+    pub fn transactional(self) -> Result<Self, TransactionsUnsupported> {
+        let store = self.config.store.clone();
+        let authority = store.authority().ok_or(TransactionsUnsupported {
+            store: store.name(),
+        })?;
+        Ok(self.with(|c| c.authority = Some(authority)))
+    }
+
+    /// Whether handlers can commit their effects with their answer.
+    pub fn is_transactional(&self) -> bool {
+        self.config.authority.is_some()
     }
 
     /// The executions this layer starts, for graceful shutdown: after the server

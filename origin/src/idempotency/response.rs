@@ -24,6 +24,16 @@ pub(crate) fn problem(p: Problem, detail: Option<&str>) -> Response<Body> {
 
 /// The stored answer, marked `Idempotent-Replayed: true`.
 pub(crate) fn replay(stored: StoredResponse) -> Response<Body> {
+    let mut res = answer(stored);
+    res.headers_mut().insert(
+        HeaderName::from_static(IDEMPOTENT_REPLAYED),
+        HeaderValue::from_static("true"),
+    );
+    res
+}
+
+/// The stored answer as it was stored.
+pub(crate) fn answer(stored: StoredResponse) -> Response<Body> {
     let mut res = Response::new(Body::from(stored.body));
     *res.status_mut() =
         StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -38,9 +48,5 @@ pub(crate) fn replay(stored: StoredResponse) -> Response<Body> {
             h.append(name, value);
         }
     }
-    h.insert(
-        HeaderName::from_static(IDEMPOTENT_REPLAYED),
-        HeaderValue::from_static("true"),
-    );
     res
 }

@@ -2,6 +2,7 @@
 
 use super::execution::execute;
 use super::response::{problem, replay};
+use super::transaction::Completion;
 use super::{Config, IdempotencyContext};
 use crate::metrics::{self, Outcome};
 use crate::store::StoreError;
@@ -162,6 +163,11 @@ where
             token: claim.token,
             took_over,
             lease_lost: lease_lost.clone(),
+            completion: config.authority.clone().map(|authority| Completion {
+                authority,
+                holder,
+                config: config.clone(),
+            }),
         });
         return execute(config, inner, req, record_key, holder, lease_lost).await;
     }

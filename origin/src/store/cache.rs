@@ -121,6 +121,21 @@ impl Store for ReplayCache {
         Ok(written)
     }
 
+    fn authority(&self) -> Option<crate::store::postgres::Authority> {
+        self.inner.authority()
+    }
+
+    async fn committed(
+        &self,
+        key: &RecordKey,
+        holder: &Holder,
+        record: &Record,
+    ) -> Result<(), StoreError> {
+        self.inner.committed(key, holder, record).await?;
+        self.keep(key, record.clone());
+        Ok(())
+    }
+
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
         self.inner.get(key).await
     }

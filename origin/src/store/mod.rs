@@ -73,6 +73,28 @@ pub trait Store: Send + Sync + 'static {
         crate::now()
     }
 
+    /// The Postgres database holding this store's authoritative records, where a
+    /// handler can commit its effects together with its answer
+    /// ([`crate::idempotency::IdempotencyContext::transaction`]); `None` when the
+    /// records live elsewhere only (memory, Redis).
+    fn authority(&self) -> Option<postgres::Authority> {
+        None
+    }
+
+    /// Tells the store that `record`, the holder's completion, was committed in
+    /// [`Store::authority`] by the handler's transaction: tiers in front of the
+    /// authority (the tiered store's Redis) learn it here. Best effort: a tier that
+    /// misses it asks the authority before anything runs again.
+    async fn committed(
+        &self,
+        key: &RecordKey,
+        holder: &Holder,
+        record: &Record,
+    ) -> Result<(), StoreError> {
+        let _ = (key, holder, record);
+        Ok(())
+    }
+
     /// Reads the key's record, asks [`idem_core::decide`], and when the decision is a
     /// claim, writes it — all as one atomic step. Returns the decision.
     async fn claim(

@@ -27,6 +27,7 @@ use idem_core::{
     decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, Transition,
 };
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::NoTls;
 
@@ -76,7 +77,7 @@ pub struct PostgresStore {
     /// connection must not starve the renewals of running holders' leases.
     heartbeat_pool: Pool,
     options: PgOptions,
-    clock: StoreClock,
+    clock: Arc<StoreClock>,
 }
 
 const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("postgres/0001_records.sql"))];
@@ -90,6 +91,13 @@ macro_rules! clock_ms {
         "(extract(epoch FROM clock_timestamp()) * 1000)::int8"
     };
 }
+
+pub mod transaction;
+
+pub use transaction::{Authority, BeginError, CommitError, FencedTransaction};
+/// The Postgres client crates the store is built on, for handlers that run their own
+/// statements in a [`FencedTransaction`].
+pub use {deadpool_postgres, tokio_postgres};
 
 /// Insert-if-absent: inserts only when `$6` (the caller's time) is within `$7` ms of
 /// the database's clock; returns whether it inserted, the row otherwise, and the clock.
@@ -259,7 +267,7 @@ impl PostgresStore {
             pool,
             heartbeat_pool,
             options,
-            clock: StoreClock::new(),
+            clock: Arc::new(StoreClock::new()),
         };
         store.with_client(async |c| migrate(c).await).await?;
         Ok(store)
@@ -268,6 +276,11 @@ impl PostgresStore {
     /// The connection pool, shared with the demo ledger.
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// This database as the authority handlers commit their effects in.
+    pub fn authority(&self) -> Authority {
+        Authority::new(self.pool.clone(), self.clock.clone(), self.options.timeout)
     }
 
     /// The claim strategy in use.
@@ -705,6 +718,10 @@ impl Store for PostgresStore {
 
     fn now(&self) -> Millis {
         self.clock.now()
+    }
+
+    fn authority(&self) -> Option<Authority> {
+        Some(PostgresStore::authority(self))
     }
 
     async fn claim_with_record(

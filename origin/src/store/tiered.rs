@@ -16,6 +16,7 @@
 
 pub mod outbox;
 
+use super::postgres::Authority;
 use super::{
     claim_by_cas, CasRecords, HolderWrite, Insert, PostgresStore, RedisStore, Stamp, Store,
     StoreError, Swap,
@@ -321,6 +322,37 @@ impl Store for TieredStore {
         }
     }
 
+    /// Postgres, the authority; in `async` mode it learns claims behind Redis.
+    fn authority(&self) -> Option<Authority> {
+        let authority = self.pg.authority();
+        Some(match self.outbox {
+            None => authority,
+            Some(_) => authority.written_behind(),
+        })
+    }
+
+    /// Redis learns the completion Postgres committed. In `async` mode nothing is
+    /// written behind: the outbox slot parked for this holder's final write goes
+    /// unused. (If Redis misses it, a retry finds the claim in progress, and once its
+    /// lease is over the cold path finds the completion in Postgres.)
+    async fn committed(
+        &self,
+        key: &RecordKey,
+        holder: &Holder,
+        record: &Record,
+    ) -> Result<(), StoreError> {
+        if let Some(outbox) = &self.outbox {
+            drop(outbox.take_parked(key, holder.token));
+        }
+        match self.redis.mirror(key, record).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                self.redis_failed("mirror", &e);
+                Ok(())
+            }
+        }
+    }
+
     async fn claim_with_record(
         &self,
         key: &RecordKey,
@@ -353,9 +385,12 @@ impl Store for TieredStore {
         self.holder_write(key, holder, change, now, policy).await
     }
 
+    /// Redis' record when it is completed (it never changes) or, in `async` mode,
+    /// whatever Redis holds (Postgres lags behind it); Postgres' otherwise.
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
         match self.redis.read(key).await {
-            Ok(Some(record)) => Ok(Some(record)),
+            Ok(Some(record)) if record.is_completed() || self.outbox.is_some() => Ok(Some(record)),
+            Ok(Some(_)) => self.pg.get_record(key).await,
             Ok(None) => self.pg.get_record(key).await,
             Err(e) if self.outbox.is_none() => {
                 self.redis_failed("get", &e);
