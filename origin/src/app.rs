@@ -94,10 +94,9 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
     let (layer, transactional) = match config.demo_completion {
         DemoCompletion::Separate => (layer, false),
         DemoCompletion::Auto if !shared => (layer, false),
-        DemoCompletion::Auto | DemoCompletion::Transactional => (
-            layer.transactional().map_err(|e| e.to_string())?,
-            true,
-        ),
+        DemoCompletion::Auto | DemoCompletion::Transactional => {
+            (layer.transactional().map_err(|e| e.to_string())?, true)
+        }
     };
     if config.demo_completion == DemoCompletion::Transactional && !shared {
         return Err("--demo-completion transactional needs the charges in the records' Postgres (--demo-ledger auto or postgres)".into());

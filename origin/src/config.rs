@@ -189,8 +189,8 @@ pub struct Config {
     pub demo_completion: DemoCompletion,
 
     /// Lets a request ask the demo for a fault with a `Demo-Fault` header: abort the
-    /// process right after the charge commits (`abort-after-charge`), or stall before
-    /// charging (`stall-before-charge=<ms>`). Refused with 400 when off. For fault
+    /// process right after the charge commits (`abort-after-charge`), or stall right
+    /// before it commits (`stall-before-commit=<ms>`). Refused with 400 when off. For fault
     /// tests only.
     #[arg(long, env = "IDEM_DEMO_FAULTS")]
     pub demo_faults: bool,

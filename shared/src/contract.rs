@@ -234,7 +234,9 @@ impl Problem {
             Problem::HandlerPanicked => "The request handler failed",
             Problem::HandlerFailed => "The request handler's outcome is unknown",
             Problem::ResponseNotStored => "The answer was too large to keep for replay",
-            Problem::Fenced => "This attempt lost its claim to a newer one; nothing it did was kept",
+            Problem::Fenced => {
+                "This attempt lost its claim to a newer one; nothing it did was kept"
+            }
         }
     }
 

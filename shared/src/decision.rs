@@ -189,9 +189,12 @@ impl Holder {
     /// [`Holder::own_completion`].
     pub fn already_wrote(&self, existing: Option<&Record>, change: &Transition) -> bool {
         match (existing, change) {
-            (Some(Record::Completed { token, response, .. }), Transition::Complete(ours)) => {
-                *token == self.token && response == ours
-            }
+            (
+                Some(Record::Completed {
+                    token, response, ..
+                }),
+                Transition::Complete(ours),
+            ) => *token == self.token && response == ours,
             _ => false,
         }
     }
@@ -201,9 +204,9 @@ impl Holder {
     /// (it panicked, or lost the commit's acknowledgement), is answered with it.
     pub fn own_completion<'r>(&self, existing: Option<&'r Record>) -> Option<&'r StoredResponse> {
         match existing {
-            Some(Record::Completed { token, response, .. }) if *token == self.token => {
-                Some(response)
-            }
+            Some(Record::Completed {
+                token, response, ..
+            }) if *token == self.token => Some(response),
             _ => None,
         }
     }
@@ -489,7 +492,9 @@ mod tests {
         );
         // An older completion that expired is a reused key: the new holder may commit.
         assert_eq!(h2.check_behind(Some(&by_h1), by_h1.expires_at()), Ok(()));
-        assert!(h2.check_behind(Some(&by_h1), by_h1.expires_at() - 1).is_err());
+        assert!(h2
+            .check_behind(Some(&by_h1), by_h1.expires_at() - 1)
+            .is_err());
     }
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -25,6 +25,16 @@ enum Store {
 
 /// Arguments of both replicas: one Postgres schema (and one Redis namespace).
 fn replica_args(store: Store, db: &TestDb, completion: &str, label: &str) -> Vec<String> {
+    replica_args_with(store, db, completion, label, &[])
+}
+
+fn replica_args_with(
+    store: Store,
+    db: &TestDb,
+    completion: &str,
+    label: &str,
+    extra: &[&str],
+) -> Vec<String> {
     let mut args: Vec<String> = [
         "--database-url",
         &db.url,
@@ -54,6 +64,7 @@ fn replica_args(store: Store, db: &TestDb, completion: &str, label: &str) -> Vec
         Store::TieredSync => tiered("sync"),
         Store::TieredAsync => tiered("async"),
     });
+    args.extend(extra.iter().map(|s| s.to_string()));
     args
 }
 
@@ -153,7 +164,9 @@ async fn paused_past_the_lease(store: Store, completion: &str, label: &str) -> R
         .iter()
         .map(|key| {
             let (url, key) = (a_url.clone(), key.clone());
-            tokio::spawn(async move { post(&url, &key, Some("stall-before-commit=1500"), false).await })
+            tokio::spawn(
+                async move { post(&url, &key, Some("stall-before-commit=1500"), false).await },
+            )
         })
         .collect();
     // Every handler is in its stall (the charge not committed yet): freeze A.
@@ -191,7 +204,10 @@ async fn paused_past_the_lease(store: Store, completion: &str, label: &str) -> R
 }
 
 fn statuses(run: &Run) -> Vec<Option<u16>> {
-    run.firsts.iter().map(|f| f.as_ref().map(|(s, _)| *s)).collect()
+    run.firsts
+        .iter()
+        .map(|f| f.as_ref().map(|(s, _)| *s))
+        .collect()
 }
 
 async fn crash_after_commit_replays(store: Store, label: &str) {
@@ -321,7 +337,12 @@ async fn downstream_keys_survive_a_takeover() {
         .collect();
     report(
         "crash_safe",
-        &format!("downstream keys across a takeover: {:?}", seen.iter().map(|s| (&s.0, s.1, s.2, s.3)).collect::<Vec<_>>()),
+        &format!(
+            "downstream keys across a takeover: {:?}",
+            seen.iter()
+                .map(|s| (&s.0, s.1, s.2, s.3))
+                .collect::<Vec<_>>()
+        ),
     );
     assert_eq!(seen.len(), 2);
     for (key, executions, processor_keys, tokens, _) in &seen {
@@ -331,5 +352,103 @@ async fn downstream_keys_survive_a_takeover() {
             "{key}: two executions under two tokens, one processor key"
         );
     }
-    assert_ne!(seen[0].4, seen[1].4, "different keys, different processor keys");
+    assert_ne!(
+        seen[0].4, seen[1].4,
+        "different keys, different processor keys"
+    );
+}
+
+/// A handler cut off by `--max-execution` right after its charge and answer
+/// committed: the committed answer is the request's result — for its client and for
+/// every retry — not a `502` "outcome unknown" stored over it.
+async fn cut_off_after_commit(store: Store, label: &str) {
+    let db = TestDb::new(label).await;
+    let args = replica_args_with(store, &db, "transactional", label, &["--max-execution", "1s"]);
+    let (mut a, a_url) = spawn(&args).await;
+    let mut firsts = Vec::new();
+    let mut retries = Vec::new();
+    let mut charges = Vec::new();
+    for i in 0..KEYS {
+        let key = format!("{label}-{i}");
+        let (status, _, _) = post(&a_url, &key, Some("stall-after-commit=3000"), false)
+            .await
+            .unwrap();
+        firsts.push(status);
+        // Past the lease, so a stale in-progress record would have been taken over.
+        tokio::time::sleep(Duration::from_millis(LEASE_MS + 500)).await;
+        let (status, replayed, _) = post(&a_url, &key, None, true).await.unwrap();
+        retries.push((status, replayed));
+        charges.push(db.charges_for(&key).await);
+    }
+    let _ = a.kill();
+    let _ = a.wait();
+    report(
+        "crash_safe",
+        &format!("{store:?}, transactional, handler cut off by --max-execution right after its commit, {KEYS} keys: {} charges; first answers {firsts:?}; retries {retries:?}", charges.iter().sum::<i64>()),
+    );
+    assert_eq!(charges, vec![1; KEYS]);
+    assert_eq!(firsts, vec![201; KEYS], "the committed answer, not a 502");
+    assert!(retries.iter().all(|r| *r == (201, true)), "{retries:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_cut_off_after_commit_answers_the_committed_charge() {
+    cut_off_after_commit(Store::Postgres, "cs_cut_pg").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiered_sync_cut_off_after_commit_answers_the_committed_charge() {
+    cut_off_after_commit(Store::TieredSync, "cs_cut_sync").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiered_async_cut_off_after_commit_answers_the_committed_charge() {
+    cut_off_after_commit(Store::TieredAsync, "cs_cut_async").await;
+}
+
+/// Tiered async, a holder frozen for longer than the TTL while its charge is about to
+/// commit: the retry takes over and charges, its record expires and is swept; when
+/// the holder thaws, its commit finds no claim of its own and is rolled back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiered_async_holder_paused_past_the_ttl_is_refused() {
+    let label = "cs_ttl_async";
+    let db = TestDb::new(label).await;
+    let args = replica_args_with(
+        Store::TieredAsync,
+        &db,
+        "transactional",
+        label,
+        &["--ttl", "3s", "--sweep-interval", "1s"],
+    );
+    let (mut a, a_url) = spawn(&args).await;
+    let (mut b, b_url) = spawn(&args).await;
+    let key = format!("{label}-0");
+    let first = tokio::spawn({
+        let (url, key) = (a_url.clone(), key.clone());
+        async move { post(&url, &key, Some("stall-before-commit=1500"), false).await }
+    });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    signal(&a, "-STOP");
+    tokio::time::sleep(Duration::from_millis(LEASE_MS + 1_500)).await;
+    let (status, _, _) = post(&b_url, &key, None, true).await.unwrap();
+    // B's completion expires (TTL 3 s) and is swept (every second) from Postgres.
+    let swept = Instant::now();
+    while db.count("SELECT count(*) FROM idem_records").await > 0 {
+        assert!(swept.elapsed() < Duration::from_secs(15), "the sweeper ran");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    signal(&a, "-CONT");
+    let answer = first.await.unwrap();
+    let charges = db.charges_for(&key).await;
+    let _ = a.kill();
+    let _ = b.kill();
+    let _ = a.wait();
+    let _ = b.wait();
+    report(
+        "crash_safe",
+        &format!("TieredAsync, transactional, holder frozen past the TTL (its takeover's record swept): {charges} charges; B {status}; A's client {:?}", answer.as_ref().map(|a| a.0)),
+    );
+    assert_eq!(status, 201);
+    assert_eq!(charges, 1, "one charge");
+    assert_eq!(answer.map(|a| a.0), Ok(409));
 }

@@ -129,6 +129,10 @@ async fn killing_a_cluster_master_mid_race_loses_nothing_in_sync_mode() {
             "1s",
             "--lease",
             "3s",
+            // The claims alone must hold through the failover: a charge committed with
+            // its record would hide a lost claim.
+            "--demo-completion",
+            "separate",
         ])
         .await;
         let all = keys(&format!("fo-{durability}"), 120);
@@ -193,6 +197,8 @@ async fn flushing_redis_mid_run_replays_completed_keys_from_postgres() {
             &ns,
             "--database-url",
             &db.url,
+            "--demo-completion",
+            "separate",
             // The point is the cold path: replays must come from Postgres, not memory.
             "--replay-cache-bytes",
             "0",

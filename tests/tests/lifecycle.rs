@@ -42,7 +42,11 @@ async fn a_store_outage_while_handlers_finish_charges_each_key_once() {
     let layer = IdempotencyLayer::new(store.clone())
         .require_key_on(["/v1/charges"])
         .lease(Duration::from_secs(8));
-    let router = idem_origin::app::router(layer, store.clone(), ledger.clone());
+    let router = idem_origin::app::router(
+        layer,
+        store.clone(),
+        idem_origin::charges::Demo::new(ledger.clone()),
+    );
     let origin = TestOrigin::serve_router(router, store).await;
     let http = client();
     let keys: Vec<String> = (0..40).map(|i| format!("outage-{i}")).collect();
@@ -767,7 +771,11 @@ async fn a_claim_holding_the_pool_does_not_starve_a_holder_s_heartbeats() {
             let layer = IdempotencyLayer::new(store.clone())
                 .require_key_on(["/v1/charges"])
                 .lease(Duration::from_millis(600));
-            let router = idem_origin::app::router(layer, store.clone(), ledger);
+            let router = idem_origin::app::router(
+                layer,
+                store.clone(),
+                idem_origin::charges::Demo::new(ledger),
+            );
             TestOrigin::serve_router(router, store).await
         }
     };

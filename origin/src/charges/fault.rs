@@ -24,6 +24,10 @@ pub enum Fault {
     /// commits — in a transaction, after the charge's `INSERT` and before the `COMMIT`
     /// (a window to pause or kill the process in).
     StallBeforeCommit(Duration),
+    /// `stall-after-commit=<ms>`: the handler sleeps this long right after its charge
+    /// committed, before it returns its answer (with `--max-execution` shorter than
+    /// that, it is cut off after its effect).
+    StallAfterCommit(Duration),
 }
 
 impl Fault {
@@ -35,7 +39,9 @@ impl Fault {
             return Ok(Fault::None);
         };
         if !allowed {
-            return Err("faults are off: start the origin with --demo-faults to use Demo-Fault".into());
+            return Err(
+                "faults are off: start the origin with --demo-faults to use Demo-Fault".into(),
+            );
         }
         if values.next().is_some() {
             return Err("send at most one Demo-Fault header".into());
@@ -44,32 +50,46 @@ impl Fault {
         if value == "abort-after-charge" {
             return Ok(Fault::AbortAfterCharge);
         }
-        if let Some(ms) = value.strip_prefix("stall-before-commit=") {
-            return ms
-                .parse::<u64>()
-                .ok()
-                .filter(|&ms| ms <= MAX_STALL_MS)
-                .map(|ms| Fault::StallBeforeCommit(Duration::from_millis(ms)))
-                .ok_or_else(|| format!("stall-before-commit takes milliseconds from 0 to {MAX_STALL_MS}"));
+        let stall = |prefix: &str| {
+            value.strip_prefix(prefix).map(|ms| {
+                ms.parse::<u64>()
+                    .ok()
+                    .filter(|&ms| ms <= MAX_STALL_MS)
+                    .map(Duration::from_millis)
+                    .ok_or_else(|| format!("{prefix} takes milliseconds from 0 to {MAX_STALL_MS}"))
+            })
+        };
+        if let Some(d) = stall("stall-before-commit=") {
+            return d.map(Fault::StallBeforeCommit);
+        }
+        if let Some(d) = stall("stall-after-commit=") {
+            return d.map(Fault::StallAfterCommit);
         }
         Err(format!(
-            "unknown Demo-Fault {value:?}: use abort-after-charge or stall-before-commit=<ms>"
+            "unknown Demo-Fault {value:?}: use abort-after-charge, stall-before-commit=<ms> or stall-after-commit=<ms>"
         ))
     }
 
-    /// Sleeps if asked to.
-    pub async fn stall(self) {
+    /// Right before the charge commits: sleeps if asked to.
+    pub async fn before_commit(self) {
         if let Fault::StallBeforeCommit(d) = self {
             tracing::warn!(?d, "demo fault: stalling before the charge commits");
             tokio::time::sleep(d).await;
         }
     }
 
-    /// Aborts the process if asked to.
-    pub fn after_charge(self) {
-        if self == Fault::AbortAfterCharge {
-            tracing::error!("demo fault: aborting the process right after the charge committed");
-            std::process::abort();
+    /// Right after the charge committed: aborts the process, or sleeps, if asked to.
+    pub async fn after_commit(self) {
+        match self {
+            Fault::AbortAfterCharge => {
+                tracing::error!("demo fault: aborting the process right after the charge committed");
+                std::process::abort();
+            }
+            Fault::StallAfterCommit(d) => {
+                tracing::warn!(?d, "demo fault: stalling after the charge committed");
+                tokio::time::sleep(d).await;
+            }
+            _ => {}
         }
     }
 }
@@ -86,7 +106,10 @@ mod tests {
 
     #[test]
     fn parses_faults_only_when_allowed() {
-        assert_eq!(Fault::from_headers(&HeaderMap::new(), false), Ok(Fault::None));
+        assert_eq!(
+            Fault::from_headers(&HeaderMap::new(), false),
+            Ok(Fault::None)
+        );
         assert!(Fault::from_headers(&with("abort-after-charge"), false)
             .unwrap_err()
             .contains("--demo-faults"));
@@ -98,7 +121,16 @@ mod tests {
             Fault::from_headers(&with("stall-before-commit=250"), true),
             Ok(Fault::StallBeforeCommit(Duration::from_millis(250)))
         );
-        for bad in ["stall-before-commit=-1", "stall-before-commit=60001", "explode", ""] {
+        assert_eq!(
+            Fault::from_headers(&with("stall-after-commit=0"), true),
+            Ok(Fault::StallAfterCommit(Duration::ZERO))
+        );
+        for bad in [
+            "stall-before-commit=-1",
+            "stall-before-commit=60001",
+            "explode",
+            "",
+        ] {
             assert!(Fault::from_headers(&with(bad), true).is_err(), "{bad:?}");
         }
         let mut two = with("abort-after-charge");

@@ -176,7 +176,11 @@ async fn create(
     };
     let response = match (&context, demo.transactional) {
         (Some(context), true) => charge_in_transaction(context, &charge, &execution, fault).await,
-        _ => match fault.stall().then(|()| demo.ledger.insert(&charge, &execution)).await {
+        _ => match fault
+            .before_commit()
+            .then(|()| demo.ledger.insert(&charge, &execution))
+            .await
+        {
             Ok(()) => created(&charge),
             // The ledger failed, perhaps after its COMMIT landed (a lost acknowledgement):
             // the outcome is unknown, so this 503 is the result, stored and replayed —
@@ -193,7 +197,7 @@ async fn create(
         },
     };
     if response.status() == StatusCode::CREATED {
-        fault.after_charge();
+        fault.after_commit().await;
     }
     response
 }
@@ -220,7 +224,7 @@ async fn charge_in_transaction(
             "the charge was not made; retry",
         ));
     }
-    fault.stall().await;
+    fault.before_commit().await;
     tx.commit(created(charge))
         .await
         .unwrap_or_else(|e| e.into_response())

@@ -290,7 +290,11 @@ async fn run_to_completion<S>(
                 })
             }
             None => {
-                let op = if change == Transition::Release { "release" } else { "complete" };
+                let op = if change == Transition::Release {
+                    "release"
+                } else {
+                    "complete"
+                };
                 write_final(&config, &key, &holder, &change, op).await
             }
         }

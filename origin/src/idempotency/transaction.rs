@@ -141,7 +141,9 @@ impl TransactionError {
                 tracing::error!("{detail}");
                 release(problem(Problem::HandlerPanicked, Some(&detail)))
             }
-            TransactionError::TooLarge(_) => release(problem(Problem::HandlerFailed, Some(&detail))),
+            TransactionError::TooLarge(_) => {
+                release(problem(Problem::HandlerFailed, Some(&detail)))
+            }
             TransactionError::Unavailable(_) | TransactionError::Unknown(_) => {
                 release(problem(Problem::StoreUnavailable, Some(&detail)))
             }
@@ -218,7 +220,10 @@ impl Transaction {
     /// Stores `response` as the request's answer in this transaction and commits, if
     /// this execution still owns its claim; returns the response to send. The layer
     /// then knows the record is complete and writes nothing more.
-    pub async fn commit(self, response: Response<Body>) -> Result<Response<Body>, TransactionError> {
+    pub async fn commit(
+        self,
+        response: Response<Body>,
+    ) -> Result<Response<Body>, TransactionError> {
         let (parts, body) = response.into_parts();
         if parts.extensions.get::<super::ReleaseSignal>().is_some() {
             // "Nothing happened": so be it, nothing is committed.

@@ -161,7 +161,10 @@ impl Authority {
         let read = self
             .bounded("BEGIN", async {
                 let client = tx.client();
-                let read = client.prepare_cached(GET_WITH_CLOCK).await.map_err(unavailable)?;
+                let read = client
+                    .prepare_cached(GET_WITH_CLOCK)
+                    .await
+                    .map_err(unavailable)?;
                 let id = key.as_str();
                 let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&id];
                 // Pipelined: one round trip.
@@ -319,7 +322,10 @@ impl FencedTransaction {
             let (written, store_now, current) = authority
                 .bounded("the completion", async {
                     let client = self.client();
-                    let stmt = client.prepare_cached(statement).await.map_err(unavailable)?;
+                    let stmt = client
+                        .prepare_cached(statement)
+                        .await
+                        .map_err(unavailable)?;
                     // HOLDER_WRITE takes the token as `$2`; COMPLETE_BEHIND inserts it.
                     let row = client
                         .query_one(
