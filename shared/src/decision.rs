@@ -184,9 +184,8 @@ impl Holder {
     /// acknowledgement was lost and that is sent again is refused as
     /// [`Refusal::AlreadyCompleted`], yet it landed: only this holder could complete
     /// under its token. A completion under this token with *another* response was
-    /// written by the handler's own transaction ([`Holder::check_behind`] and the
-    /// origin's transactional completion): that one is the answer, see
-    /// [`Holder::own_completion`].
+    /// written by the handler's own transaction (the origin's transactional
+    /// completion): that one is the answer, see [`Holder::own_completion`].
     pub fn already_wrote(&self, existing: Option<&Record>, change: &Transition) -> bool {
         match (existing, change) {
             (
@@ -208,28 +207,6 @@ impl Holder {
                 token, response, ..
             }) if *token == self.token => Some(response),
             _ => None,
-        }
-    }
-
-    /// The precondition of a completion committed into an authority that may lag
-    /// behind the store that decides claims (the tiered store's Postgres in
-    /// write-behind mode): the authority may not have seen this holder's claim yet, nor
-    /// a takeover of it. Allowed over no record, over an in-progress claim under this
-    /// token or an older one, and over an older completion that has expired at `now`
-    /// (the key was reused); refused over a newer claim or any live completion. Two
-    /// holders of one key can therefore never both commit: the second one finds the
-    /// first one's completion. (SQL expresses exactly this as a conditional upsert.)
-    pub fn check_behind(&self, existing: Option<&Record>, now: Millis) -> Result<(), Refusal> {
-        match existing {
-            None => Ok(()),
-            Some(Record::InProgress { token, .. }) if *token <= self.token => Ok(()),
-            Some(Record::Completed {
-                token, expires_at, ..
-            }) if *token < self.token && *expires_at <= now => Ok(()),
-            Some(Record::Completed { token, .. }) if *token == self.token => {
-                Err(Refusal::AlreadyCompleted)
-            }
-            Some(r) => Err(Refusal::Fenced { current: r.token() }),
         }
     }
 
@@ -452,49 +429,6 @@ mod tests {
         };
         assert_eq!(stranger.own_completion(Some(&done)), None);
         assert_eq!(h.own_completion(Some(&c.record)), None);
-    }
-
-    #[wasm_bindgen_test(unsupported = test)]
-    fn a_lagging_authority_admits_one_completion_per_key() {
-        let first = claim(decide(None, &FP, 0, &P));
-        let h1 = first.holder();
-        // A takeover the authority has not seen yet.
-        let h2 = Holder {
-            fingerprint: FP,
-            token: first.token + 1,
-        };
-        // Nothing written behind yet, or only the older claim: either may commit.
-        assert_eq!(h1.check_behind(None, 10), Ok(()));
-        assert_eq!(h2.check_behind(Some(&first.record), 10), Ok(()));
-        assert_eq!(h1.check_behind(Some(&first.record), 10), Ok(()));
-        // Once one committed, the other is fenced, whichever token is higher.
-        let by_h1 = h1.completed(ok_response(), 20, &P);
-        assert_eq!(
-            h2.check_behind(Some(&by_h1), 30),
-            Err(Refusal::Fenced {
-                current: first.token
-            })
-        );
-        let by_h2 = h2.completed(ok_response(), 20, &P);
-        assert_eq!(
-            h1.check_behind(Some(&by_h2), 30),
-            Err(Refusal::Fenced { current: h2.token })
-        );
-        assert_eq!(
-            h2.check_behind(Some(&by_h2), 30),
-            Err(Refusal::AlreadyCompleted)
-        );
-        // A newer claim fences an older holder.
-        let newer = h2.renewed(20, &P);
-        assert_eq!(
-            h1.check_behind(Some(&newer), 30),
-            Err(Refusal::Fenced { current: h2.token })
-        );
-        // An older completion that expired is a reused key: the new holder may commit.
-        assert_eq!(h2.check_behind(Some(&by_h1), by_h1.expires_at()), Ok(()));
-        assert!(h2
-            .check_behind(Some(&by_h1), by_h1.expires_at() - 1)
-            .is_err());
     }
 
     #[wasm_bindgen_test(unsupported = test)]

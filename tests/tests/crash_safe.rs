@@ -98,6 +98,22 @@ async fn post(
     Ok((status, replayed, body))
 }
 
+/// Waits for `child` to exit, at most 20 s (a replica that should have aborted and
+/// didn't fails the test instead of hanging it).
+fn exited(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("replica A did not abort");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn signal(child: &std::process::Child, sig: &str) {
     let pid = child.id().to_string();
     assert!(std::process::Command::new("kill")
@@ -139,7 +155,7 @@ async fn abort_after_commit(store: Store, completion: &str, label: &str) -> Run 
         let key = format!("{label}-{i}");
         let (mut a, a_url) = spawn(&args).await;
         let first = post(&a_url, &key, Some("abort-after-charge"), false).await;
-        let exit = tokio::task::block_in_place(|| a.wait()).unwrap();
+        let exit = tokio::task::block_in_place(|| exited(&mut a));
         assert!(!exit.success(), "replica A aborted: {exit}");
         run.firsts.push(first.ok().map(|(s, _, b)| (s, b)));
         let (status, replayed, _) = post(&b_url, &key, None, true).await.unwrap();
@@ -315,7 +331,7 @@ async fn downstream_keys_survive_a_takeover() {
         let key = format!("ds-{i}");
         let (mut a, a_url) = spawn(&args).await;
         let _ = post(&a_url, &key, Some("abort-after-charge"), false).await;
-        let _ = tokio::task::block_in_place(|| a.wait());
+        tokio::task::block_in_place(|| exited(&mut a));
         let (status, _, _) = post(&b_url, &key, None, true).await.unwrap();
         assert_eq!(status, 201);
     }
@@ -363,7 +379,13 @@ async fn downstream_keys_survive_a_takeover() {
 /// every retry — not a `502` "outcome unknown" stored over it.
 async fn cut_off_after_commit(store: Store, label: &str) {
     let db = TestDb::new(label).await;
-    let args = replica_args_with(store, &db, "transactional", label, &["--max-execution", "1s"]);
+    let args = replica_args_with(
+        store,
+        &db,
+        "transactional",
+        label,
+        &["--max-execution", "1s"],
+    );
     let (mut a, a_url) = spawn(&args).await;
     let mut firsts = Vec::new();
     let mut retries = Vec::new();

@@ -255,7 +255,11 @@ async fn the_transactional_completion_fences_even_the_naive_race() {
     for (key, ids) in &r.ids {
         assert_eq!(ids.len(), 1, "{key}: {ids:?}");
     }
-    assert!(r.statuses.keys().all(|s| [201, 409].contains(s)), "{:?}", r.statuses);
+    assert!(
+        r.statuses.keys().all(|s| [201, 409].contains(s)),
+        "{:?}",
+        r.statuses
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -82,7 +82,9 @@ impl Fault {
     pub async fn after_commit(self) {
         match self {
             Fault::AbortAfterCharge => {
-                tracing::error!("demo fault: aborting the process right after the charge committed");
+                tracing::error!(
+                    "demo fault: aborting the process right after the charge committed"
+                );
                 std::process::abort();
             }
             Fault::StallAfterCommit(d) => {

@@ -23,7 +23,7 @@ use idem_core::{Holder, Millis, RecordKey, Refusal, StoredResponse, Transition};
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -104,14 +104,22 @@ impl Drop for Unwritten {
     }
 }
 
+/// The claim an execution runs under.
+pub(crate) struct Claimed {
+    pub(crate) key: RecordKey,
+    pub(crate) holder: Holder,
+    /// Cancelled when the claim is lost (the handler's `IdempotencyContext` has it).
+    pub(crate) lease_lost: CancellationToken,
+    /// Set when the handler opened a transaction.
+    pub(crate) opened: Arc<AtomicBool>,
+}
+
 /// Runs the handler in a tracked task and answers the client with its answer.
 pub(crate) async fn execute<S>(
     config: Arc<Config>,
     inner: S,
     req: Request<Body>,
-    key: RecordKey,
-    holder: Holder,
-    lease_lost: CancellationToken,
+    claimed: Claimed,
 ) -> Response<Body>
 where
     S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
@@ -119,9 +127,9 @@ where
 {
     let (answer, answered) = oneshot::channel();
     let executions = config.executions.clone();
-    executions.tracker.spawn(run_to_completion(
-        config, inner, req, key, holder, lease_lost, answer,
-    ));
+    executions
+        .tracker
+        .spawn(run_to_completion(config, inner, req, claimed, answer));
     answered.await.unwrap_or_else(|_| {
         tracing::error!("idempotent execution task ended without an answer");
         problem(Problem::HandlerPanicked, None)
@@ -166,14 +174,18 @@ async fn run_to_completion<S>(
     config: Arc<Config>,
     inner: S,
     req: Request<Body>,
-    key: RecordKey,
-    holder: Holder,
-    lease_lost: CancellationToken,
+    claimed: Claimed,
     answer: oneshot::Sender<Response<Body>>,
 ) where
     S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
     S::Future: Send + 'static,
 {
+    let Claimed {
+        key,
+        holder,
+        lease_lost,
+        opened,
+    } = claimed;
     let idempotency_key = req
         .extensions()
         .get::<super::IdempotencyContext>()
@@ -290,6 +302,14 @@ async fn run_to_completion<S>(
                 })
             }
             None => {
+                // The handler opened a transaction and its answer never came back
+                // committed (it was cut off, panicked, or lost the commit's
+                // acknowledgement): the authority says whether the commit landed.
+                if opened.load(Ordering::Acquire) {
+                    if let Some(committed) = committed_meanwhile(&config, &key, &holder).await {
+                        return committed;
+                    }
+                }
                 let op = if change == Transition::Release {
                     "release"
                 } else {
@@ -381,6 +401,28 @@ pub(crate) fn stored_response(config: &Config, parts: &Parts, body: &Bytes) -> S
 /// Backoff of the final write: from 25 ms, doubling, at most 2 s between attempts.
 const FIRST_BACKOFF: Duration = Duration::from_millis(25);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// The holder's own completion, if its handler's transaction committed one; the tiers
+/// in front of the authority learn it. `None` when it did not, or the authority can't
+/// tell now (the final write then decides: where the completion is written in the
+/// authority itself it meets the committed one and is refused; see [`Final::Committed`]).
+async fn committed_meanwhile(config: &Config, key: &RecordKey, holder: &Holder) -> Option<Final> {
+    let authority = config.authority.as_ref()?;
+    let record = match authority.read(key).await {
+        Ok(record) => record,
+        Err(e) => {
+            tracing::warn!(key = %key.as_str(), error = %e, "cannot tell whether the handler's transaction committed");
+            return None;
+        }
+    };
+    let stored = holder.own_completion(record.as_ref())?.clone();
+    let record = record?;
+    tracing::info!(key = %key.as_str(), "the handler's transaction had committed its answer; it is the answer");
+    if let Err(e) = config.store.committed(key, holder, &record).await {
+        tracing::warn!(key = %key.as_str(), error = %e, "the store did not take note of a committed completion");
+    }
+    Some(Final::Committed(stored, record.expires_at()))
+}
 
 /// How a final write ended.
 enum Final {

@@ -1,6 +1,6 @@
 //! The per-request logic of [`super::IdempotencyLayer`].
 
-use super::execution::execute;
+use super::execution::{execute, Claimed};
 use super::response::{problem, replay};
 use super::transaction::Completion;
 use super::{Config, IdempotencyContext};
@@ -156,6 +156,7 @@ where
         }
         let holder = claim.holder();
         let lease_lost = CancellationToken::new();
+        let opened = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut req = Request::from_parts(parts, Body::from(body));
         req.extensions_mut().insert(IdempotencyContext {
             key,
@@ -167,9 +168,16 @@ where
                 authority,
                 holder,
                 config: config.clone(),
+                opened: opened.clone(),
             }),
         });
-        return execute(config, inner, req, record_key, holder, lease_lost).await;
+        let claimed = Claimed {
+            key: record_key,
+            holder,
+            lease_lost,
+            opened,
+        };
+        return execute(config, inner, req, claimed).await;
     }
 }
 

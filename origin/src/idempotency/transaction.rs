@@ -43,6 +43,7 @@ use http::Response;
 use http_body_util::BodyExt;
 use idem_core::contract::Problem;
 use idem_core::{Holder, Record};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// What the layer needs to open a transaction for an execution.
@@ -51,6 +52,9 @@ pub(crate) struct Completion {
     pub(crate) authority: Authority,
     pub(crate) holder: Holder,
     pub(crate) config: Arc<Config>,
+    /// Set once the handler opened a transaction: its commit may have landed even if
+    /// its answer never reached the layer (cut off, panicked).
+    pub(crate) opened: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Completion {
@@ -166,9 +170,14 @@ impl IdempotencyContext {
         let Some(completion) = &self.completion else {
             return Err(TransactionError::NotEnabled);
         };
+        completion.opened.store(true, Ordering::Release);
         match completion
             .authority
-            .begin(&self.record_key, &completion.holder)
+            .begin(
+                &self.record_key,
+                &completion.holder,
+                &completion.config.policy,
+            )
             .await
         {
             Ok(tx) => Ok(Transaction {

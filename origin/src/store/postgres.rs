@@ -145,15 +145,15 @@ const HOLDER_WRITE: &str = concat!(
 );
 /// The write-behind upsert: many records in one statement, each applied only if it
 /// supersedes the stored row — `Record::supersedes` in SQL — and never over a
-/// completed row that has not expired (a stale claim must not bury an answer).
+/// completed row that has not expired: a stale claim must not bury an answer, nor may
+/// a holder's later completion replace the one its handler's transaction committed.
 const UPSERT_SUPERSEDING: &str = concat!(
     "INSERT INTO idem_records (id, token, state, expires_at, record)
     SELECT * FROM unnest($1::text[], $2::int8[], $3::int2[], $4::int8[], $5::bytea[])
     ON CONFLICT (id) DO UPDATE SET token = EXCLUDED.token, state = EXCLUDED.state,
         expires_at = EXCLUDED.expires_at, record = EXCLUDED.record
     WHERE (EXCLUDED.token, EXCLUDED.state) >= (idem_records.token, idem_records.state)
-      AND NOT (idem_records.state = 1 AND idem_records.token <> EXCLUDED.token
-               AND idem_records.expires_at > ",
+      AND NOT (idem_records.state = 1 AND idem_records.expires_at > ",
     clock_ms!(),
     ")"
 );

@@ -12,42 +12,26 @@
 //! * a holder paused past its lease finds, at commit, the takeover's token or its
 //!   completion: its writes are rolled back.
 //!
+//! The precondition, at begin and at commit, is [`Holder::check`] — the record is in
+//! progress under this holder's token — as for every holder write. Where claims are
+//! written behind (the tiered store's `async` mode), `begin` first writes the holder's
+//! claim into the authority itself, under the write-behind rule (over an older token
+//! or its own claim only, never over a live completion), so the same precondition
+//! holds there: a takeover written after it, anyone else's completion, or the record
+//! swept after a pause longer than the TTL, all refuse the commit.
+//!
 //! The connection is never returned to the pool mid-transaction: a transaction that is
 //! dropped, or whose fate is unclear, has its connection closed, which makes the
 //! server roll it back.
 
-use super::{sql_i64, unavailable, Row, GET_WITH_CLOCK, HOLDER_WRITE};
+use super::{sql_i64, unavailable, Row, GET_WITH_CLOCK, HOLDER_WRITE, UPSERT_SUPERSEDING};
 use crate::store::{decode, Stamp, StoreClock, StoreError};
 use deadpool_postgres::{ClientWrapper, Object, Pool};
 use idem_core::{Holder, Millis, Policy, Record, RecordKey, Refusal, StoredResponse};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A completion over a record written behind (the tiered store's `async` mode): the
-/// authority may not have seen this holder's claim, nor a takeover of it, so the upsert
-/// admits exactly [`Holder::check_behind`]'s records.
-const COMPLETE_BEHIND: &str = concat!(
-    "WITH clock AS MATERIALIZED (SELECT ",
-    clock_ms!(),
-    " AS now),
-    up AS (
-        INSERT INTO idem_records (id, token, state, expires_at, record)
-        SELECT $1::text, $2::int8, $3::int2, $4::int8, $5::bytea FROM clock
-        WHERE abs(clock.now - $6::int8) <= $7::int8
-        ON CONFLICT (id) DO UPDATE SET token = EXCLUDED.token, state = EXCLUDED.state,
-            expires_at = EXCLUDED.expires_at, record = EXCLUDED.record
-        WHERE (idem_records.state = 0 AND idem_records.token <= EXCLUDED.token)
-           OR (idem_records.state = 1 AND idem_records.token < EXCLUDED.token
-               AND idem_records.expires_at <= ",
-    clock_ms!(),
-    ")
-        RETURNING 1)
-    SELECT (SELECT count(*) FROM up)::int AS written, (SELECT now FROM clock) AS now,
-           (SELECT record FROM idem_records WHERE id = $1) AS current"
-);
-
-/// Rounds of the completion when the database keeps reporting a clock difference, or
-/// a concurrent write behind is not yet visible to the statement that lost to it.
+/// Rounds of the completion when the database keeps reporting a clock difference.
 const MAX_ROUNDS: usize = 4;
 
 /// The database that holds a store's authoritative records, where handlers can
@@ -115,15 +99,6 @@ impl Authority {
         self.behind
     }
 
-    /// The core's precondition for this holder's completion here.
-    fn check(&self, holder: &Holder, current: Option<&Record>, now: Millis) -> Result<(), Refusal> {
-        if self.behind {
-            holder.check_behind(current, now)
-        } else {
-            holder.check(current)
-        }
-    }
-
     async fn bounded<T>(
         &self,
         what: &str,
@@ -140,11 +115,14 @@ impl Authority {
     }
 
     /// Opens a transaction for `holder` of `key`, after checking (without a lock) that
-    /// it still owns the key.
+    /// it still owns the key. A transaction left idle for two leases, at least a minute
+    /// (its process frozen, its network cut), is ended by the server, so it can't hold
+    /// its locks on.
     pub async fn begin(
         &self,
         key: &RecordKey,
         holder: &Holder,
+        policy: &Policy,
     ) -> Result<FencedTransaction, BeginError> {
         let client = self
             .bounded("a connection", async {
@@ -158,18 +136,53 @@ impl Authority {
             key: key.clone(),
             holder: *holder,
         };
+        // A floor of a minute: a handler may legitimately sit between two statements
+        // for a while; what this bounds is a holder that will never come back.
+        let idle_ms = policy.lease_ms.saturating_mul(2).max(60_000);
+        let begin = format!("BEGIN; SET LOCAL idle_in_transaction_session_timeout = {idle_ms}");
+        let claim = Row::of(&holder.renewed(self.clock.now(), policy));
         let read = self
             .bounded("BEGIN", async {
                 let client = tx.client();
+                // Prepared first, so that the pipeline below sends its statements in order.
                 let read = client
                     .prepare_cached(GET_WITH_CLOCK)
                     .await
                     .map_err(unavailable)?;
+                let upsert = match self.behind {
+                    true => Some(
+                        client
+                            .prepare_cached(UPSERT_SUPERSEDING)
+                            .await
+                            .map_err(unavailable)?,
+                    ),
+                    false => None,
+                };
                 let id = key.as_str();
                 let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&id];
-                // Pipelined: one round trip.
-                let (_, row) = tokio::try_join!(
-                    client.batch_execute("BEGIN"),
+                // Written behind: the claim goes into the authority first, on its own
+                // (before BEGIN: its row lock must not last as long as the handler).
+                let write_claim = async {
+                    let Some(upsert) = &upsert else {
+                        return Ok(0);
+                    };
+                    client
+                        .execute(
+                            upsert,
+                            &[
+                                &[id].as_slice(),
+                                &[claim.token].as_slice(),
+                                &[claim.state].as_slice(),
+                                &[claim.expires_at].as_slice(),
+                                &[claim.record.as_slice()].as_slice(),
+                            ],
+                        )
+                        .await
+                };
+                // Pipelined, in this order: one round trip.
+                let (_, _, row) = tokio::try_join!(
+                    write_claim,
+                    client.batch_execute(&begin),
                     client.query_one(&read, &params)
                 )
                 .map_err(unavailable)?;
@@ -183,7 +196,7 @@ impl Authority {
                 return Err(BeginError::Failed(e));
             }
         };
-        let now = tx.observe(store_now);
+        tx.observe(store_now);
         let current = match bytes.map(|b| decode(&b)).transpose() {
             Ok(current) => current,
             Err(e) => {
@@ -191,11 +204,30 @@ impl Authority {
                 return Err(BeginError::Failed(e));
             }
         };
-        if let Err(refusal) = self.check(holder, current.as_ref(), now) {
+        if let Err(refusal) = holder.check(current.as_ref()) {
             tx.rollback().await;
             return Err(BeginError::Refused(refusal));
         }
         Ok(tx)
+    }
+
+    /// The key's record as the authority holds it.
+    pub async fn read(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
+        let bytes = self
+            .bounded("a read", async {
+                let client = self.pool.get().await.map_err(unavailable)?;
+                let read = client
+                    .prepare_cached(GET_WITH_CLOCK)
+                    .await
+                    .map_err(unavailable)?;
+                let row = client
+                    .query_one(&read, &[&key.as_str()])
+                    .await
+                    .map_err(unavailable)?;
+                Ok(row.get::<_, Option<Vec<u8>>>(0))
+            })
+            .await?;
+        bytes.map(|b| decode(&b)).transpose()
     }
 }
 
@@ -310,11 +342,6 @@ impl FencedTransaction {
         policy: &Policy,
     ) -> Result<Result<Record, Refusal>, StoreError> {
         let authority = &self.authority;
-        let statement = if authority.behind {
-            COMPLETE_BEHIND
-        } else {
-            HOLDER_WRITE
-        };
         let mut at = Stamp::new(authority.clock.now(), policy);
         for _ in 0..MAX_ROUNDS {
             let next = self.holder.completed(response.clone(), at.now, policy);
@@ -323,10 +350,9 @@ impl FencedTransaction {
                 .bounded("the completion", async {
                     let client = self.client();
                     let stmt = client
-                        .prepare_cached(statement)
+                        .prepare_cached(HOLDER_WRITE)
                         .await
                         .map_err(unavailable)?;
-                    // HOLDER_WRITE takes the token as `$2`; COMPLETE_BEHIND inserts it.
                     let row = client
                         .query_one(
                             &stmt,
@@ -358,13 +384,11 @@ impl FencedTransaction {
                 continue;
             }
             let current = current.map(|b| decode(&b)).transpose()?;
-            match authority.check(&self.holder, current.as_ref(), store_now) {
-                Err(refusal) => return Ok(Err(refusal)),
-                // Written behind: a row inserted concurrently is not visible to this
-                // statement's snapshot yet. Ask again.
-                Ok(()) if authority.behind && current.is_none() => continue,
-                Ok(()) => return Err(StoreError::Contention),
-            }
+            return match self.holder.check(current.as_ref()) {
+                Err(refusal) => Ok(Err(refusal)),
+                // Tokens only grow: the record can't have changed back.
+                Ok(()) => Err(StoreError::Contention),
+            };
         }
         Err(StoreError::Contention)
     }
