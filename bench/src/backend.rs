@@ -76,6 +76,7 @@ impl Postgres {
             .batch_execute(
                 "DO $$ BEGIN
                    IF to_regclass('idem_records') IS NOT NULL THEN TRUNCATE idem_records; END IF;
+                   IF to_regclass('charges') IS NOT NULL THEN TRUNCATE charges; END IF;
                  END $$",
             )
             .await

@@ -41,7 +41,7 @@ struct Args {
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "memory,pg-on-conflict,pg-advisory-lock,redis,redis-cluster,redis-cluster-wait1,tiered-sync,tiered-async"
+        default_value = "memory,pg-on-conflict,pg-advisory-lock,redis,redis-cluster,redis-cluster-wait1,tiered-sync,tiered-async,pg-demo-separate,pg-demo-transactional"
     )]
     modes: Vec<Mode>,
     /// Concurrent connections, comma-separated; each mode runs at each.
@@ -512,6 +512,9 @@ fn write_outputs(
         );
     }
     print!("{}", report::table(rows));
+    if let Some(cost) = report::transactional_cost(rows) {
+        print!("{cost}");
+    }
     println!();
     print!("{}", report::cpu_table(rows));
     if !fingerprints.is_empty() {

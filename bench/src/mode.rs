@@ -25,6 +25,12 @@ pub enum Mode {
     TieredSync,
     /// Redis Cluster in front of Postgres, Postgres written behind.
     TieredAsync,
+    /// Postgres, with the demo's charges in it too: each charge committed on its own,
+    /// then its answer stored (`--demo-completion separate`).
+    PgDemoSeparate,
+    /// The same, each charge committed with its answer in one transaction
+    /// (`--demo-completion transactional`): the crash-safe path.
+    PgDemoTransactional,
 }
 
 /// The raw backend operation a mode's throughput is compared with.
@@ -66,6 +72,8 @@ impl Mode {
             Mode::RedisClusterWait1 => "redis-cluster-wait1",
             Mode::TieredSync => "tiered-sync",
             Mode::TieredAsync => "tiered-async",
+            Mode::PgDemoSeparate => "pg-demo-separate",
+            Mode::PgDemoTransactional => "pg-demo-transactional",
         }
     }
 
@@ -74,7 +82,10 @@ impl Mode {
     pub fn raw(self) -> Option<Raw> {
         match self {
             Mode::Memory => None,
-            Mode::PgOnConflict | Mode::TieredSync => Some(Raw::Pgbench(PgStrategy::OnConflict)),
+            Mode::PgOnConflict
+            | Mode::TieredSync
+            | Mode::PgDemoSeparate
+            | Mode::PgDemoTransactional => Some(Raw::Pgbench(PgStrategy::OnConflict)),
             Mode::PgAdvisoryLock => Some(Raw::Pgbench(PgStrategy::AdvisoryLock)),
             Mode::Redis => Some(Raw::RedisSetNx),
             Mode::RedisCluster | Mode::RedisClusterWait1 | Mode::TieredAsync => {
@@ -86,7 +97,12 @@ impl Mode {
     pub fn uses_postgres(self) -> bool {
         matches!(
             self,
-            Mode::PgOnConflict | Mode::PgAdvisoryLock | Mode::TieredSync | Mode::TieredAsync
+            Mode::PgOnConflict
+                | Mode::PgAdvisoryLock
+                | Mode::TieredSync
+                | Mode::TieredAsync
+                | Mode::PgDemoSeparate
+                | Mode::PgDemoTransactional
         )
     }
 
@@ -110,6 +126,10 @@ impl Mode {
             Mode::RedisClusterWait1 => vec!["--store", "redis", "--redis-wait-replicas", "1"],
             Mode::TieredSync => vec!["--store", "tiered", "--durability", "sync"],
             Mode::TieredAsync => vec!["--store", "tiered", "--durability", "async"],
+            Mode::PgDemoSeparate => vec!["--store", "postgres", "--demo-completion", "separate"],
+            Mode::PgDemoTransactional => {
+                vec!["--store", "postgres", "--demo-completion", "transactional"]
+            }
         }
         .into_iter()
         .map(String::from)
@@ -133,12 +153,17 @@ impl Mode {
         if self.redis().is_some() {
             args.extend(["--redis-namespace".into(), t.namespace.clone()]);
         }
-        // The demo ledger in memory: the bench measures idem, not the demo's INSERT.
-        // A short TTL keeps what the bench leaves behind from piling up.
+        // The demo ledger in memory — the bench measures idem, not the demo's INSERT —
+        // except where the charge is what is compared. A short TTL keeps what the bench
+        // leaves behind from piling up.
+        let ledger = match self {
+            Mode::PgDemoSeparate | Mode::PgDemoTransactional => "postgres",
+            _ => "memory",
+        };
         args.extend(
             [
                 "--demo-ledger",
-                "memory",
+                ledger,
                 "--ttl",
                 "1h",
                 "--sweep-interval",

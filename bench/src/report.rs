@@ -92,11 +92,40 @@ fn opt(v: Option<f64>, decimals: usize) -> String {
 }
 
 /// The table printed at the end of a run.
+/// New keys of the demo on Postgres, each charge committed with its answer in one
+/// transaction, against the same charge committed on its own first — measured in the
+/// same run — per concurrency.
+pub fn transactional_cost(rows: &[Row]) -> Option<String> {
+    let rps = |mode: &str, c: usize| {
+        rows.iter()
+            .find(|r| r.mode == mode && r.phase == "unique" && r.concurrency == c)
+            .map(|r| r.requests_per_s)
+    };
+    let mut s = String::new();
+    for c in rows
+        .iter()
+        .filter(|r| r.mode == "pg-demo-transactional" && r.phase == "unique")
+        .map(|r| r.concurrency)
+    {
+        if let (Some(tx), Some(sep)) = (rps("pg-demo-transactional", c), rps("pg-demo-separate", c))
+        {
+            if sep > 0.0 {
+                let _ = writeln!(
+                    s,
+                    "transactional completion, new keys, {c} conns: {tx:.0} req/s vs {sep:.0} separate = {:.2}",
+                    tx / sep
+                );
+            }
+        }
+    }
+    (!s.is_empty()).then_some(s)
+}
+
 pub fn table(rows: &[Row]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<16} {:<6} {:>5} {:>9} {:>7} {:>7} {:>8} {:>6} {:>6}  {:<34} {:>10} {:>6} {:>11}",
+        "{:<21} {:<6} {:>5} {:>9} {:>7} {:>7} {:>8} {:>6} {:>6}  {:<34} {:>10} {:>6} {:>11}",
         "mode",
         "phase",
         "conns",
@@ -114,7 +143,7 @@ pub fn table(rows: &[Row]) -> String {
     for r in rows {
         let _ = writeln!(
             s,
-            "{:<16} {:<6} {:>5} {:>9.0} {:>7.3} {:>7.3} {:>8.3} {:>6} {:>6}  {:<34} {:>10} {:>6} {:>11}{}",
+            "{:<21} {:<6} {:>5} {:>9.0} {:>7.3} {:>7.3} {:>8.3} {:>6} {:>6}  {:<34} {:>10} {:>6} {:>11}{}",
             r.mode,
             r.phase,
             r.concurrency,
@@ -147,7 +176,7 @@ pub fn cpu_table(rows: &[Row]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<16} {:<6} {:>5} {:>13} {:>13} {:>14} {:>14} {:>10} {:>11}",
+        "{:<21} {:<6} {:>5} {:>13} {:>13} {:>14} {:>14} {:>10} {:>11}",
         "mode",
         "phase",
         "conns",
@@ -161,7 +190,7 @@ pub fn cpu_table(rows: &[Row]) -> String {
     for r in rows {
         let _ = writeln!(
             s,
-            "{:<16} {:<6} {:>5} {:>13.1} {:>13.1} {:>14} {:>14} {:>10} {:>11}",
+            "{:<21} {:<6} {:>5} {:>13.1} {:>13.1} {:>14} {:>14} {:>10} {:>11}",
             r.mode,
             r.phase,
             r.concurrency,

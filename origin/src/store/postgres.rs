@@ -76,6 +76,9 @@ pub struct PostgresStore {
     /// Heartbeats' own connections: a flood of new claims holding every pooled
     /// connection must not starve the renewals of running holders' leases.
     heartbeat_pool: Pool,
+    /// Handlers' transactions' own connections: a handler holding one for as long as
+    /// it runs must not starve claims and completions.
+    transaction_pool: Pool,
     options: PgOptions,
     clock: Arc<StoreClock>,
 }
@@ -263,9 +266,16 @@ impl PostgresStore {
             options.timeout,
             options.ca_file.as_deref(),
         )?;
+        let transaction_pool = self::pool(
+            url,
+            options.pool_size,
+            options.timeout,
+            options.ca_file.as_deref(),
+        )?;
         let store = PostgresStore {
             pool,
             heartbeat_pool,
+            transaction_pool,
             options,
             clock: Arc::new(StoreClock::new()),
         };
@@ -280,7 +290,11 @@ impl PostgresStore {
 
     /// This database as the authority handlers commit their effects in.
     pub fn authority(&self) -> Authority {
-        Authority::new(self.pool.clone(), self.clock.clone(), self.options.timeout)
+        Authority::new(
+            self.transaction_pool.clone(),
+            self.clock.clone(),
+            self.options.timeout,
+        )
     }
 
     /// The claim strategy in use.
@@ -303,16 +317,26 @@ impl PostgresStore {
         pool: &Pool,
         f: impl AsyncFnOnce(&mut Client) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let op = async {
-            let mut client = pool.get().await.map_err(unavailable)?;
-            f(&mut client).await
-        };
-        match tokio::time::timeout(self.options.timeout, op).await {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::Unavailable(format!(
+        let no_answer = || {
+            StoreError::Unavailable(format!(
                 "postgres: no answer within {:?}",
                 self.options.timeout
-            ))),
+            ))
+        };
+        let deadline = tokio::time::Instant::now() + self.options.timeout;
+        let mut client = match tokio::time::timeout_at(deadline, pool.get()).await {
+            Ok(got) => got.map_err(unavailable)?,
+            Err(_) => return Err(no_answer()),
+        };
+        let outcome = tokio::time::timeout_at(deadline, f(&mut client)).await;
+        match outcome {
+            Ok(result) => result,
+            Err(_) => {
+                // Its statement may still be running (waiting on a lock, say): the
+                // connection is closed rather than handed to the next caller.
+                drop(deadpool_postgres::Object::take(client));
+                Err(no_answer())
+            }
         }
     }
 
@@ -585,6 +609,13 @@ pub fn pool(
     let mut config =
         tokio_postgres::Config::from_str(&tls.url).map_err(|e| invalid(e.to_string()))?;
     config.connect_timeout(timeout);
+    // A peer that vanished (host down, connection cut without a reset) is noticed in
+    // about half a minute, not after the kernel's default two hours.
+    config
+        .keepalives(true)
+        .keepalives_idle(Duration::from_secs(15))
+        .keepalives_interval(Duration::from_secs(5))
+        .keepalives_retries(3);
     let recycling = || ManagerConfig {
         recycling_method: RecyclingMethod::Fast,
     };
