@@ -528,7 +528,7 @@ async fn run(workload: Workload) -> Verdict {
     );
     report("campaign", &line);
     for l in &faults.log {
-        eprintln!("  nemesis: {l}");
+        report("campaign", &format!("  {}: nemesis: {l}", workload.name()));
     }
     if !duplicated.is_empty()
         || !divergent.is_empty()
