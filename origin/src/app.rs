@@ -90,7 +90,10 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
     let layer = layer(config, store.clone());
     // The charges commit with their records when both are in one Postgres: the store's
     // authority, which the Postgres ledger shares its pool with.
-    let shared = ledger_in_authority && store.authority().is_some();
+    let shared = ledger_in_authority
+        && store
+            .authority()
+            .is_some_and(|a| a.unfenced_because().is_none());
     let (layer, transactional) = match config.demo_completion {
         DemoCompletion::Separate => (layer, false),
         DemoCompletion::Auto if !shared => (layer, false),

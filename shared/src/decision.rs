@@ -210,6 +210,16 @@ impl Holder {
         }
     }
 
+    /// Whether this holder's claim is older than a whole TTL at `now` (tokens carry
+    /// their claim's instant, see `next_token`). Such a claim must not be written again
+    /// into a store that learns claims behind the one that made them: by then its
+    /// record may have expired and been swept everywhere, after a takeover completed —
+    /// writing it back would resurrect it.
+    pub fn claim_outlived(&self, now: Millis, policy: &Policy) -> bool {
+        let claimed_by = self.token / 1024;
+        now > claimed_by.saturating_add(policy.ttl_ms.max(policy.lease_ms))
+    }
+
     /// The record after a heartbeat at `now`: the lease runs `lease_ms` from now.
     pub fn renewed(&self, now: Millis, policy: &Policy) -> Record {
         let lease_until = now.saturating_add(policy.lease_ms);
@@ -429,6 +439,14 @@ mod tests {
         };
         assert_eq!(stranger.own_completion(Some(&done)), None);
         assert_eq!(h.own_completion(Some(&c.record)), None);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_claim_outlives_its_ttl() {
+        let c = claim(decide(None, &FP, 5_000, &P));
+        let h = c.holder();
+        assert!(!h.claim_outlived(5_000 + P.ttl_ms, &P));
+        assert!(h.claim_outlived(5_001 + P.ttl_ms, &P));
     }
 
     #[wasm_bindgen_test(unsupported = test)]

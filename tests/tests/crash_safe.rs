@@ -80,11 +80,23 @@ async fn post(
     fault: Option<&str>,
     wait: bool,
 ) -> Result<(u16, bool, String), String> {
+    post_slow(base, key, fault, wait, 0).await
+}
+
+/// [`post`] of a charge whose handler sleeps `latency_ms` first (before any
+/// transaction; part of the request, so its retries sleep too).
+async fn post_slow(
+    base: &str,
+    key: &str,
+    fault: Option<&str>,
+    wait: bool,
+    latency_ms: u64,
+) -> Result<(u16, bool, String), String> {
     let mut req = client()
         .post(format!("{base}/v1/charges"))
         .header("content-type", "application/json")
         .header("idempotency-key", key)
-        .body(charge_body(&format!("cus-{key}"), 100, 0));
+        .body(charge_body(&format!("cus-{key}"), 100, latency_ms));
     if let Some(fault) = fault {
         req = req.header("demo-fault", fault);
     }
@@ -428,12 +440,11 @@ async fn tiered_async_cut_off_after_commit_answers_the_committed_charge() {
     cut_off_after_commit(Store::TieredAsync, "cs_cut_async").await;
 }
 
-/// Tiered async, a holder frozen for longer than the TTL while its charge is about to
-/// commit: the retry takes over and charges, its record expires and is swept; when
-/// the holder thaws, its commit finds no claim of its own and is rolled back.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tiered_async_holder_paused_past_the_ttl_is_refused() {
-    let label = "cs_ttl_async";
+/// Tiered async, a holder frozen for longer than the TTL — inside its transaction, or
+/// before it opened one: the retry takes over and charges, its record expires and is
+/// swept; when the holder thaws, it finds no claim of its own (nor may it write its
+/// claim back behind) and nothing it did is kept.
+async fn paused_past_the_ttl(label: &str, in_transaction: bool) {
     let db = TestDb::new(label).await;
     let args = replica_args_with(
         Store::TieredAsync,
@@ -445,14 +456,20 @@ async fn tiered_async_holder_paused_past_the_ttl_is_refused() {
     let (mut a, a_url) = spawn(&args).await;
     let (mut b, b_url) = spawn(&args).await;
     let key = format!("{label}-0");
+    // Frozen 600 ms in: in the stall right before its commit, or in its handler's
+    // latency before it opened its transaction.
+    let (fault, latency) = match in_transaction {
+        true => (Some("stall-before-commit=1500"), 0),
+        false => (None, 1_500),
+    };
     let first = tokio::spawn({
         let (url, key) = (a_url.clone(), key.clone());
-        async move { post(&url, &key, Some("stall-before-commit=1500"), false).await }
+        async move { post_slow(&url, &key, fault, false, latency).await }
     });
     tokio::time::sleep(Duration::from_millis(600)).await;
     signal(&a, "-STOP");
     tokio::time::sleep(Duration::from_millis(LEASE_MS + 1_500)).await;
-    let (status, _, _) = post(&b_url, &key, None, true).await.unwrap();
+    let (status, _, _) = post_slow(&b_url, &key, None, true, latency).await.unwrap();
     // B's completion expires (TTL 3 s) and is swept (every second) from Postgres.
     let swept = Instant::now();
     while db.count("SELECT count(*) FROM idem_records").await > 0 {
@@ -468,9 +485,19 @@ async fn tiered_async_holder_paused_past_the_ttl_is_refused() {
     let _ = b.wait();
     report(
         "crash_safe",
-        &format!("TieredAsync, transactional, holder frozen past the TTL (its takeover's record swept): {charges} charges; B {status}; A's client {:?}", answer.as_ref().map(|a| a.0)),
+        &format!("TieredAsync, transactional, holder frozen past the TTL {} (its takeover's record swept): {charges} charges; B {status}; A's client {:?}", if in_transaction { "inside its transaction" } else { "before its transaction" }, answer.as_ref().map(|a| a.0)),
     );
     assert_eq!(status, 201);
     assert_eq!(charges, 1, "one charge");
     assert_eq!(answer.map(|a| a.0), Ok(409));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiered_async_holder_paused_past_the_ttl_in_its_transaction_is_refused() {
+    paused_past_the_ttl("cs_ttl_tx", true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiered_async_holder_paused_past_the_ttl_before_its_transaction_is_refused() {
+    paused_past_the_ttl("cs_ttl_pre", false).await;
 }

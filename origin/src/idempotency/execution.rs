@@ -408,11 +408,19 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// authority itself it meets the committed one and is refused; see [`Final::Committed`]).
 async fn committed_meanwhile(config: &Config, key: &RecordKey, holder: &Holder) -> Option<Final> {
     let authority = config.authority.as_ref()?;
-    let record = match authority.read(key).await {
-        Ok(record) => record,
-        Err(e) => {
-            tracing::warn!(key = %key.as_str(), error = %e, "cannot tell whether the handler's transaction committed");
-            return None;
+    let mut attempts = 0;
+    let record = loop {
+        match authority.read_settled(key).await {
+            Ok(record) => break record,
+            Err(e) if attempts < 3 => {
+                attempts += 1;
+                tracing::warn!(key = %key.as_str(), error = %e, "cannot tell yet whether the handler's transaction committed; asking again");
+                tokio::time::sleep(FIRST_BACKOFF * 4 * attempts).await;
+            }
+            Err(e) => {
+                tracing::warn!(key = %key.as_str(), error = %e, "cannot tell whether the handler's transaction committed");
+                return None;
+            }
         }
     };
     let stored = holder.own_completion(record.as_ref())?.clone();

@@ -220,9 +220,16 @@ impl IdempotencyLayer {
     /// (memory, Redis alone).
     pub fn transactional(self) -> Result<Self, TransactionsUnsupported> {
         let store = self.config.store.clone();
-        let authority = store.authority().ok_or(TransactionsUnsupported {
+        let unsupported = |reason| TransactionsUnsupported {
             store: store.name(),
+            reason,
+        };
+        let authority = store.authority().ok_or_else(|| {
+            unsupported("it keeps its records outside Postgres (use --store postgres or tiered)")
         })?;
+        if let Some(reason) = authority.unfenced_because() {
+            return Err(unsupported(reason));
+        }
         Ok(self.with(|c| c.authority = Some(authority)))
     }
 

@@ -67,19 +67,21 @@ impl std::fmt::Debug for Completion {
 }
 
 /// The layer built with [`super::IdempotencyLayer::transactional`] needs a store
-/// whose authoritative records are in Postgres.
+/// whose authoritative records are in Postgres, claimed safely.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TransactionsUnsupported {
     /// The store's name.
     pub store: &'static str,
+    /// Why not.
+    pub reason: &'static str,
 }
 
 impl std::fmt::Display for TransactionsUnsupported {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "transactional completion needs the records in Postgres (--store postgres or tiered); the {} store keeps them elsewhere",
-            self.store
+            "transactional completion is not possible on the {} store: {}",
+            self.store, self.reason
         )
     }
 }

@@ -254,17 +254,21 @@ fn heartbeat_pool_size(pool_size: usize) -> usize {
 impl PostgresStore {
     /// Connects (bounded by `options.timeout`) and applies pending migrations.
     pub async fn connect(url: &str, options: PgOptions) -> Result<Self, StoreError> {
-        let pool = pool(
+        // idem's own statements end on the server too when the store timeout gives up
+        // on them: one left waiting on a lock would otherwise hold its backend on.
+        let pool = pool_with(
             url,
             options.pool_size,
             options.timeout,
             options.ca_file.as_deref(),
+            Some(options.timeout),
         )?;
-        let heartbeat_pool = self::pool(
+        let heartbeat_pool = pool_with(
             url,
             heartbeat_pool_size(options.pool_size),
             options.timeout,
             options.ca_file.as_deref(),
+            Some(options.timeout),
         )?;
         let transaction_pool = self::pool(
             url,
@@ -290,11 +294,16 @@ impl PostgresStore {
 
     /// This database as the authority handlers commit their effects in.
     pub fn authority(&self) -> Authority {
-        Authority::new(
+        let authority = Authority::new(
             self.transaction_pool.clone(),
             self.clock.clone(),
             self.options.timeout,
-        )
+        );
+        match self.options.strategy {
+            PgStrategy::Naive => authority
+                .unfenced("the naive claim strategy's upsert can overwrite a completed record"),
+            _ => authority,
+        }
     }
 
     /// The claim strategy in use.
@@ -604,11 +613,30 @@ pub fn pool(
     timeout: Duration,
     ca_file: Option<&std::path::Path>,
 ) -> Result<Pool, StoreError> {
+    pool_with(url, size, timeout, ca_file, None)
+}
+
+/// [`pool`], its connections' statements ended by the server after `statement_timeout`.
+fn pool_with(
+    url: &str,
+    size: usize,
+    timeout: Duration,
+    ca_file: Option<&std::path::Path>,
+    statement_timeout: Option<Duration>,
+) -> Result<Pool, StoreError> {
     let invalid = |e: String| StoreError::Unavailable(format!("invalid database URL: {e}"));
     let tls = super::tls::split_pg_url(url).map_err(invalid)?;
     let mut config =
         tokio_postgres::Config::from_str(&tls.url).map_err(|e| invalid(e.to_string()))?;
     config.connect_timeout(timeout);
+    if let Some(limit) = statement_timeout {
+        let setting = format!("-c statement_timeout={}", limit.as_millis().max(1));
+        let options = match config.get_options() {
+            Some(given) if !given.is_empty() => format!("{given} {setting}"),
+            _ => setting,
+        };
+        config.options(&options);
+    }
     // A peer that vanished (host down, connection cut without a reset) is noticed in
     // about half a minute, not after the kernel's default two hours.
     config

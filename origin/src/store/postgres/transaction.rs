@@ -31,6 +31,13 @@ use idem_core::{Holder, Millis, Policy, Record, RecordKey, Refusal, StoredRespon
 use std::sync::Arc;
 use std::time::Duration;
 
+/// A read that waits for any transaction holding the row's lock to end.
+const READ_SETTLED: &str = "SELECT record FROM idem_records WHERE id = $1 FOR SHARE";
+
+/// The record as it is now (a new snapshot, unlike a subquery of the statement that
+/// just lost to a concurrent change).
+const READ: &str = "SELECT record FROM idem_records WHERE id = $1";
+
 /// Rounds of the completion when the database keeps reporting a clock difference.
 const MAX_ROUNDS: usize = 4;
 
@@ -43,6 +50,8 @@ pub struct Authority {
     timeout: Duration,
     /// Whether its records are written behind (the claim may not be there yet).
     behind: bool,
+    /// Why a completion committed here would not fence other holders, if it wouldn't.
+    unfenced: Option<&'static str>,
 }
 
 /// Why a fenced transaction did not commit.
@@ -83,7 +92,22 @@ impl Authority {
             clock,
             timeout,
             behind: false,
+            unfenced: None,
         }
+    }
+
+    /// The same database under a claim strategy whose claims can overwrite a completed
+    /// record: no completion committed here fences another holder.
+    pub(super) fn unfenced(self, why: &'static str) -> Self {
+        Authority {
+            unfenced: Some(why),
+            ..self
+        }
+    }
+
+    /// Why transactions here would not be fenced, if they would not.
+    pub fn unfenced_because(&self) -> Option<&'static str> {
+        self.unfenced
     }
 
     /// The same database, whose records are written behind by another store.
@@ -124,6 +148,10 @@ impl Authority {
         holder: &Holder,
         policy: &Policy,
     ) -> Result<FencedTransaction, BeginError> {
+        if self.behind && holder.claim_outlived(self.clock.now(), policy) {
+            // Writing it behind now could resurrect a claim swept after a takeover.
+            return Err(BeginError::Refused(Refusal::Missing));
+        }
         let client = self
             .bounded("a connection", async {
                 self.pool.get().await.map_err(unavailable)
@@ -211,20 +239,22 @@ impl Authority {
         Ok(tx)
     }
 
-    /// The key's record as the authority holds it.
-    pub async fn read(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
+    /// The key's record as the authority holds it once no transaction that may still
+    /// commit a change to it is in flight: the read waits for the row lock a
+    /// completion holds until its commit (or rollback).
+    pub async fn read_settled(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
         let bytes = self
             .bounded("a read", async {
                 let client = self.pool.get().await.map_err(unavailable)?;
                 let read = client
-                    .prepare_cached(GET_WITH_CLOCK)
+                    .prepare_cached(READ_SETTLED)
                     .await
                     .map_err(unavailable)?;
                 let row = client
-                    .query_one(&read, &[&key.as_str()])
+                    .query_opt(&read, &[&key.as_str()])
                     .await
                     .map_err(unavailable)?;
-                Ok(row.get::<_, Option<Vec<u8>>>(0))
+                Ok(row.map(|r| r.get::<_, Vec<u8>>(0)))
             })
             .await?;
         bytes.map(|b| decode(&b)).transpose()
@@ -383,7 +413,24 @@ impl FencedTransaction {
                 at = at.at(store_now);
                 continue;
             }
-            let current = current.map(|b| decode(&b)).transpose()?;
+            let mut current = current.map(|b| decode(&b)).transpose()?;
+            if self.holder.check(current.as_ref()).is_ok() {
+                // The statement's snapshot predates the change that refused it (a
+                // takeover committed while it waited): look again.
+                current = authority
+                    .bounded("a read", async {
+                        let client = self.client();
+                        let read = client.prepare_cached(READ).await.map_err(unavailable)?;
+                        let row = client
+                            .query_opt(&read, &[&self.key.as_str()])
+                            .await
+                            .map_err(unavailable)?;
+                        Ok(row.map(|r| r.get::<_, Vec<u8>>(0)))
+                    })
+                    .await?
+                    .map(|b| decode(&b))
+                    .transpose()?;
+            }
             return match self.holder.check(current.as_ref()) {
                 Err(refusal) => Ok(Err(refusal)),
                 // Tokens only grow: the record can't have changed back.
