@@ -11,7 +11,8 @@
 //! second charge — not even a kill -9 right after a charge commits.
 //!
 //! `scripts/test` runs a short form (`IDEM_CHAOS_SECS`, 25 s per workload);
-//! `scripts/chaos` runs longer. Every run prints its seed (`IDEM_CHAOS_SEED` replays
+//! `scripts/chaos` runs longer; `IDEM_CHAOS_COMPLETION=separate` runs it with each
+//! charge committed on its own, before its record (the campaign then fails). Every run prints its seed (`IDEM_CHAOS_SEED` replays
 //! the nemesis' choices) and one summary line per workload.
 
 use idem_tests::procs::{PgProc, RedisClusterProc};
@@ -92,6 +93,8 @@ impl Cluster {
                 RedisClusterProc::start(&label)
             })),
         };
+        let completion =
+            std::env::var("IDEM_CHAOS_COMPLETION").unwrap_or_else(|_| "transactional".into());
         let mut args: Vec<String> = [
             "--database-url",
             &pg.url(),
@@ -103,6 +106,10 @@ impl Cluster {
             "1s",
             "--drain-timeout",
             "5s",
+            // Each charge with its record; `IDEM_CHAOS_COMPLETION=separate` runs the
+            // campaign against charges committed on their own, to see it fail.
+            "--demo-completion",
+            &completion,
         ]
         .iter()
         .map(|s| s.to_string())
@@ -215,8 +222,11 @@ async fn attempt(
     body: &str,
     wait: bool,
 ) -> Option<(u16, Option<String>, bool)> {
+    // A client gives up on a replica that does not answer (frozen, say) and retries
+    // elsewhere, as real ones do: that is what lets a takeover race a paused holder.
     let mut req = http
         .post(format!("{base}/v1/charges"))
+        .timeout(Duration::from_secs(4))
         .header("idempotency-key", key)
         .header("content-type", "application/json")
         .body(body.to_owned());
@@ -295,6 +305,18 @@ enum Fault {
     PauseReplica,
 }
 
+impl Fault {
+    fn name(self) -> &'static str {
+        match self {
+            Fault::KillReplica => "kill",
+            Fault::RestartPostgres => "postgres",
+            Fault::KillRedisMaster => "redis",
+            Fault::SkewReplica => "skew",
+            Fault::PauseReplica => "pause",
+        }
+    }
+}
+
 /// What the nemesis did: a line per fault, and the processes it killed with -9.
 #[derive(Default)]
 struct Faults {
@@ -324,6 +346,16 @@ async fn nemesis(cluster: &mut Cluster, rng: &mut Rng, until: Instant, faults: &
         ];
         if cluster.redis.is_some() {
             choices.push(Fault::KillRedisMaster);
+        }
+        // `IDEM_CHAOS_FAULTS=pause` (or `kill`, `postgres`, `skew`, `redis`, comma-
+        // separated) narrows the nemesis to those faults.
+        if let Ok(only) = std::env::var("IDEM_CHAOS_FAULTS") {
+            let wanted: Vec<&str> = only.split(',').map(str::trim).collect();
+            choices.retain(|f| wanted.contains(&f.name()));
+            assert!(
+                !choices.is_empty(),
+                "IDEM_CHAOS_FAULTS={only} names no fault"
+            );
         }
         let fault = choices[rng.below(choices.len() as u64) as usize];
         let at = t0.elapsed().as_secs_f32();
@@ -362,7 +394,7 @@ async fn nemesis(cluster: &mut Cluster, rng: &mut Rng, until: Instant, faults: &
             Fault::PauseReplica => {
                 let i = rng.below(REPLICAS as u64) as usize;
                 // Past the lease: its holders' claims are taken over while it sleeps.
-                let paused = rng.between(LEASE_MS + 500, LEASE_MS + 3_000);
+                let paused = rng.between(LEASE_MS + 1_000, LEASE_MS + 5_000);
                 if let Some(child) = &cluster.replicas[i].child {
                     signal(child.id(), "-STOP");
                     tokio::time::sleep(Duration::from_millis(paused)).await;
