@@ -72,3 +72,35 @@ fn a_busy_port_is_reported() {
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("cannot listen on"), "{}", stderr(&o));
 }
+
+#[test]
+fn transactional_completion_without_postgres_records_is_refused_at_start_up() {
+    for store in ["memory", "redis"] {
+        let mut args = vec!["--store", store, "--demo-completion", "transactional"];
+        if store == "redis" {
+            args.extend(["--redis-url", "redis://127.0.0.1:1"]);
+        }
+        let o = run(&args, &[]);
+        assert_eq!(o.status.code(), Some(2), "{store}");
+        assert!(
+            stderr(&o).contains(
+                "--demo-completion transactional needs the records and the charges in one Postgres"
+            ),
+            "{store}: {}",
+            stderr(&o)
+        );
+    }
+}
+
+/// The library refuses too, at start-up, naming the store.
+#[test]
+fn the_layer_refuses_transactions_on_a_store_without_them() {
+    use idem_origin::idempotency::IdempotencyLayer;
+    use idem_origin::store::MemoryStore;
+    let err = IdempotencyLayer::new(std::sync::Arc::new(MemoryStore::new()))
+        .transactional()
+        .err()
+        .expect("refused");
+    assert_eq!(err.store, "memory");
+    assert!(err.to_string().contains("outside Postgres"), "{err}");
+}

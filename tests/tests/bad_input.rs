@@ -194,3 +194,61 @@ async fn unknown_routes_are_404_problems() {
     assert_eq!(res.headers()["content-type"], "application/problem+json");
     assert_untouched(&db).await;
 }
+
+/// `Demo-Fault` is refused — `400`, the key left free, nothing charged — unless the
+/// origin runs with `--demo-faults`; an unknown fault is refused even then.
+#[tokio::test]
+async fn demo_faults_are_refused_unless_enabled() {
+    let db = TestDb::new("faults_off").await;
+    let origin = origin(&db).await;
+    let http = client();
+    let send = |url: String, fault: &'static str| {
+        http.post(url)
+            .header("idempotency-key", "fault-1")
+            .header("content-type", "application/json")
+            .header("demo-fault", fault)
+            .body(charge_body("c", 100, 0))
+            .send()
+    };
+    let res = send(origin.url("/v1/charges"), "abort-after-charge")
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 400);
+    let p: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(p["type"], "urn:idem:demo:problem:invalid-fault");
+    assert!(
+        p["detail"].as_str().unwrap().contains("--demo-faults"),
+        "{p}"
+    );
+    let on_db = TestDb::new("faults_on").await;
+    let on = TestOrigin::start(&[
+        "--store",
+        "postgres",
+        "--database-url",
+        &on_db.url,
+        "--demo-faults",
+    ])
+    .await;
+    let res = send(on.url("/v1/charges"), "explode").await.unwrap();
+    assert_eq!(res.status().as_u16(), 400);
+    let p: serde_json::Value = res.json().await.unwrap();
+    assert!(
+        p["detail"].as_str().unwrap().contains("unknown Demo-Fault"),
+        "{p}"
+    );
+    for db in [&db, &on_db] {
+        assert_eq!(db.charges().await, 0, "no charge");
+        assert_eq!(db.live_records().await, 0, "the key was released");
+    }
+    // The key stayed free: the same key without the header charges once.
+    let ok = http
+        .post(origin.url("/v1/charges"))
+        .header("idempotency-key", "fault-1")
+        .header("content-type", "application/json")
+        .body(charge_body("c", 100, 0))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status().as_u16(), 201);
+    assert_eq!(db.charges().await, 1);
+}
