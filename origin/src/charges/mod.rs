@@ -185,15 +185,10 @@ async fn create(
             // The ledger failed, perhaps after its COMMIT landed (a lost acknowledgement):
             // the outcome is unknown, so this 503 is the result, stored and replayed —
             // never a second charge.
-            Err(e) => {
-                tracing::error!(error = %e, "ledger unavailable");
-                demo_problem(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "ledger-unavailable",
-                    "Ledger unavailable",
-                    "the ledger did not confirm the charge; it will not be retried under this key",
-                )
-            }
+            Err(e) => ledger_unavailable(
+                &e,
+                "the ledger did not confirm the charge; it will not be retried under this key",
+            ),
         },
     };
     if response.status() == StatusCode::CREATED {
@@ -214,13 +209,10 @@ async fn charge_in_transaction(
         Err(e) => return e.into_response(),
     };
     if let Err(e) = insert_charge(tx.client(), charge, execution).await {
-        tracing::error!(error = %e, "ledger unavailable");
         tx.rollback().await;
         // Rolled back: no charge was made, so the key is freed for a retry.
-        return crate::idempotency::release(demo_problem(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "ledger-unavailable",
-            "Ledger unavailable",
+        return crate::idempotency::release(ledger_unavailable(
+            &e,
             "the charge was not made; retry",
         ));
     }
@@ -228,6 +220,16 @@ async fn charge_in_transaction(
     tx.commit(created(charge))
         .await
         .unwrap_or_else(|e| e.into_response())
+}
+
+fn ledger_unavailable(error: &LedgerError, detail: &str) -> Response<Body> {
+    tracing::error!(%error, "ledger unavailable");
+    demo_problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "ledger-unavailable",
+        "Ledger unavailable",
+        detail,
+    )
 }
 
 fn created(charge: &Charge) -> Response<Body> {
@@ -261,15 +263,7 @@ async fn list(
     };
     match ledger.list(&customer).await {
         Ok(data) => json_response(StatusCode::OK, &json!({ "data": data })),
-        Err(e) => {
-            tracing::error!(error = %e, "ledger unavailable");
-            demo_problem(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "ledger-unavailable",
-                "Ledger unavailable",
-                "retry later",
-            )
-        }
+        Err(e) => ledger_unavailable(&e, "retry later"),
     }
 }
 

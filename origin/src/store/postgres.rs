@@ -505,33 +505,9 @@ impl PostgresStore {
             _ => &self.pool,
         };
         holder_write_at(holder, change, now, policy, |next, at| async move {
-            let r = Row::of(&next);
             let (written, store_now, current) = self
                 .with_client_of(pool, async |client| {
-                    let stmt = client
-                        .prepare_cached(HOLDER_WRITE)
-                        .await
-                        .map_err(unavailable)?;
-                    let row = client
-                        .query_one(
-                            &stmt,
-                            &[
-                                &key.as_str(),
-                                &sql_i64(holder.token),
-                                &r.state,
-                                &r.expires_at,
-                                &r.record,
-                                &sql_i64(at.now),
-                                &sql_i64(at.tolerance),
-                            ],
-                        )
-                        .await
-                        .map_err(unavailable)?;
-                    Ok((
-                        row.get::<_, i32>(0) == 1,
-                        row.get::<_, i64>(1),
-                        row.get::<_, Option<Vec<u8>>>(2),
-                    ))
+                    run_holder_write(client, key, holder, &next, at).await
                 })
                 .await?;
             let store_now = self.observe(store_now);
@@ -570,6 +546,43 @@ impl PostgresStore {
         })
         .await
     }
+}
+
+/// Runs [`HOLDER_WRITE`] for `holder`'s record `next`, computed at `at`, on `client`
+/// (pooled, or a handler's transaction): whether it wrote, the database's clock, and
+/// the row as the statement saw it.
+pub(super) async fn run_holder_write(
+    client: &deadpool_postgres::ClientWrapper,
+    key: &RecordKey,
+    holder: &Holder,
+    next: &Record,
+    at: Stamp,
+) -> Result<(bool, i64, Option<Vec<u8>>), StoreError> {
+    let r = Row::of(next);
+    let stmt = client
+        .prepare_cached(HOLDER_WRITE)
+        .await
+        .map_err(unavailable)?;
+    let row = client
+        .query_one(
+            &stmt,
+            &[
+                &key.as_str(),
+                &sql_i64(holder.token),
+                &r.state,
+                &r.expires_at,
+                &r.record,
+                &sql_i64(at.now),
+                &sql_i64(at.tolerance),
+            ],
+        )
+        .await
+        .map_err(unavailable)?;
+    Ok((
+        row.get::<_, i32>(0) == 1,
+        row.get::<_, i64>(1),
+        row.get::<_, Option<Vec<u8>>>(2),
+    ))
 }
 
 async fn migrate(client: &mut Client) -> Result<(), StoreError> {

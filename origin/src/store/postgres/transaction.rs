@@ -24,7 +24,7 @@
 //! dropped, or whose fate is unclear, has its connection closed, which makes the
 //! server roll it back.
 
-use super::{sql_i64, unavailable, Row, GET_WITH_CLOCK, HOLDER_WRITE, UPSERT_SUPERSEDING};
+use super::{run_holder_write, unavailable, Row, GET_WITH_CLOCK, UPSERT_SUPERSEDING};
 use crate::store::{decode, Stamp, StoreClock, StoreError};
 use deadpool_postgres::{ClientWrapper, Object, Pool};
 use idem_core::{Holder, Millis, Policy, Record, RecordKey, Refusal, StoredResponse};
@@ -375,35 +375,11 @@ impl FencedTransaction {
         let mut at = Stamp::new(authority.clock.now(), policy);
         for _ in 0..MAX_ROUNDS {
             let next = self.holder.completed(response.clone(), at.now, policy);
-            let r = Row::of(&next);
             let (written, store_now, current) = authority
-                .bounded("the completion", async {
-                    let client = self.client();
-                    let stmt = client
-                        .prepare_cached(HOLDER_WRITE)
-                        .await
-                        .map_err(unavailable)?;
-                    let row = client
-                        .query_one(
-                            &stmt,
-                            &[
-                                &self.key.as_str(),
-                                &sql_i64(self.holder.token),
-                                &r.state,
-                                &r.expires_at,
-                                &r.record,
-                                &sql_i64(at.now),
-                                &sql_i64(at.tolerance),
-                            ],
-                        )
-                        .await
-                        .map_err(unavailable)?;
-                    Ok((
-                        row.get::<_, i32>(0) == 1,
-                        row.get::<_, i64>(1),
-                        row.get::<_, Option<Vec<u8>>>(2),
-                    ))
-                })
+                .bounded(
+                    "the completion",
+                    run_holder_write(self.client(), &self.key, &self.holder, &next, at),
+                )
                 .await?;
             let store_now = self.observe(store_now);
             if written {
