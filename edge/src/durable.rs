@@ -2,8 +2,8 @@
 //! [`apply`] between one storage read and one storage write — no outbound fetch ever
 //! happens inside it, so no other request for the key can interleave.
 
-use crate::records::{apply, EdgeRecords, Op, Reply};
-use idem_core::{Record, RecordKey};
+use crate::records::{apply, stored, EdgeRecords, Op, Reply, Stored};
+use idem_core::RecordKey;
 use worker::{
     durable_object, Date, DurableObject, Env, Method, Request, RequestInit, Response, Result,
     State, Stub,
@@ -24,12 +24,11 @@ pub struct IdemRecord {
 }
 
 impl IdemRecord {
-    async fn load(&self) -> Option<Record> {
-        let hex: Option<String> = self.state.storage().get(RECORD).await.ok().flatten();
-        // An unreadable record (a future encoding version) is treated as absent: the
-        // request then goes to the origin, which is authoritative.
-        hex.and_then(|h| crate::records::unhex(&h))
-            .and_then(|b| Record::decode(&b).ok())
+    /// The stored record. A failed read is an error, never "no record": a claim decided
+    /// over it would overwrite a record that may be live.
+    async fn load(&self) -> Result<Stored> {
+        let hex: Option<String> = self.state.storage().get(RECORD).await?;
+        Ok(stored(hex.as_deref()))
     }
 }
 
@@ -43,7 +42,16 @@ impl DurableObject for IdemRecord {
             Ok(op) => op,
             Err(e) => return Response::error(format!("bad op: {e}"), 400),
         };
-        let stored = self.load().await;
+        // Unreadable or undecodable: the edge answers nothing for this key and the
+        // request goes to the origin, which is authoritative.
+        let stored = match self.load().await {
+            Ok(Stored::Absent) => None,
+            Ok(Stored::Present(record)) => Some(record),
+            Ok(Stored::Undecodable) => {
+                return Response::error("the stored record cannot be decoded", 503)
+            }
+            Err(e) => return Response::error(format!("storage read failed: {e}"), 503),
+        };
         let now = Date::now().as_millis();
         let (reply, write) = match apply(&op, stored.as_ref(), now) {
             Ok(done) => done,
@@ -64,9 +72,10 @@ impl DurableObject for IdemRecord {
 
     async fn alarm(&self) -> Result<Response> {
         let now = Date::now().as_millis();
-        match self.load().await {
+        // A failed read fails the alarm, which the runtime retries.
+        match self.load().await? {
             // Renewed or completed since the alarm was set: come back at the new expiry.
-            Some(r) if r.expires_at().saturating_add(EXPIRY_GRACE_MS) > now => {
+            Stored::Present(r) if r.expires_at().saturating_add(EXPIRY_GRACE_MS) > now => {
                 let at = r.expires_at().saturating_add(EXPIRY_GRACE_MS);
                 self.state.storage().set_alarm((at - now) as i64).await?;
             }

@@ -109,6 +109,28 @@ fn fingerprint(hex: &str) -> Result<Fingerprint, String> {
         .ok_or_else(|| "bad fingerprint".into())
 }
 
+/// What the Durable Object's storage holds for its key.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Stored {
+    /// No record.
+    Absent,
+    /// A record.
+    Present(Record),
+    /// Something this version cannot decode (a newer encoding, say). Never "absent":
+    /// a claim decided over it would overwrite a record that may be live.
+    Undecodable,
+}
+
+/// Reads the stored value: hex of [`Record::encode`].
+pub fn stored(hex: Option<&str>) -> Stored {
+    match hex {
+        None => Stored::Absent,
+        Some(hex) => unhex(hex)
+            .and_then(|b| Record::decode(&b).ok())
+            .map_or(Stored::Undecodable, Stored::Present),
+    }
+}
+
 /// Executes `op` against the stored record at `now`: the reply, and the record to
 /// store when it changes. The Durable Object calls this between one storage read and
 /// one storage write, with no outbound I/O in between, so it is atomic.
@@ -214,6 +236,18 @@ mod tests {
 
     const FP: &str = "0101010101010101010101010101010101010101010101010101010101010101";
     const OTHER: &str = "0202020202020202020202020202020202020202020202020202020202020202";
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn an_undecodable_record_is_not_an_absent_one() {
+        assert_eq!(stored(None), Stored::Absent);
+        let (_, Some(record)) = apply(&claim(FP), None, 1_000).unwrap() else {
+            panic!("a claim writes a record")
+        };
+        let hex = idem_core::hex(&record.encode());
+        assert_eq!(stored(Some(&hex)), Stored::Present(record));
+        assert_eq!(stored(Some("zz")), Stored::Undecodable);
+        assert_eq!(stored(Some("ff00")), Stored::Undecodable);
+    }
 
     fn claim(fp: &str) -> Op {
         Op::Claim {
