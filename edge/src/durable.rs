@@ -10,9 +10,6 @@ use worker::{
 };
 
 const RECORD: &str = "record";
-/// The record is deleted this long after it expires (a claim in the same instant
-/// still sees its token).
-const EXPIRY_GRACE_MS: u64 = 1_000;
 /// The Durable Object namespace binding (wrangler.toml).
 pub const BINDING: &str = "IDEM_RECORDS";
 
@@ -62,7 +59,7 @@ impl DurableObject for IdemRecord {
             storage
                 .put(RECORD, idem_core::hex(&record.encode()))
                 .await?;
-            let expiry = record.expires_at().saturating_add(EXPIRY_GRACE_MS);
+            let expiry = record.delete_after();
             storage
                 .set_alarm(expiry.saturating_sub(now).max(1) as i64)
                 .await?;
@@ -75,8 +72,8 @@ impl DurableObject for IdemRecord {
         // A failed read fails the alarm, which the runtime retries.
         match self.load().await? {
             // Renewed or completed since the alarm was set: come back at the new expiry.
-            Stored::Present(r) if r.expires_at().saturating_add(EXPIRY_GRACE_MS) > now => {
-                let at = r.expires_at().saturating_add(EXPIRY_GRACE_MS);
+            Stored::Present(r) if r.delete_after() > now => {
+                let at = r.delete_after();
                 self.state.storage().set_alarm((at - now) as i64).await?;
             }
             _ => self.state.storage().delete_all().await?,

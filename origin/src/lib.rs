@@ -2,7 +2,8 @@
 //! API here) behind [`idempotency::IdempotencyLayer`], on a [`store::Store`].
 //!
 //! * [`idempotency`] — the tower layer: the HTTP contract.
-//! * [`store`] — the record stores: memory (embedded default) and Postgres.
+//! * [`store`] — the record stores: memory (embedded default), Postgres, Redis or
+//!   Redis Cluster, and tiered (Redis over the Postgres authority).
 //! * [`charges`] — the demo business API whose double charges are countable.
 //! * [`app`] and [`config`] — wiring, health, metrics and the command line.
 #![forbid(unsafe_code)]

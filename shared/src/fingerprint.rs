@@ -40,9 +40,10 @@ impl Fingerprint {
     }
 
     /// The exact bytes [`Fingerprint::of`] hashes with SHA-256, for a caller that
-    /// hashes them elsewhere: the edge hands them to the runtime's WebCrypto, whose
-    /// native SHA-256 uses the CPU's SHA instructions where WASM has none. Wrap the
-    /// 32-byte digest in [`Fingerprint`].
+    /// hashes them elsewhere — the runtime's WebCrypto, say, whose native SHA-256 beats
+    /// WASM on large bodies and loses on small ones (the bench compares them; the edge
+    /// hashes in WASM with [`Fingerprint::of`]). Wrap the 32-byte digest in
+    /// [`Fingerprint`].
     pub fn message(req: &RequestParts<'_>) -> Vec<u8> {
         let mut essence = [0u8; 128];
         let mut canonical = None;

@@ -32,7 +32,7 @@ pub use decision::{
 };
 pub use fingerprint::{Fingerprint, RequestParts};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
-pub use record::{DecodeError, Record, StoredResponse};
+pub use record::{DecodeError, Record, StoredResponse, EXPIRY_GRACE_MS};
 pub use scope::{RecordKey, Scope};
 
 /// Milliseconds since the Unix epoch. The core never reads a clock; callers pass this in.

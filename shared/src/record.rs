@@ -5,6 +5,10 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
 
+/// How long past its expiry a record is kept by stores that delete records by
+/// themselves ([`Record::delete_after`]).
+pub const EXPIRY_GRACE_MS: Millis = 1_000;
+
 /// A response as stored for replay: status, the allow-listed headers, the body.
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
 pub struct StoredResponse {
@@ -74,6 +78,13 @@ impl Record {
             } => (*expires_at).max(*lease_until),
             Record::Completed { expires_at, .. } => *expires_at,
         }
+    }
+
+    /// When a store that deletes records by itself (Redis' expiry, the edge's alarm)
+    /// may delete this one: [`EXPIRY_GRACE_MS`] after it expires, so that a claim in the
+    /// same instant still sees its token and small clock differences don't matter.
+    pub fn delete_after(&self) -> Millis {
+        self.expires_at().saturating_add(EXPIRY_GRACE_MS)
     }
 
     /// Whether the record holds a final response.

@@ -1,4 +1,4 @@
-//! One test per row of the HTTP contract (DESIGN.md), through the real HTTP server,
+//! One test per row of the HTTP contract (README, "The HTTP contract"), through the real HTTP server,
 //! with records in real Postgres.
 
 use axum::body::Body;

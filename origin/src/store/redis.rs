@@ -24,11 +24,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-/// Records stay in Redis this long past their logical expiry, so a claim in the same
-/// instant still sees the token, and small clock differences between origins and
-/// Redis don't matter.
-const EXPIRY_GRACE_MS: u64 = 1_000;
-
 static INSERT_IF_ABSENT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("redis/insert_if_absent.lua")));
 static REPLACE_IF_SAME: LazyLock<Script> =
@@ -149,7 +144,8 @@ fn unavailable(e: redis::RedisError) -> StoreError {
 }
 
 fn pexpire_at(record: &Record) -> u64 {
-    record.expires_at().saturating_add(EXPIRY_GRACE_MS)
+    // Kept past its logical expiry: see `Record::delete_after`.
+    record.delete_after()
 }
 
 impl RedisStore {
