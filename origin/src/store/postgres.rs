@@ -470,17 +470,8 @@ impl PostgresStore {
 
     /// Reads a record.
     pub(crate) async fn get_record(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
-        let bytes = self
-            .with_client(async |client| {
-                let stmt = client.prepare_cached(GET).await.map_err(unavailable)?;
-                let row = client
-                    .query_opt(&stmt, &[&key.as_str()])
-                    .await
-                    .map_err(unavailable)?;
-                Ok(row.map(|r| r.get::<_, Vec<u8>>(0)))
-            })
-            .await?;
-        bytes.map(|b| decode(&b)).transpose()
+        self.with_client(async |client| read_record(client, GET, key).await)
+            .await
     }
 
     /// Records the database's clock as a statement returned it; returns it as `Millis`.
@@ -546,6 +537,24 @@ impl PostgresStore {
         })
         .await
     }
+}
+
+/// Reads the key's record with `statement` (`$1` the key, one `record` column: [`GET`],
+/// or a locking variant) on `client`, pooled or in a handler's transaction.
+pub(super) async fn read_record(
+    client: &deadpool_postgres::ClientWrapper,
+    statement: &str,
+    key: &RecordKey,
+) -> Result<Option<Record>, StoreError> {
+    let stmt = client
+        .prepare_cached(statement)
+        .await
+        .map_err(unavailable)?;
+    let row = client
+        .query_opt(&stmt, &[&key.as_str()])
+        .await
+        .map_err(unavailable)?;
+    row.map(|r| decode(r.get::<_, &[u8]>(0))).transpose()
 }
 
 /// Runs [`HOLDER_WRITE`] for `holder`'s record `next`, computed at `at`, on `client`

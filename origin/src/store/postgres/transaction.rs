@@ -24,7 +24,9 @@
 //! dropped, or whose fate is unclear, has its connection closed, which makes the
 //! server roll it back.
 
-use super::{run_holder_write, unavailable, Row, GET_WITH_CLOCK, UPSERT_SUPERSEDING};
+use super::{
+    read_record, run_holder_write, unavailable, Row, GET, GET_WITH_CLOCK, UPSERT_SUPERSEDING,
+};
 use crate::store::{decode, Stamp, StoreClock, StoreError};
 use deadpool_postgres::{ClientWrapper, Object, Pool};
 use idem_core::{Holder, Millis, Policy, Record, RecordKey, Refusal, StoredResponse};
@@ -33,10 +35,6 @@ use std::time::Duration;
 
 /// A read that waits for any transaction holding the row's lock to end.
 const READ_SETTLED: &str = "SELECT record FROM idem_records WHERE id = $1 FOR SHARE";
-
-/// The record as it is now (a new snapshot, unlike a subquery of the statement that
-/// just lost to a concurrent change).
-const READ: &str = "SELECT record FROM idem_records WHERE id = $1";
 
 /// Rounds of the completion when the database keeps reporting a clock difference.
 const MAX_ROUNDS: usize = 4;
@@ -243,21 +241,11 @@ impl Authority {
     /// commit a change to it is in flight: the read waits for the row lock a
     /// completion holds until its commit (or rollback).
     pub async fn read_settled(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
-        let bytes = self
-            .bounded("a read", async {
-                let client = self.pool.get().await.map_err(unavailable)?;
-                let read = client
-                    .prepare_cached(READ_SETTLED)
-                    .await
-                    .map_err(unavailable)?;
-                let row = client
-                    .query_opt(&read, &[&key.as_str()])
-                    .await
-                    .map_err(unavailable)?;
-                Ok(row.map(|r| r.get::<_, Vec<u8>>(0)))
-            })
-            .await?;
-        bytes.map(|b| decode(&b)).transpose()
+        self.bounded("a read", async {
+            let client = self.pool.get().await.map_err(unavailable)?;
+            read_record(&client, READ_SETTLED, key).await
+        })
+        .await
     }
 }
 
@@ -393,19 +381,10 @@ impl FencedTransaction {
             if self.holder.check(current.as_ref()).is_ok() {
                 // The statement's snapshot predates the change that refused it (a
                 // takeover committed while it waited): look again.
+                // (A statement of its own reads a new snapshot.)
                 current = authority
-                    .bounded("a read", async {
-                        let client = self.client();
-                        let read = client.prepare_cached(READ).await.map_err(unavailable)?;
-                        let row = client
-                            .query_opt(&read, &[&self.key.as_str()])
-                            .await
-                            .map_err(unavailable)?;
-                        Ok(row.map(|r| r.get::<_, Vec<u8>>(0)))
-                    })
-                    .await?
-                    .map(|b| decode(&b))
-                    .transpose()?;
+                    .bounded("a read", read_record(self.client(), GET, &self.key))
+                    .await?;
             }
             return match self.holder.check(current.as_ref()) {
                 Err(refusal) => Ok(Err(refusal)),
