@@ -11,12 +11,19 @@
 //! the request goes to the origin, which replays or refuses — losing edge state never
 //! runs the handler twice.
 //!
-//! * [`contract`] — the HTTP contract on plain values (host-testable, no worker types).
+//! * [`flow`] — one request, over plain values: every decision from the core's
+//!   contract, every effect through an [`flow::EdgeRuntime`] (host-testable).
+//! * [`config`] — the worker's vars.
 //! * [`records`] — the durable-backend adapter trait, the Durable Object protocol, and
-//!   the pure function the Durable Object executes.
-//! * `durable` / `handler` — the Durable Object and the fetch handler (wasm32 only).
+//!   the pure function the Durable Object executes; [`memory`] runs it on the host.
+//! * `durable` / `handler` — the Durable Object and the Workers runtime (wasm32 only).
+//!
+//! A panic is logged by `worker`'s own start hook ("Rust panic: …" on the console),
+//! which marks the instance for re-initialisation.
 
-pub mod contract;
+pub mod config;
+pub mod flow;
+pub mod memory;
 pub mod records;
 
 #[cfg(target_arch = "wasm32")]

@@ -3,14 +3,16 @@
 //! Values in, decisions out: no clock, no network, no async. Every adapter — the
 //! in-memory store, the Postgres statements, the Redis scripts, the edge's Durable
 //! Object — asks these functions what to do and only executes the answer
-//! atomically, so the edge and the origin cannot drift apart.
+//! atomically; the edge's worker and the origin's tower layer take every decision of
+//! the HTTP contract from [`contract`] and only move bytes, so the two cannot drift
+//! apart.
 //!
 //! * [`IdempotencyKey`] — the validated `Idempotency-Key` header.
 //! * [`Scope`] and [`RecordKey`] — whose key it is, and where its record lives.
 //! * [`Fingerprint`] — what the request was (method, target, content type, body).
 //! * [`Record`] — `InProgress` or `Completed`, with a versioned binary encoding.
 //! * [`decide`] — the whole protocol: execute, replay, wait, refuse or take over.
-//! * [`contract`] — the HTTP contract's other decisions (what to cache, problem types).
+//! * [`contract`] — the HTTP contract: routing, keys, waits, stored headers, problems.
 //!
 //! Time is always passed in as [`Millis`] since the Unix epoch.
 #![no_std]

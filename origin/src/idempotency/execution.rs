@@ -9,16 +9,16 @@
 //! client waits for it only [`CLIENT_WAIT`], then gets its answer marked `pending`
 //! while the write goes on.
 
-use super::response::problem;
+use super::response::{answer as stored_answer, refusal};
 use super::transaction::{Committed, FencedSignal};
 use super::{Config, ReleaseSignal};
 use crate::metrics;
 use axum::body::Body;
 use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
-use http::{header, response::Parts, HeaderValue, Request, Response};
+use http::{response::Parts, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
-use idem_core::contract::{self, Disposition, OriginDisposition, Problem};
+use idem_core::contract::{self, Disposition, OriginDisposition, Problem, Rejection};
 use idem_core::{Holder, Millis, RecordKey, Refusal, StoredResponse, Transition};
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -132,7 +132,7 @@ where
         .spawn(run_to_completion(config, inner, req, claimed, answer));
     answered.await.unwrap_or_else(|_| {
         tracing::error!("idempotent execution task ended without an answer");
-        problem(Problem::HandlerPanicked, None)
+        refusal(&Rejection::new(Problem::HandlerPanicked))
     })
 }
 
@@ -144,7 +144,7 @@ enum Outcome {
     /// rest still to stream to the client. Stored as a problem in its place.
     TooLarge(Parts, Bytes, Body),
     /// Execution began and its result is unknown: stored as this problem.
-    Unknown(Problem, &'static str),
+    Unknown(Rejection),
 }
 
 /// A response body read up to `limit` bytes.
@@ -221,44 +221,28 @@ async fn run_to_completion<S>(
         }
         Some(Ok(Err(error))) => {
             tracing::error!(key = %key.as_str(), %error, "the handler's response body broke off; storing a 502 for this key");
-            Outcome::Unknown(Problem::HandlerFailed, "the handler's response broke off; its outcome is unknown and it will not run again for this key")
+            Outcome::Unknown(Rejection::new(Problem::HandlerFailed))
         }
         Some(Err(_panic)) => {
             tracing::error!(key = %key.as_str(), "handler panicked; storing a 500 for this key");
-            Outcome::Unknown(
-                Problem::HandlerPanicked,
-                "the handler failed; it will not run again for this key",
-            )
+            Outcome::Unknown(Rejection::new(Problem::HandlerPanicked))
         }
         None => {
             metrics::execution_timed_out();
             tracing::error!(key = %key.as_str(), "handler ran past --max-execution; storing a 502 for this key");
-            Outcome::Unknown(Problem::HandlerFailed, "the handler ran past its maximum execution time; its outcome is unknown and it will not run again for this key")
+            Outcome::Unknown(Rejection::execution_timed_out())
         }
     };
     let mut stored_instead = None;
     let (mut parts, body) = match outcome {
         Outcome::Answered(parts, body) => (parts, ClientBody::Whole(body)),
         Outcome::TooLarge(parts, head, rest) => {
-            let detail = format!("the request was executed; its answer, larger than {limit} bytes, was delivered to the first attempt only");
-            let (p, b) = problem(Problem::ResponseNotStored, Some(&detail)).into_parts();
-            let b = b.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-            stored_instead = Some(StoredResponse {
-                status: p.status.as_u16(),
-                headers: p
-                    .headers
-                    .iter()
-                    .filter(|(n, _)| *n == header::CONTENT_TYPE)
-                    .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
-                    .collect(),
-                body: b.to_vec(),
-            });
+            stored_instead = Some(Rejection::response_not_stored(limit).as_result());
             (parts, ClientBody::Streamed(head, rest))
         }
-        Outcome::Unknown(p, detail) => {
-            let (mut parts, body) = problem(p, Some(detail)).into_parts();
-            // Unlike idem's other problems, this one is the request's result: replayed.
-            parts.headers.remove(header::CACHE_CONTROL);
+        Outcome::Unknown(rejection) => {
+            // Unlike idem's refusals, this problem is the request's result: replayed.
+            let (parts, body) = stored_answer(rejection.as_result()).into_parts();
             let body = body
                 .collect()
                 .await
@@ -344,7 +328,7 @@ async fn run_to_completion<S>(
         // return (it panicked, lost the commit's acknowledgement): that answer is
         // the request's result, so it is this attempt's too.
         Some(Final::Committed(stored, expires_at)) => {
-            let mut res = super::response::answer(stored);
+            let mut res = stored_answer(stored);
             let d = OriginDisposition::Stored { expires_at };
             if let Ok(v) = HeaderValue::from_str(&d.header_value()) {
                 res.headers_mut().insert(contract::ORIGIN_DISPOSITION, v);
@@ -380,17 +364,11 @@ enum ClientBody {
 }
 
 pub(crate) fn stored_response(config: &Config, parts: &Parts, body: &Bytes) -> StoredResponse {
-    let headers = config
-        .cached_headers
-        .iter()
-        .flat_map(|name| {
-            parts
-                .headers
-                .get_all(name)
-                .iter()
-                .map(move |v| (name.as_str().to_owned(), v.as_bytes().to_vec()))
-        })
-        .collect();
+    let headers = contract::stored_headers(&config.cached_headers, |name, push| {
+        for value in parts.headers.get_all(name) {
+            push(value.as_bytes())
+        }
+    });
     StoredResponse {
         status: parts.status.as_u16(),
         headers,

@@ -1,49 +1,56 @@
-//! Building the layer's own answers: problems and replays.
+//! The layer's own answers, written out from the contract's plain values: refusals
+//! and replays.
 
 use axum::body::Body;
-use http::{header, HeaderName, HeaderValue, Response, StatusCode};
-use idem_core::contract::{Problem, IDEMPOTENT_REPLAYED, PROBLEM_CONTENT_TYPE};
+use http::{HeaderName, HeaderValue, Response, StatusCode};
+use idem_core::contract::{self, Rejection};
 use idem_core::StoredResponse;
 
-/// An RFC 9457 problem answer. Never cacheable: `Cache-Control: no-store`.
-pub(crate) fn problem(p: Problem, detail: Option<&str>) -> Response<Body> {
-    let mut res = Response::new(Body::from(p.body(detail)));
-    *res.status_mut() =
-        StatusCode::from_u16(p.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let h = res.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static(PROBLEM_CONTENT_TYPE),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    if let Some(secs) = p.retry_after_secs() {
-        h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
-    }
-    res
+/// One of idem's refusals ([`Rejection::headers`]: never cacheable).
+pub(crate) fn refusal(rejection: &Rejection) -> Response<Body> {
+    let headers = rejection.headers();
+    build(
+        rejection.status(),
+        headers.iter().map(|(n, v)| (*n, v.as_bytes())),
+        rejection.body(),
+    )
 }
 
 /// The stored answer, marked `Idempotent-Replayed: true`.
 pub(crate) fn replay(stored: StoredResponse) -> Response<Body> {
-    let mut res = answer(stored);
-    res.headers_mut().insert(
-        HeaderName::from_static(IDEMPOTENT_REPLAYED),
-        HeaderValue::from_static("true"),
-    );
-    res
+    let StoredResponse {
+        status,
+        headers,
+        body,
+    } = stored;
+    build(status, contract::replay_headers(&headers), body)
 }
 
 /// The stored answer as it was stored.
 pub(crate) fn answer(stored: StoredResponse) -> Response<Body> {
-    let mut res = Response::new(Body::from(stored.body));
-    *res.status_mut() =
-        StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let StoredResponse {
+        status,
+        headers,
+        body,
+    } = stored;
+    let headers = headers.iter().map(|(n, v)| (n.as_str(), v.as_slice()));
+    build(status, headers, body)
+}
+
+fn build<'a>(
+    status: u16,
+    headers: impl Iterator<Item = (&'a str, &'a [u8])>,
+    body: Vec<u8>,
+) -> Response<Body> {
+    let mut res = Response::new(Body::from(body));
+    *res.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let h = res.headers_mut();
-    for (name, value) in stored.headers {
+    for (name, value) in headers {
         // Names and values were valid when stored; skip anything that no longer parses
-        // rather than fail the replay.
+        // rather than fail the answer.
         if let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_bytes(&value),
+            HeaderValue::from_bytes(value),
         ) {
             h.append(name, value);
         }

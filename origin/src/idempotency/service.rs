@@ -1,7 +1,7 @@
 //! The per-request logic of [`super::IdempotencyLayer`].
 
 use super::execution::{execute, Claimed};
-use super::response::{problem, replay};
+use super::response::{refusal, replay};
 use super::transaction::Completion;
 use super::{Config, IdempotencyContext};
 use crate::metrics::{self, Outcome};
@@ -11,8 +11,8 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::{header, request::Parts, Request, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use idem_core::contract::{self, Problem, IDEMPOTENCY_KEY};
-use idem_core::{Decision, Fingerprint, IdempotencyKey, RecordKey, RequestParts};
+use idem_core::contract::{self, Problem, Rejection, Route, Waiting, IDEMPOTENCY_KEY};
+use idem_core::{Decision, RecordKey};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -68,45 +68,37 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    if !config.methods.contains(req.method()) {
+    if !contract::guards(&config.methods, req.method().as_str()) {
         return pass_through(inner, req).await;
     }
     let (parts, body) = req.into_parts();
-    let key = match parse_key(&parts) {
-        Ok(Some(key)) => key,
-        Ok(None) if (config.key_required)(&parts) => {
-            return invalid(
-                Problem::KeyMissing,
-                "send an Idempotency-Key header, e.g. Idempotency-Key: \"<uuid>\"",
-            );
-        }
-        Ok(None) => return pass_through(inner, Request::from_parts(parts, body)).await,
-        Err(detail) => return invalid(Problem::KeyMalformed, &detail),
+    let keys = parts.headers.get_all(IDEMPOTENCY_KEY).iter();
+    let key = match contract::route(true, keys.map(|v| v.as_bytes()), || {
+        (config.key_required)(&parts)
+    }) {
+        Route::Guard(key) => key,
+        Route::PassThrough => return pass_through(inner, Request::from_parts(parts, body)).await,
+        Route::Reject(rejection) => return invalid(&rejection),
     };
     let body = match read_body(&parts, body, config.max_body_bytes).await {
         Ok(body) => body,
-        Err(p) => {
-            let detail = format!("the limit is {} bytes", config.max_body_bytes);
-            return invalid(
-                p,
-                if p == Problem::BodyTooLarge {
-                    &detail
-                } else {
-                    "the request body could not be read"
-                },
-            );
-        }
+        Err(rejection) => return invalid(&rejection),
     };
-    let fingerprint = fingerprint(&parts, &body);
+    let fingerprint = contract::fingerprint(
+        parts.method.as_str(),
+        parts.uri.path_and_query().map_or("", |pq| pq.as_str()),
+        parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.as_bytes()),
+        &body,
+    );
     let record_key = RecordKey::new(&(config.scope)(&parts), &key);
-    let wait = parts
-        .headers
-        .get_all("prefer")
-        .iter()
-        .find_map(|v| contract::prefer_wait(v.as_bytes()))
-        .map(|secs| Duration::from_secs(secs).min(config.max_wait));
-    let deadline = wait.map(|w| Instant::now() + w);
-    let mut poll_every = Duration::from_millis(10);
+    let prefer = parts.headers.get_all("prefer").iter();
+    let wait_ms = contract::wait_ms(prefer.map(|v| v.as_bytes()), super::millis(config.max_wait));
+    // The wait is measured on the monotonic clock, from here.
+    let started = Instant::now();
+    let mut waiting = Waiting::new(0, wait_ms);
 
     loop {
         let store = &config.store;
@@ -126,28 +118,21 @@ where
             }
             Ok(Decision::Mismatch) => {
                 metrics::outcome(Outcome::Mismatch);
-                return problem(
-                    Problem::Mismatch,
-                    Some("this Idempotency-Key was already used with a different method, path, content type or body"),
-                );
+                return refusal(&Rejection::new(Problem::Mismatch));
             }
-            Ok(Decision::InFlight { .. }) => match deadline {
-                Some(deadline) if Instant::now() < deadline => {
-                    tokio::time::sleep(
-                        poll_every.min(deadline.saturating_duration_since(Instant::now())),
-                    )
-                    .await;
-                    poll_every = (poll_every * 2).min(Duration::from_millis(200));
-                    continue;
+            Ok(Decision::InFlight { .. }) => {
+                let elapsed = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                match waiting.poll_after(elapsed) {
+                    Some(ms) => {
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                        continue;
+                    }
+                    None => {
+                        metrics::outcome(Outcome::InFlight);
+                        return refusal(&Rejection::new(Problem::InFlight));
+                    }
                 }
-                _ => {
-                    metrics::outcome(Outcome::InFlight);
-                    return problem(
-                        Problem::InFlight,
-                        Some("retry later, or send Prefer: wait=<seconds> to wait for it"),
-                    );
-                }
-            },
+            }
         };
         metrics::outcome(Outcome::Executed);
         if took_over {
@@ -193,62 +178,27 @@ where
     }
 }
 
-fn invalid(p: Problem, detail: &str) -> Response<Body> {
+fn invalid(rejection: &Rejection) -> Response<Body> {
     metrics::outcome(Outcome::Invalid);
-    problem(p, Some(detail))
+    refusal(rejection)
 }
 
 fn unavailable(e: &StoreError) -> Response<Body> {
     metrics::outcome(Outcome::Unavailable);
     tracing::error!(error = %e, "idempotency store unavailable; refusing to run the handler unguarded");
-    problem(
-        Problem::StoreUnavailable,
-        Some("the idempotency store did not answer; the request was not processed"),
-    )
+    refusal(&Rejection::new(Problem::StoreUnavailable))
 }
 
-/// `Ok(None)` when absent; a client-facing message when malformed.
-fn parse_key(parts: &Parts) -> Result<Option<IdempotencyKey>, String> {
-    let mut values = parts.headers.get_all(IDEMPOTENCY_KEY).iter();
-    let Some(first) = values.next() else {
-        return Ok(None);
-    };
-    if values.next().is_some() {
-        return Err("send exactly one Idempotency-Key header".into());
-    }
-    IdempotencyKey::parse(first.as_bytes())
-        .map(Some)
-        .map_err(|e| e.to_string())
-}
-
-async fn read_body<B>(parts: &Parts, body: B, limit: usize) -> Result<Bytes, Problem>
+async fn read_body<B>(parts: &Parts, body: B, limit: usize) -> Result<Bytes, Rejection>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let declared = parts
-        .headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > limit as u64) {
-        return Err(Problem::BodyTooLarge);
-    }
+    let declared = parts.headers.get(header::CONTENT_LENGTH);
+    contract::check_declared_length(declared.map(|v| v.as_bytes()), limit)?;
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<LengthLimitError>() => Err(Problem::BodyTooLarge),
-        Err(_) => Err(Problem::BodyUnreadable),
+        Err(e) if e.is::<LengthLimitError>() => Err(Rejection::body_too_large(limit)),
+        Err(_) => Err(Rejection::new(Problem::BodyUnreadable)),
     }
-}
-
-fn fingerprint(parts: &Parts, body: &[u8]) -> Fingerprint {
-    let content_type = parts
-        .headers
-        .get(header::CONTENT_TYPE)
-        .map(|v| String::from_utf8_lossy(v.as_bytes()));
-    Fingerprint::of(&RequestParts {
-        method: parts.method.as_str(),
-        path_and_query: parts.uri.path_and_query().map_or("/", |pq| pq.as_str()),
-        content_type: content_type.as_deref(),
-        body,
-    })
 }

@@ -34,14 +34,14 @@
 //! ```
 
 use super::execution::stored_response;
-use super::response::problem;
+use super::response::refusal;
 use super::{release, Config, IdempotencyContext};
 use crate::store::postgres::{Authority, BeginError, CommitError, FencedTransaction};
 use axum::body::Body;
 use deadpool_postgres::ClientWrapper;
 use http::Response;
 use http_body_util::BodyExt;
-use idem_core::contract::Problem;
+use idem_core::contract::{Problem, Rejection};
 use idem_core::{Holder, Record};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -117,7 +117,7 @@ impl std::fmt::Display for TransactionError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             TransactionError::NotEnabled => f.write_str("transactional completion is not enabled on the idempotency layer"),
-            TransactionError::Fenced => f.write_str("another attempt took over this request; the transaction was rolled back"),
+            TransactionError::Fenced => f.write_str(Problem::Fenced.detail()),
             TransactionError::Unavailable(e) => write!(f, "the database failed; the transaction was rolled back: {e}"),
             TransactionError::Unknown(e) => write!(f, "the commit's outcome is unknown: {e}"),
             TransactionError::TooLarge(limit) => write!(f, "the answer is larger than {limit} bytes, the most idem stores; the transaction was rolled back"),
@@ -139,20 +139,24 @@ impl TransactionError {
         let detail = self.to_string();
         match self {
             TransactionError::Fenced => {
-                let mut res = problem(Problem::Fenced, Some(&detail));
+                let mut res = refusal(&Rejection::new(Problem::Fenced));
                 res.extensions_mut().insert(FencedSignal);
                 res
             }
             TransactionError::NotEnabled => {
                 tracing::error!("{detail}");
-                release(problem(Problem::HandlerPanicked, Some(&detail)))
+                release(refusal(&Rejection::with_detail(
+                    Problem::HandlerPanicked,
+                    detail,
+                )))
             }
-            TransactionError::TooLarge(_) => {
-                release(problem(Problem::HandlerFailed, Some(&detail)))
-            }
-            TransactionError::Unavailable(_) | TransactionError::Unknown(_) => {
-                release(problem(Problem::StoreUnavailable, Some(&detail)))
-            }
+            TransactionError::TooLarge(_) => release(refusal(&Rejection::with_detail(
+                Problem::HandlerFailed,
+                detail,
+            ))),
+            TransactionError::Unavailable(_) | TransactionError::Unknown(_) => release(refusal(
+                &Rejection::with_detail(Problem::StoreUnavailable, detail),
+            )),
         }
     }
 }

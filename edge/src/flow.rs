@@ -1,0 +1,394 @@
+//! One request at the edge, over plain values: every decision is the core's
+//! ([`idem_core::contract`]); every effect goes through an [`EdgeRuntime`] — the
+//! Workers runtime in production, plain Rust in host-side tests.
+
+use crate::config::EdgeConfig;
+use crate::records::{EdgeRecords, Op, Reply, WireResponse};
+use idem_core::contract::{
+    self, OriginDisposition, Problem, Rejection, Route, Waiting, DEFAULT_CACHED_HEADERS,
+    DEFAULT_METHODS, IDEMPOTENCY_KEY, ORIGIN_DISPOSITION,
+};
+use idem_core::{Millis, RecordKey, Scope, StoredResponse};
+
+/// Diagnostic response header: what the edge did ([`Handled`]).
+pub const EDGE_HEADER: &str = "idem-edge";
+
+/// A request's head as the edge sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Head {
+    /// The method, as sent.
+    pub method: String,
+    /// The path and query, e.g. `/v1/charges?expand=customer`.
+    pub path_and_query: String,
+    /// The headers, in order.
+    pub headers: Vec<(String, String)>,
+}
+
+impl Head {
+    /// The path, without the query.
+    pub fn path(&self) -> &str {
+        let pq = self.path_and_query.as_str();
+        pq.split_once('?').map_or(pq, |(path, _)| path)
+    }
+
+    /// Every value of the header `name` (case-insensitive), in order.
+    pub fn values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + Clone + 'a {
+        header_values(&self.headers, name)
+    }
+
+    /// The first value of the header `name`.
+    pub fn header<'a>(&'a self, name: &'a str) -> Option<&'a [u8]> {
+        self.values(name).next()
+    }
+}
+
+/// A request the edge sends to the origin.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outbound {
+    /// The method.
+    pub method: String,
+    /// The origin's URL for the request.
+    pub url: String,
+    /// The headers passed on ([`contract::forwarded_request_header`]).
+    pub headers: Vec<(String, String)>,
+    /// The body; empty for none.
+    pub body: Vec<u8>,
+}
+
+/// An answer as plain values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// The status.
+    pub status: u16,
+    /// The headers, in order.
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub body: Vec<u8>,
+}
+
+impl Answer {
+    fn header<'a>(&'a self, name: &'a str) -> Option<&'a [u8]> {
+        header_values(&self.headers, name).next()
+    }
+}
+
+/// What the edge did with a request (the value of [`EDGE_HEADER`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Handled {
+    /// Answered from its record.
+    Replayed,
+    /// Claimed the key and forwarded the request.
+    Forwarded,
+    /// Not guarded: forwarded as is.
+    Passed,
+    /// Its records could not answer: forwarded, for the origin to guard.
+    Degraded,
+    /// Refused with one of idem's problems.
+    Refused,
+}
+
+impl Handled {
+    /// The header value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Handled::Replayed => "replayed",
+            Handled::Forwarded => "forwarded",
+            Handled::Passed => "passed",
+            Handled::Degraded => "degraded",
+            Handled::Refused => "refused",
+        }
+    }
+}
+
+/// The effects the edge needs from its runtime.
+#[allow(async_fn_in_trait)]
+pub trait EdgeRuntime {
+    /// A request body not read yet.
+    type Body;
+    /// The records of one key.
+    type Records: EdgeRecords;
+    /// Reads the whole body.
+    async fn read_body(&self, body: Self::Body) -> Result<Vec<u8>, String>;
+    /// Sends a request to the origin and reads its whole answer.
+    async fn fetch(&self, request: Outbound) -> Result<Answer, String>;
+    /// The records of `key`.
+    fn records(&self, key: &RecordKey) -> Result<Self::Records, String>;
+    /// Wall-clock milliseconds since the Unix epoch.
+    fn now(&self) -> Millis;
+    /// Waits `ms` milliseconds.
+    async fn sleep(&self, ms: u64);
+    /// Logs a warning.
+    fn warn(&self, message: &str);
+}
+
+/// Handles one request: the client's answer, carrying [`EDGE_HEADER`].
+pub async fn handle<R: EdgeRuntime>(
+    runtime: &R,
+    config: &EdgeConfig,
+    head: Head,
+    body: R::Body,
+) -> Answer {
+    let key = match route(config, &head) {
+        Route::Guard(key) => key,
+        Route::Reject(rejection) => return refused(&rejection),
+        Route::PassThrough => {
+            return match runtime.read_body(body).await {
+                Ok(body) => forward(runtime, config, &head, body, Handled::Passed).await,
+                Err(_) => refused(&Rejection::new(Problem::BodyUnreadable)),
+            }
+        }
+    };
+    let body = match read_guarded_body(runtime, config, &head, body).await {
+        Ok(body) => body,
+        Err(rejection) => return refused(&rejection),
+    };
+    let scope = Scope::from_authorization(head.header("authorization"));
+    let record_key = RecordKey::new(&scope, &key);
+    let fingerprint = contract::fingerprint(
+        &head.method,
+        &head.path_and_query,
+        head.header("content-type"),
+        &body,
+    )
+    .to_hex();
+    let records = match runtime.records(&record_key) {
+        Ok(records) => records,
+        Err(why) => return degraded(runtime, config, &head, body, &why).await,
+    };
+    let token = match claim(runtime, config, &records, &head, &fingerprint).await {
+        Claimed::Execute(token) => token,
+        Claimed::Answered(answer) => return answer,
+        Claimed::Unanswered(why) => return degraded(runtime, config, &head, body, &why).await,
+    };
+    let release = Op::Release {
+        fingerprint: fingerprint.clone(),
+        token,
+    };
+    let answer = match runtime.fetch(outbound(config, &head, body)).await {
+        Ok(answer) => answer,
+        Err(e) => {
+            // Nothing reached the origin, or its answer was lost: free the key.
+            write(runtime, &records, &release).await;
+            return refused(&Rejection::origin_unreachable(&e));
+        }
+    };
+    let kept = keep(runtime.now(), config, &answer, fingerprint, token);
+    write(runtime, &records, &kept.unwrap_or(release)).await;
+    relay(answer, Handled::Forwarded)
+}
+
+/// The core's routing, on the edge's request.
+pub fn route(config: &EdgeConfig, head: &Head) -> Route {
+    contract::route(
+        contract::guards(&DEFAULT_METHODS, &head.method),
+        head.values(IDEMPOTENCY_KEY),
+        || contract::listed(&config.require_key_paths, head.path()),
+    )
+}
+
+/// A guarded request's body, refused over the limit: on its declared length before
+/// reading, then on what arrived.
+async fn read_guarded_body<R: EdgeRuntime>(
+    runtime: &R,
+    config: &EdgeConfig,
+    head: &Head,
+    body: R::Body,
+) -> Result<Vec<u8>, Rejection> {
+    let limit = config.max_body_bytes;
+    contract::check_declared_length(head.header("content-length"), limit)?;
+    let body = runtime
+        .read_body(body)
+        .await
+        .map_err(|_| Rejection::new(Problem::BodyUnreadable))?;
+    if body.len() > limit {
+        return Err(Rejection::body_too_large(limit));
+    }
+    Ok(body)
+}
+
+/// How a claim ended.
+enum Claimed {
+    /// This request holds the key under this token: forward it.
+    Execute(u64),
+    /// The edge answered: a replay, a mismatch, or still in flight.
+    Answered(Answer),
+    /// The records could not answer (why): the origin will.
+    Unanswered(String),
+}
+
+/// Claims the key, waiting (`Prefer: wait=N`) while another attempt holds it.
+async fn claim<R: EdgeRuntime>(
+    runtime: &R,
+    config: &EdgeConfig,
+    records: &R::Records,
+    head: &Head,
+    fingerprint: &str,
+) -> Claimed {
+    let op = Op::Claim {
+        fingerprint: fingerprint.to_owned(),
+        lease_ms: config.policy.lease_ms,
+        ttl_ms: config.policy.ttl_ms,
+    };
+    let wait_ms = contract::wait_ms(head.values("prefer"), config.max_wait_ms);
+    let mut waiting = Waiting::new(runtime.now(), wait_ms);
+    loop {
+        match records.send(&op).await {
+            Ok(Reply::Execute { token, .. }) => return Claimed::Execute(token),
+            Ok(Reply::Replay { response }) => return Claimed::Answered(replayed(&response)),
+            Ok(Reply::Mismatch) => {
+                return Claimed::Answered(refused(&Rejection::new(Problem::Mismatch)))
+            }
+            Ok(Reply::InFlight { .. }) => match waiting.poll_after(runtime.now()) {
+                Some(ms) => runtime.sleep(ms).await,
+                None => return Claimed::Answered(refused(&Rejection::new(Problem::InFlight))),
+            },
+            Ok(other) => return Claimed::Unanswered(format!("unexpected {other:?}")),
+            Err(e) => return Claimed::Unanswered(e),
+        }
+    }
+}
+
+/// The completion that keeps the origin's answer at the edge — only an answer the
+/// origin stored, until its record there expires, and not over the size limit —
+/// or `None`: keep nothing (the key is released; the origin answers retries).
+fn keep(
+    now: Millis,
+    config: &EdgeConfig,
+    answer: &Answer,
+    fingerprint: String,
+    token: u64,
+) -> Option<Op> {
+    let origin_said = answer
+        .header(ORIGIN_DISPOSITION)
+        .and_then(OriginDisposition::parse);
+    let ttl_ms = contract::edge_ttl_ms(origin_said, now)?;
+    if answer.body.len() > config.max_stored_body_bytes {
+        return None;
+    }
+    let headers = answer
+        .headers
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_bytes()));
+    let stored = StoredResponse {
+        status: answer.status,
+        headers: contract::stored_headers_of(&DEFAULT_CACHED_HEADERS, headers),
+        body: answer.body.clone(),
+    };
+    Some(Op::Complete {
+        fingerprint,
+        token,
+        response: WireResponse::from(&stored),
+        lease_ms: config.policy.lease_ms,
+        ttl_ms,
+    })
+}
+
+/// Writes a holder's op; a write that does not land only costs the edge its copy.
+async fn write<R: EdgeRuntime>(runtime: &R, records: &R::Records, op: &Op) {
+    match records.send(op).await {
+        Ok(Reply::Written) => {}
+        Ok(other) => runtime.warn(&format!("edge record write not applied: {other:?}")),
+        Err(e) => runtime.warn(&format!("edge record write failed: {e}")),
+    }
+}
+
+/// The edge's records can't answer for this key: send the request on; the origin,
+/// the authority, guards it.
+async fn degraded<R: EdgeRuntime>(
+    runtime: &R,
+    config: &EdgeConfig,
+    head: &Head,
+    body: Vec<u8>,
+    why: &str,
+) -> Answer {
+    runtime.warn(&format!(
+        "edge records unavailable ({why}); forwarding to the origin"
+    ));
+    forward(runtime, config, head, body, Handled::Degraded).await
+}
+
+/// Forwards a request the edge does not hold a claim for.
+async fn forward<R: EdgeRuntime>(
+    runtime: &R,
+    config: &EdgeConfig,
+    head: &Head,
+    body: Vec<u8>,
+    handled: Handled,
+) -> Answer {
+    match runtime.fetch(outbound(config, head, body)).await {
+        Ok(answer) => relay(answer, handled),
+        Err(e) => refused(&Rejection::origin_unreachable(&e)),
+    }
+}
+
+/// The request as the origin gets it.
+pub fn outbound(config: &EdgeConfig, head: &Head, body: Vec<u8>) -> Outbound {
+    let bodiless = matches!(head.method.as_str(), "GET" | "HEAD");
+    Outbound {
+        method: head.method.clone(),
+        url: format!("{}{}", config.origin_url, head.path_and_query),
+        headers: head
+            .headers
+            .iter()
+            .filter(|(n, _)| contract::forwarded_request_header(n))
+            .cloned()
+            .collect(),
+        body: if bodiless { Vec::new() } else { body },
+    }
+}
+
+/// The origin's answer as the client gets it.
+fn relay(answer: Answer, handled: Handled) -> Answer {
+    let mut headers: Vec<(String, String)> = answer
+        .headers
+        .into_iter()
+        .filter(|(n, _)| contract::relayed_answer_header(n))
+        .collect();
+    headers.push((EDGE_HEADER.into(), handled.as_str().into()));
+    Answer {
+        status: answer.status,
+        headers,
+        body: answer.body,
+    }
+}
+
+/// A stored answer, replayed.
+fn replayed(response: &WireResponse) -> Answer {
+    let Some(stored) = response.to_stored() else {
+        return refused(&Rejection::unreadable_replay());
+    };
+    let mut headers: Vec<(String, String)> = contract::replay_headers(&stored.headers)
+        .map(|(n, v)| (n.to_owned(), String::from_utf8_lossy(v).into_owned()))
+        .collect();
+    headers.push((EDGE_HEADER.into(), Handled::Replayed.as_str().into()));
+    Answer {
+        status: stored.status,
+        headers,
+        body: stored.body,
+    }
+}
+
+/// One of idem's refusals.
+fn refused(rejection: &Rejection) -> Answer {
+    let mut headers: Vec<(String, String)> = rejection
+        .headers()
+        .into_iter()
+        .map(|(n, v)| (n.to_owned(), v))
+        .collect();
+    headers.push((EDGE_HEADER.into(), Handled::Refused.as_str().into()));
+    Answer {
+        status: rejection.status(),
+        headers,
+        body: rejection.body(),
+    }
+}
+
+fn header_values<'a>(
+    headers: &'a [(String, String)],
+    name: &'a str,
+) -> impl Iterator<Item = &'a [u8]> + Clone + 'a {
+    headers
+        .iter()
+        .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_bytes())
+}

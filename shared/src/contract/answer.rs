@@ -1,0 +1,258 @@
+//! What becomes of an answer: what is stored of it, what a replay carries, which
+//! headers pass between client, edge and origin, and what the origin tells the edge
+//! it may keep.
+
+use super::{trim_ows, IDEMPOTENT_REPLAYED};
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+
+/// The headers stored with an answer: those named in `cached` (lower-case names), in
+/// that order, each with all its values in the order the answer carried them.
+/// `values_of(name, push)` pushes every value the answer has for `name`, compared
+/// case-insensitively.
+pub fn stored_headers<F>(cached: &[impl AsRef<str>], mut values_of: F) -> Vec<(String, Vec<u8>)>
+where
+    F: FnMut(&str, &mut dyn FnMut(&[u8])),
+{
+    let mut out = Vec::new();
+    for name in cached {
+        let name = name.as_ref();
+        values_of(name, &mut |value| {
+            out.push((name.to_ascii_lowercase(), value.to_vec()))
+        });
+    }
+    out
+}
+
+/// [`stored_headers`] over a list of (name, value) pairs.
+pub fn stored_headers_of<'a, I>(cached: &[impl AsRef<str>], headers: I) -> Vec<(String, Vec<u8>)>
+where
+    I: IntoIterator<Item = (&'a str, &'a [u8])> + Clone,
+{
+    stored_headers(cached, |name, push| {
+        for (n, v) in headers.clone() {
+            if n.eq_ignore_ascii_case(name) {
+                push(v)
+            }
+        }
+    })
+}
+
+/// The headers of a replay: the stored ones ([`crate::StoredResponse::headers`]), in their
+/// order, then
+/// `Idempotent-Replayed: true`.
+pub fn replay_headers(stored: &[(String, Vec<u8>)]) -> impl Iterator<Item = (&str, &[u8])> {
+    stored
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_slice()))
+        .chain(core::iter::once((IDEMPOTENT_REPLAYED, &b"true"[..])))
+}
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1): they describe one connection, never the
+/// message, and are not passed on.
+fn hop_by_hop(name: &str) -> bool {
+    [
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "transfer-encoding",
+        "upgrade",
+    ]
+    .iter()
+    .any(|h| name.eq_ignore_ascii_case(h))
+}
+
+/// Whether a client's request header is passed on to the origin: not hop-by-hop, not
+/// one the runtime sets itself (`Host`, `Content-Length`), and not one a CDN stamps —
+/// a client could forge those.
+pub fn forwarded_request_header(name: &str) -> bool {
+    const SET_BY_THE_RUNTIME: [&str; 10] = [
+        "host",
+        "content-length",
+        "cf-connecting-ip",
+        "cf-ray",
+        "cf-visitor",
+        "cf-ew-via",
+        "cf-worker",
+        "cdn-loop",
+        "x-forwarded-proto",
+        "x-real-ip",
+    ];
+    !hop_by_hop(name)
+        && !SET_BY_THE_RUNTIME
+            .iter()
+            .any(|h| name.eq_ignore_ascii_case(h))
+}
+
+/// Whether a header of the origin's answer is passed on to the client: not
+/// hop-by-hop, not `Content-Length` (the runtime frames the body), and not the
+/// origin's disposition, which is for the edge alone.
+pub fn relayed_answer_header(name: &str) -> bool {
+    !hop_by_hop(name)
+        && !name.eq_ignore_ascii_case("content-length")
+        && !name.eq_ignore_ascii_case(super::ORIGIN_DISPOSITION)
+}
+
+/// What the origin said about an answer, read from [`ORIGIN_DISPOSITION`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OriginDisposition {
+    /// The answer is stored at the origin until this instant.
+    Stored {
+        /// When the origin's record expires.
+        expires_at: crate::Millis,
+    },
+    /// The origin freed the key; nothing is stored.
+    Released,
+    /// The answer is the result, but its record was not written yet.
+    Pending,
+}
+
+impl OriginDisposition {
+    /// The header value.
+    pub fn header_value(self) -> alloc::string::String {
+        match self {
+            OriginDisposition::Stored { expires_at } => format!("stored; expires={expires_at}"),
+            OriginDisposition::Released => "released".into(),
+            OriginDisposition::Pending => "pending".into(),
+        }
+    }
+
+    /// Parses a header value; `None` for anything else (an answer that did not come
+    /// from an idem origin, or a damaged value: the edge then stores nothing).
+    pub fn parse(value: &[u8]) -> Option<OriginDisposition> {
+        let value = trim_ows(value);
+        match value {
+            b"released" => return Some(OriginDisposition::Released),
+            b"pending" => return Some(OriginDisposition::Pending),
+            _ => {}
+        }
+        let rest = value.strip_prefix(b"stored;")?;
+        let digits = trim_ows(rest).strip_prefix(b"expires=")?;
+        let expires_at = super::parse_digits(digits, 20)?;
+        Some(OriginDisposition::Stored { expires_at })
+    }
+}
+
+/// How long the edge keeps an answer, given what the origin said about it and the
+/// edge's clock: only an answer the origin stored, only until the origin's record
+/// expires (a refill from a late replay never outlives it). `None`: keep nothing.
+pub fn edge_ttl_ms(origin: Option<OriginDisposition>, now: crate::Millis) -> Option<u64> {
+    match origin? {
+        OriginDisposition::Stored { expires_at } if expires_at > now => Some(expires_at - now),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::StoredResponse;
+    use alloc::vec;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn stores_the_cached_headers_in_their_order_with_every_value() {
+        let answer: Vec<(&str, &[u8])> = vec![
+            ("Set-Cookie", b"a=1"),
+            ("Location", b"/v1/charges/1"),
+            ("content-type", b"application/json"),
+            ("X-Request-Id", b"r1"),
+            ("Content-Language", b"en"),
+            ("content-language", b"fr"),
+        ];
+        let stored = stored_headers_of(
+            &super::super::DEFAULT_CACHED_HEADERS,
+            answer.iter().copied(),
+        );
+        let expected: Vec<(String, Vec<u8>)> = vec![
+            ("content-type".into(), b"application/json".to_vec()),
+            ("content-language".into(), b"en".to_vec()),
+            ("content-language".into(), b"fr".to_vec()),
+            ("location".into(), b"/v1/charges/1".to_vec()),
+        ];
+        assert_eq!(stored, expected);
+        let stored = StoredResponse {
+            status: 201,
+            headers: stored,
+            body: vec![],
+        };
+        let replayed: Vec<(&str, &[u8])> = replay_headers(&stored.headers).collect();
+        assert_eq!(replayed.len(), 5);
+        assert_eq!(replayed[4], ("idempotent-replayed", &b"true"[..]));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn hop_by_hop_and_forgeable_headers_stay_behind() {
+        for name in [
+            "Connection",
+            "transfer-encoding",
+            "Host",
+            "CF-Connecting-IP",
+            "x-real-ip",
+        ] {
+            assert!(!forwarded_request_header(name), "{name}");
+        }
+        for name in ["authorization", "Idempotency-Key", "content-type", "prefer"] {
+            assert!(forwarded_request_header(name), "{name}");
+        }
+        for name in ["idem-disposition", "Content-Length", "keep-alive"] {
+            assert!(!relayed_answer_header(name), "{name}");
+        }
+        for name in ["location", "set-cookie", "cache-control"] {
+            assert!(relayed_answer_header(name), "{name}");
+        }
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_edge_keeps_only_what_the_origin_stored_until_it_expires() {
+        let stored = |expires_at| Some(OriginDisposition::Stored { expires_at });
+        assert_eq!(edge_ttl_ms(stored(1_500), 1_000), Some(500));
+        assert_eq!(
+            edge_ttl_ms(stored(1_000), 1_000),
+            None,
+            "expired at the edge"
+        );
+        assert_eq!(edge_ttl_ms(stored(900), 1_000), None);
+        assert_eq!(edge_ttl_ms(Some(OriginDisposition::Released), 0), None);
+        assert_eq!(edge_ttl_ms(Some(OriginDisposition::Pending), 0), None);
+        assert_eq!(edge_ttl_ms(None, 0), None, "not an idem origin's answer");
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn origin_disposition_round_trips_and_refuses_junk() {
+        for d in [
+            OriginDisposition::Stored { expires_at: 0 },
+            OriginDisposition::Stored {
+                expires_at: 1_764_000_000_123,
+            },
+            OriginDisposition::Stored {
+                expires_at: u64::MAX,
+            },
+            OriginDisposition::Released,
+            OriginDisposition::Pending,
+        ] {
+            assert_eq!(
+                OriginDisposition::parse(d.header_value().as_bytes()),
+                Some(d)
+            );
+        }
+        assert_eq!(
+            OriginDisposition::parse(b" stored;expires=5 "),
+            Some(OriginDisposition::Stored { expires_at: 5 })
+        );
+        for junk in [
+            &b""[..],
+            b"stored",
+            b"stored; expires=",
+            b"stored; expires=-1",
+            b"stored; expires=18446744073709551616",
+            b"stored; expires=1e9",
+            b"Stored; expires=1",
+            b"no-store",
+        ] {
+            assert_eq!(OriginDisposition::parse(junk), None, "{junk:?}");
+        }
+    }
+}

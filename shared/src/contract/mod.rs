@@ -1,0 +1,101 @@
+//! The HTTP contract on plain values: every decision the edge and the origin both
+//! make about a request and its answer, so that they make it once, here.
+//!
+//! * [`request`] — which requests are guarded, the key, the body limit, the fingerprint.
+//! * [`wait`] — `Prefer: wait` and the schedule of polls while another attempt runs.
+//! * [`answer`] — what is stored of an answer, what a replay carries, and the origin's
+//!   disposition header that tells the edge what it may keep.
+//! * [`problem`] — the RFC 9457 problems idem answers with: types, titles, details.
+//!
+//! The runtimes only move bytes: the origin's tower layer and the edge's worker read
+//! their requests into these values and write these answers out.
+
+pub mod answer;
+pub mod problem;
+pub mod request;
+pub mod wait;
+
+pub use answer::{
+    edge_ttl_ms, forwarded_request_header, relayed_answer_header, replay_headers, stored_headers,
+    stored_headers_of, OriginDisposition,
+};
+pub use problem::{Problem, Rejection};
+pub use request::{check_declared_length, fingerprint, guards, listed, route, Route};
+pub use wait::{prefer_wait, wait_ms, Waiting};
+
+/// Request header carrying the key.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// Response header marking a replay.
+pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+/// Methods guarded by default; every other method passes through untouched.
+pub const DEFAULT_METHODS: [&str; 2] = ["POST", "PATCH"];
+/// Response headers stored and replayed by default (besides the status and body).
+pub const DEFAULT_CACHED_HEADERS: [&str; 5] = [
+    "content-type",
+    "content-language",
+    "content-encoding",
+    "location",
+    "content-location",
+];
+/// Media type of problem bodies.
+pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
+/// Response header by which the origin tells the edge what it did with an answer
+/// (the edge strips it): see [`OriginDisposition`].
+pub const ORIGIN_DISPOSITION: &str = "idem-disposition";
+
+/// What to do with a handler's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Disposition {
+    /// Store it and replay it to every retry.
+    Store,
+    /// Store nothing and free the key, so a retry runs the handler again.
+    Release,
+}
+
+/// The contract's release rule: once the handler started, its answer is the result,
+/// whatever its status or headers (Stripe's semantics) — unless the handler said
+/// "nothing happened" through idem's private release signal, which only it can send
+/// and which idem strips before the client sees it. Nothing is inferred from standard
+/// headers or statuses: security middleware stamps `Cache-Control: no-store` on
+/// every answer, and a 503 or 504 can follow a committed effect.
+pub fn disposition(release_signalled: bool) -> Disposition {
+    if release_signalled {
+        Disposition::Release
+    } else {
+        Disposition::Store
+    }
+}
+
+/// `s` without leading and trailing spaces and tabs (HTTP's optional whitespace).
+pub(crate) fn trim_ows(mut s: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = s {
+        s = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = s {
+        s = rest;
+    }
+    s
+}
+
+/// A run of 1 to `max_digits` ASCII digits as a number; `None` for anything else.
+pub(crate) fn parse_digits(digits: &[u8], max_digits: usize) -> Option<u64> {
+    if digits.is_empty() || digits.len() > max_digits || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, d| {
+        n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn contract_table_dispositions() {
+        // Only the private signal releases; statuses and headers are never read.
+        assert_eq!(disposition(false), Disposition::Store);
+        assert_eq!(disposition(true), Disposition::Release);
+    }
+}

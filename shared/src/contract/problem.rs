@@ -1,0 +1,317 @@
+//! The RFC 9457 problems idem answers with — type, title, status, `Retry-After`, and
+//! the detail the client reads — the same bytes from the edge and the origin.
+
+use crate::{KeyError, StoredResponse};
+use alloc::format;
+use alloc::string::{String, ToString};
+use alloc::vec;
+use alloc::vec::Vec;
+
+/// Every error idem itself produces, each with a stable problem `type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Problem {
+    /// 400: the route requires an `Idempotency-Key` and none was sent.
+    KeyMissing,
+    /// 400: the key is empty, too long, non-ASCII or a bad sf-string.
+    KeyMalformed,
+    /// 413: the body is larger than the configured limit.
+    BodyTooLarge,
+    /// 400: the body could not be read.
+    BodyUnreadable,
+    /// 409: the same request is still running.
+    InFlight,
+    /// 422: the key was used for a different request.
+    Mismatch,
+    /// 503: the idempotency store is unreachable; the handler did not run.
+    StoreUnavailable,
+    /// 500: the handler panicked. Execution began, so this answer is stored.
+    HandlerPanicked,
+    /// 502: the handler's response broke off mid-body, or it ran past the maximum
+    /// execution time. Execution began and its outcome is unknown: this answer is
+    /// stored, and the request is never silently run again.
+    HandlerFailed,
+    /// 500: the request ran and its answer was delivered to the first attempt, but it
+    /// was too large to keep for replay. Stored in its place, so the key stays used.
+    ResponseNotStored,
+    /// 409: this attempt lost its claim to a newer attempt (its lease ran out while it
+    /// was paused or cut off) and its transaction was rolled back: nothing it did
+    /// happened. Never stored; a retry gets the request's result.
+    Fenced,
+}
+
+impl Problem {
+    /// All problems, for documentation and tests.
+    pub const ALL: [Problem; 11] = [
+        Problem::KeyMissing,
+        Problem::KeyMalformed,
+        Problem::BodyTooLarge,
+        Problem::BodyUnreadable,
+        Problem::InFlight,
+        Problem::Mismatch,
+        Problem::StoreUnavailable,
+        Problem::HandlerPanicked,
+        Problem::HandlerFailed,
+        Problem::ResponseNotStored,
+        Problem::Fenced,
+    ];
+
+    /// The HTTP status.
+    pub fn status(self) -> u16 {
+        match self {
+            Problem::KeyMissing | Problem::KeyMalformed | Problem::BodyUnreadable => 400,
+            Problem::BodyTooLarge => 413,
+            Problem::InFlight | Problem::Fenced => 409,
+            Problem::Mismatch => 422,
+            Problem::StoreUnavailable => 503,
+            Problem::HandlerPanicked => 500,
+            Problem::HandlerFailed => 502,
+            Problem::ResponseNotStored => 500,
+        }
+    }
+
+    /// The stable `type` URI.
+    pub fn type_uri(self) -> &'static str {
+        match self {
+            Problem::KeyMissing => "urn:idem:problem:idempotency-key-missing",
+            Problem::KeyMalformed => "urn:idem:problem:idempotency-key-malformed",
+            Problem::BodyTooLarge => "urn:idem:problem:body-too-large",
+            Problem::BodyUnreadable => "urn:idem:problem:body-unreadable",
+            Problem::InFlight => "urn:idem:problem:request-in-flight",
+            Problem::Mismatch => "urn:idem:problem:idempotency-key-reused",
+            Problem::StoreUnavailable => "urn:idem:problem:store-unavailable",
+            Problem::HandlerPanicked => "urn:idem:problem:handler-panicked",
+            Problem::HandlerFailed => "urn:idem:problem:handler-failed",
+            Problem::ResponseNotStored => "urn:idem:problem:response-not-stored",
+            Problem::Fenced => "urn:idem:problem:fenced",
+        }
+    }
+
+    /// The short human-readable summary.
+    pub fn title(self) -> &'static str {
+        match self {
+            Problem::KeyMissing => "Idempotency-Key header required",
+            Problem::KeyMalformed => "Malformed Idempotency-Key header",
+            Problem::BodyTooLarge => "Request body too large",
+            Problem::BodyUnreadable => "Request body could not be read",
+            Problem::InFlight => "A request with this Idempotency-Key is still being processed",
+            Problem::Mismatch => "Idempotency-Key reused with a different request",
+            Problem::StoreUnavailable => "Idempotency store unavailable",
+            Problem::HandlerPanicked => "The request handler failed",
+            Problem::HandlerFailed => "The request handler's outcome is unknown",
+            Problem::ResponseNotStored => "The answer was too large to keep for replay",
+            Problem::Fenced => {
+                "This attempt lost its claim to a newer one; nothing it did was kept"
+            }
+        }
+    }
+
+    /// The detail sent when there is nothing more specific to say.
+    pub fn detail(self) -> &'static str {
+        match self {
+            Problem::KeyMissing => {
+                "send an Idempotency-Key header, e.g. Idempotency-Key: \"<uuid>\""
+            }
+            Problem::KeyMalformed => "the Idempotency-Key header is not a valid key",
+            Problem::BodyTooLarge => "the request body is larger than this route accepts",
+            Problem::BodyUnreadable => "the request body could not be read",
+            Problem::InFlight => "retry later, or send Prefer: wait=<seconds> to wait for it",
+            Problem::Mismatch => "this Idempotency-Key was already used with a different method, path, content type or body",
+            Problem::StoreUnavailable => {
+                "the idempotency store did not answer; the request was not processed"
+            }
+            Problem::HandlerPanicked => "the handler failed; it will not run again for this key",
+            Problem::HandlerFailed => "the handler's response broke off; its outcome is unknown and it will not run again for this key",
+            Problem::ResponseNotStored => {
+                "the request was executed; its answer was delivered to the first attempt only"
+            }
+            Problem::Fenced => "another attempt took over this request; the transaction was rolled back",
+        }
+    }
+
+    /// Whether the answer carries `Retry-After`.
+    pub fn retry_after_secs(self) -> Option<u64> {
+        match self {
+            Problem::InFlight | Problem::StoreUnavailable | Problem::Fenced => Some(1),
+            _ => None,
+        }
+    }
+
+    /// The `application/problem+json` body, with `detail` when given.
+    pub fn body(self, detail: Option<&str>) -> Vec<u8> {
+        let mut out = Vec::with_capacity(256);
+        out.extend_from_slice(b"{\"type\":");
+        crate::json::write_string(self.type_uri().as_bytes(), &mut out);
+        out.extend_from_slice(b",\"title\":");
+        crate::json::write_string(self.title().as_bytes(), &mut out);
+        out.extend_from_slice(format!(",\"status\":{}", self.status()).as_bytes());
+        if let Some(detail) = detail {
+            out.extend_from_slice(b",\"detail\":");
+            crate::json::write_string(detail.as_bytes(), &mut out);
+        }
+        out.push(b'}');
+        out
+    }
+}
+
+/// One of idem's own answers: a problem and the detail the client reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    /// What went wrong.
+    pub problem: Problem,
+    /// What the client should know or do about it.
+    pub detail: String,
+}
+
+impl Rejection {
+    /// The problem with its standard detail ([`Problem::detail`]).
+    pub fn new(problem: Problem) -> Rejection {
+        Rejection {
+            problem,
+            detail: problem.detail().into(),
+        }
+    }
+
+    /// The problem with a detail of its own.
+    pub fn with_detail(problem: Problem, detail: impl Into<String>) -> Rejection {
+        Rejection {
+            problem,
+            detail: detail.into(),
+        }
+    }
+
+    /// A single `Idempotency-Key` header that is not a valid key.
+    pub fn key_malformed(error: KeyError) -> Rejection {
+        Rejection::with_detail(Problem::KeyMalformed, error.to_string())
+    }
+
+    /// Two `Idempotency-Key` headers, or one whose value a runtime joined from two.
+    pub fn several_keys() -> Rejection {
+        Rejection::with_detail(
+            Problem::KeyMalformed,
+            "send exactly one Idempotency-Key header",
+        )
+    }
+
+    /// A guarded request's body over `limit` bytes.
+    pub fn body_too_large(limit: usize) -> Rejection {
+        Rejection::with_detail(Problem::BodyTooLarge, format!("the limit is {limit} bytes"))
+    }
+
+    /// A handler that ran past its maximum execution time: the request's result.
+    pub fn execution_timed_out() -> Rejection {
+        Rejection::with_detail(
+            Problem::HandlerFailed,
+            "the handler ran past its maximum execution time; its outcome is unknown and it will not run again for this key",
+        )
+    }
+
+    /// An answer too large to keep, stored in its place: the request's result.
+    pub fn response_not_stored(limit: usize) -> Rejection {
+        Rejection::with_detail(
+            Problem::ResponseNotStored,
+            format!("the request was executed; its answer, larger than {limit} bytes, was delivered to the first attempt only"),
+        )
+    }
+
+    /// The edge could not reach the origin (or lost its answer).
+    pub fn origin_unreachable(error: &str) -> Rejection {
+        Rejection::with_detail(
+            Problem::HandlerFailed,
+            format!("the origin could not be reached: {error}"),
+        )
+    }
+
+    /// A stored answer that cannot be decoded any more.
+    pub fn unreadable_replay() -> Rejection {
+        Rejection::with_detail(
+            Problem::HandlerFailed,
+            "the stored response could not be read",
+        )
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> u16 {
+        self.problem.status()
+    }
+
+    /// The `application/problem+json` body.
+    pub fn body(&self) -> Vec<u8> {
+        self.problem.body(Some(&self.detail))
+    }
+
+    /// The headers of the refusal, in this order: never cacheable, and `Retry-After`
+    /// where a retry may succeed.
+    pub fn headers(&self) -> Vec<(&'static str, String)> {
+        let mut headers = vec![
+            ("content-type", String::from(super::PROBLEM_CONTENT_TYPE)),
+            ("cache-control", String::from("no-store")),
+        ];
+        if let Some(secs) = self.problem.retry_after_secs() {
+            headers.push(("retry-after", secs.to_string()));
+        }
+        headers
+    }
+
+    /// The problem as the request's result — stored and replayed like any answer
+    /// (a handler that panicked, failed or answered too much): its content type only.
+    pub fn as_result(&self) -> StoredResponse {
+        StoredResponse {
+            status: self.status(),
+            headers: vec![(
+                String::from("content-type"),
+                super::PROBLEM_CONTENT_TYPE.as_bytes().to_vec(),
+            )],
+            body: self.body(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::PROBLEM_CONTENT_TYPE;
+    use super::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn problem_bodies_are_json() {
+        for p in Problem::ALL {
+            let body = p.body(Some("say \"hi\"\n"));
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(v["status"], p.status());
+            assert_eq!(v["type"], p.type_uri());
+            assert_eq!(v["detail"], "say \"hi\"\n");
+        }
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn refusals_are_never_cacheable_and_results_keep_only_their_type() {
+        let busy = Rejection::new(Problem::InFlight);
+        assert_eq!(
+            busy.headers(),
+            [
+                ("content-type", String::from(PROBLEM_CONTENT_TYPE)),
+                ("cache-control", String::from("no-store")),
+                ("retry-after", String::from("1")),
+            ]
+        );
+        assert_eq!(Rejection::new(Problem::Mismatch).headers().len(), 2);
+        let result = Rejection::execution_timed_out().as_result();
+        assert_eq!(result.status, 502);
+        assert_eq!(
+            result.headers,
+            [(
+                String::from("content-type"),
+                PROBLEM_CONTENT_TYPE.as_bytes().to_vec()
+            )]
+        );
+        let v: serde_json::Value = serde_json::from_slice(&result.body).unwrap();
+        assert_eq!(
+            v["detail"],
+            Rejection::execution_timed_out().detail.as_str()
+        );
+        for p in Problem::ALL {
+            assert!(!p.detail().is_empty());
+            assert_eq!(Rejection::new(p).status(), p.status());
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! What idem decides about a request before anything runs: whether it is guarded,
+//! under which key, whether its body may be read, and what it was (its fingerprint).
+
+use super::problem::{Problem, Rejection};
+use crate::{Fingerprint, IdempotencyKey, RequestParts};
+use alloc::string::String;
+
+/// What to do with a request, decided on its method, path and headers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// Not idem's business: pass it on untouched.
+    PassThrough,
+    /// Refuse it; nothing runs.
+    Reject(Rejection),
+    /// Guard it under this key.
+    Guard(IdempotencyKey),
+}
+
+/// Routes a request. `guarded`: its method is one of the guarded ones; `keys`: the
+/// value of every `Idempotency-Key` header it carries, in order; `key_required`:
+/// whether its route requires a key (asked only when there is none).
+pub fn route<'a>(
+    guarded: bool,
+    keys: impl IntoIterator<Item = &'a [u8]>,
+    key_required: impl FnOnce() -> bool,
+) -> Route {
+    if !guarded {
+        return Route::PassThrough;
+    }
+    let mut keys = keys.into_iter();
+    match (keys.next(), keys.next()) {
+        (None, _) if key_required() => Route::Reject(Rejection::new(Problem::KeyMissing)),
+        (None, _) => Route::PassThrough,
+        // Two headers: which one the client meant is a guess idem does not make.
+        (Some(_), Some(_)) => Route::Reject(Rejection::several_keys()),
+        // A runtime that joins repeated headers (the Workers runtime) joins them with
+        // ", ", which no valid bare key contains: it is refused as malformed there.
+        (Some(one), None) => match IdempotencyKey::parse(one) {
+            Ok(key) => Route::Guard(key),
+            Err(e) => Route::Reject(Rejection::key_malformed(e)),
+        },
+    }
+}
+
+/// Whether `method` is one of `methods` (compared as written: HTTP methods are
+/// case-sensitive).
+pub fn guards(methods: &[impl AsRef<str>], method: &str) -> bool {
+    methods.iter().any(|m| m.as_ref() == method)
+}
+
+/// Whether `path` is one of `paths`, exactly.
+pub fn listed(paths: &[impl AsRef<str>], path: &str) -> bool {
+    paths.iter().any(|p| p.as_ref() == path)
+}
+
+/// Refuses a guarded request whose declared `Content-Length` is over `limit`
+/// before a byte of it is read. An unparsable length is left to the runtime's body
+/// reader, which counts what actually arrives against the same limit.
+pub fn check_declared_length(content_length: Option<&[u8]>, limit: usize) -> Result<(), Rejection> {
+    let declared = content_length.and_then(|v| super::parse_digits(super::trim_ows(v), 20));
+    match declared {
+        Some(n) if n > limit as u64 => Err(Rejection::body_too_large(limit)),
+        _ => Ok(()),
+    }
+}
+
+/// The fingerprint of a guarded request, from what both runtimes see of it: the
+/// method, the path and query as sent (`/` when empty), the `Content-Type` header
+/// (bytes that are not UTF-8 replaced, as the origin has always read them) and the body.
+pub fn fingerprint(
+    method: &str,
+    path_and_query: &str,
+    content_type: Option<&[u8]>,
+    body: &[u8],
+) -> Fingerprint {
+    let content_type = content_type.map(String::from_utf8_lossy);
+    Fingerprint::of(&RequestParts {
+        method,
+        path_and_query: if path_and_query.is_empty() {
+            "/"
+        } else {
+            path_and_query
+        },
+        content_type: content_type.as_deref(),
+        body,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::vec;
+    use alloc::vec::Vec;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    fn r(method: &str, path: &str, keys: &[&[u8]]) -> Route {
+        route(
+            guards(&super::super::DEFAULT_METHODS, method),
+            keys.iter().copied(),
+            || listed(&["/v1/charges"], path),
+        )
+    }
+
+    fn problem(route: Route) -> Option<Problem> {
+        match route {
+            Route::Reject(r) => Some(r.problem),
+            _ => None,
+        }
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn routes() {
+        assert_eq!(r("GET", "/v1/charges", &[]), Route::PassThrough);
+        assert_eq!(r("PUT", "/v1/charges", &[b"bad key"]), Route::PassThrough);
+        assert_eq!(r("post", "/v1/charges", &[]), Route::PassThrough);
+        assert_eq!(
+            problem(r("POST", "/v1/charges", &[])),
+            Some(Problem::KeyMissing)
+        );
+        assert_eq!(r("POST", "/other", &[]), Route::PassThrough);
+        assert_eq!(
+            problem(r("POST", "/v1/charges", &[b"a b"])),
+            Some(Problem::KeyMalformed)
+        );
+        assert_eq!(
+            r("POST", "/x", &[b"a", b"b"]),
+            Route::Reject(Rejection::several_keys())
+        );
+        assert_eq!(
+            problem(r("POST", "/x", &[b"a, b"])),
+            Some(Problem::KeyMalformed),
+            "two headers joined by a runtime"
+        );
+        assert_eq!(
+            r("PATCH", "/x", &[b"\"k1\""]),
+            Route::Guard(IdempotencyKey::parse(b"k1").unwrap())
+        );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn declared_lengths() {
+        assert_eq!(check_declared_length(None, 10), Ok(()));
+        assert_eq!(check_declared_length(Some(b"10"), 10), Ok(()));
+        assert_eq!(
+            check_declared_length(Some(b" 11 "), 10),
+            Err(Rejection::body_too_large(10))
+        );
+        assert_eq!(
+            check_declared_length(Some(b"99999999999999999999999"), 10),
+            Ok(()),
+            "unparsable: the reader counts"
+        );
+        assert_eq!(check_declared_length(Some(b"x"), 10), Ok(()));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn fingerprints_from_what_both_runtimes_see() {
+        let a = fingerprint("POST", "", Some(b"application/json"), b"{}");
+        let b = fingerprint("POST", "/", Some(b"application/json"), b"{}");
+        assert_eq!(a, b, "an empty target is /");
+        let lossy = fingerprint("POST", "/", Some(&[0xff]), b"");
+        let replaced = fingerprint("POST", "/", Some("\u{fffd}".as_bytes()), b"");
+        assert_eq!(lossy, replaced);
+        let all: Vec<Fingerprint> = vec![
+            fingerprint("POST", "/a", None, b""),
+            fingerprint("PATCH", "/a", None, b""),
+            fingerprint("POST", "/a?x", None, b""),
+            fingerprint("POST", "/a", Some(b"text/plain"), b""),
+            fingerprint("POST", "/a", None, b"x"),
+        ];
+        for (i, x) in all.iter().enumerate() {
+            for y in &all[i + 1..] {
+                assert_ne!(x, y);
+            }
+        }
+    }
+}
