@@ -147,7 +147,7 @@ pub async fn handle<R: EdgeRuntime>(
     let fingerprint = contract::fingerprint(
         &head.method,
         &head.path_and_query,
-        head.header("content-type"),
+        head.values("content-type"),
         &body,
     )
     .to_hex();

@@ -16,7 +16,8 @@ use idem_core::{Decision, RecordKey};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceExt};
 
@@ -89,14 +90,15 @@ where
         parts.uri.path_and_query().map_or("", |pq| pq.as_str()),
         parts
             .headers
-            .get(header::CONTENT_TYPE)
+            .get_all(header::CONTENT_TYPE)
+            .iter()
             .map(|v| v.as_bytes()),
         &body,
     );
     let record_key = RecordKey::new(&(config.scope)(&parts), &key);
     let prefer = parts.headers.get_all("prefer").iter();
     let wait_ms = contract::wait_ms(prefer.map(|v| v.as_bytes()), super::millis(config.max_wait));
-    // The wait is measured on the monotonic clock, from here.
+    // The wait is measured on the runtime's monotonic clock, from here.
     let started = Instant::now();
     let mut waiting = Waiting::new(0, wait_ms);
 

@@ -3,6 +3,7 @@
 
 use super::problem::{Problem, Rejection};
 use crate::{Fingerprint, IdempotencyKey, RequestParts};
+use alloc::borrow::Cow;
 use alloc::string::String;
 
 /// What to do with a request, decided on its method, path and headers.
@@ -65,15 +66,29 @@ pub fn check_declared_length(content_length: Option<&[u8]>, limit: usize) -> Res
 }
 
 /// The fingerprint of a guarded request, from what both runtimes see of it: the
-/// method, the path and query as sent (`/` when empty), the `Content-Type` header
-/// (bytes that are not UTF-8 replaced, as the origin has always read them) and the body.
-pub fn fingerprint(
+/// method, the path and query as sent (`/` when empty), the `Content-Type` header —
+/// its values joined by `", "` when repeated, as a runtime that folds repeated headers
+/// (the Workers runtime) hands them over, with bytes that are not UTF-8 replaced — and
+/// the body.
+pub fn fingerprint<'a>(
     method: &str,
     path_and_query: &str,
-    content_type: Option<&[u8]>,
+    content_type: impl IntoIterator<Item = &'a [u8]>,
     body: &[u8],
 ) -> Fingerprint {
-    let content_type = content_type.map(String::from_utf8_lossy);
+    let mut values = content_type.into_iter();
+    let content_type: Option<Cow<'_, str>> = match (values.next(), values.next()) {
+        (None, _) => None,
+        (Some(one), None) => Some(String::from_utf8_lossy(one)),
+        (Some(first), Some(second)) => {
+            let mut joined = String::from_utf8_lossy(first).into_owned();
+            for value in core::iter::once(second).chain(values) {
+                joined.push_str(", ");
+                joined.push_str(&String::from_utf8_lossy(value));
+            }
+            Some(Cow::Owned(joined))
+        }
+    };
     Fingerprint::of(&RequestParts {
         method,
         path_and_query: if path_and_query.is_empty() {
@@ -155,18 +170,26 @@ mod tests {
 
     #[wasm_bindgen_test(unsupported = test)]
     fn fingerprints_from_what_both_runtimes_see() {
-        let a = fingerprint("POST", "", Some(b"application/json"), b"{}");
-        let b = fingerprint("POST", "/", Some(b"application/json"), b"{}");
+        let json: [&[u8]; 1] = [b"application/json"];
+        let a = fingerprint("POST", "", json, b"{}");
+        let b = fingerprint("POST", "/", json, b"{}");
         assert_eq!(a, b, "an empty target is /");
-        let lossy = fingerprint("POST", "/", Some(&[0xff]), b"");
-        let replaced = fingerprint("POST", "/", Some("\u{fffd}".as_bytes()), b"");
+        let lossy = fingerprint("POST", "/", [&[0xffu8][..]], b"");
+        let replaced = fingerprint("POST", "/", ["\u{fffd}".as_bytes()], b"");
         assert_eq!(lossy, replaced);
+        let repeated = fingerprint("POST", "/", [&b"a/b"[..], b"c/d", b"e/f"], b"");
+        let folded = fingerprint("POST", "/", [&b"a/b, c/d, e/f"[..]], b"");
+        assert_eq!(
+            repeated, folded,
+            "repeated headers read as a folding runtime reads them"
+        );
+        let none: [&[u8]; 0] = [];
         let all: Vec<Fingerprint> = vec![
-            fingerprint("POST", "/a", None, b""),
-            fingerprint("PATCH", "/a", None, b""),
-            fingerprint("POST", "/a?x", None, b""),
-            fingerprint("POST", "/a", Some(b"text/plain"), b""),
-            fingerprint("POST", "/a", None, b"x"),
+            fingerprint("POST", "/a", none, b""),
+            fingerprint("PATCH", "/a", none, b""),
+            fingerprint("POST", "/a?x", none, b""),
+            fingerprint("POST", "/a", [&b"text/plain"[..]], b""),
+            fingerprint("POST", "/a", none, b"x"),
         ];
         for (i, x) in all.iter().enumerate() {
             for y in &all[i + 1..] {
