@@ -10,10 +10,10 @@ mod rows;
 
 use idem_origin::store::postgres::PgOptions;
 use idem_origin::store::tiered::outbox::OutboxOptions;
-use idem_origin::store::{Durability, PostgresStore, RedisOptions, RedisStore, Store, TieredStore};
+use idem_origin::store::{Durability, PostgresStore, Store, TieredStore};
 use idem_tests::{
-    charge_body, client, pg_addr, post_charge, redis_cluster_urls, redis_url, unique_namespace,
-    via, Proxy, TestDb, TestOrigin,
+    charge_body, client, pg_addr, post_charge, redis_cluster_urls, redis_store, redis_url, via,
+    Proxy, TestDb, TestOrigin,
 };
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,31 +32,26 @@ async fn pg_store(db: &TestDb) -> Arc<PostgresStore> {
     )
 }
 
-async fn redis_store(urls: &str) -> RedisStore {
-    let options = RedisOptions {
-        namespace: unique_namespace("rows"),
-        ..RedisOptions::default()
-    };
-    RedisStore::connect(urls, options).await.unwrap()
-}
-
 async fn postgres(_row: &str) -> (Arc<dyn Store>, TestDb) {
     let db = TestDb::new("row").await;
     (pg_store(&db).await, db)
 }
 
 async fn redis(_row: &str) -> (Arc<dyn Store>, ()) {
-    (Arc::new(redis_store(&redis_url()).await), ())
+    (Arc::new(redis_store(&redis_url(), "rows").await), ())
 }
 
 async fn redis_cluster(_row: &str) -> (Arc<dyn Store>, ()) {
-    (Arc::new(redis_store(&redis_cluster_urls()).await), ())
+    (
+        Arc::new(redis_store(&redis_cluster_urls(), "rows").await),
+        (),
+    )
 }
 
 async fn tiered(durability: Durability) -> (Arc<dyn Store>, TestDb) {
     let db = TestDb::new("row").await;
     let store = TieredStore::new(
-        redis_store(&redis_cluster_urls()).await,
+        redis_store(&redis_cluster_urls(), "rows").await,
         pg_store(&db).await,
         durability,
         OutboxOptions::default(),

@@ -437,6 +437,29 @@ fn table() -> Vec<Row> {
             201,
             Replayed,
         ),
+        // A repeated Content-Type is read as the folded value on both.
+        row(
+            req("POST", "/v1/other")
+                .key("k6")
+                .header("content-type", "application/json")
+                .header("content-type", "text/plain"),
+            201,
+            Forwarded,
+        ),
+        row(
+            req("POST", "/v1/other")
+                .key("k6")
+                .header("content-type", "application/json, text/plain"),
+            201,
+            Replayed,
+        ),
+        row(
+            req("POST", "/v1/other")
+                .key("k6")
+                .header("content-type", "application/json"),
+            422,
+            Refused,
+        ),
         // Only the private signal releases; no-store and a 503 are results.
         row(
             req("POST", "/v1/reject").key("k3").json("{}"),
@@ -469,8 +492,8 @@ async fn the_same_table_gets_the_same_answers_from_the_edge_and_the_origin() {
         assert_eq!(edge_said(&chained), Some(row.edge.as_str()), "{what}");
         assert_eq!(edge.api.calls(), origin.api.calls(), "effects after {what}");
     }
-    // 1 + 1 (k1 by two callers) + k2 + 2 (k3 released) + k4 + k5 + the pass-through POST.
-    assert_eq!(origin.api.calls(), 8);
+    // k1 by two callers, k2, k6, k3 twice (released), k4, k5, the pass-through POST.
+    assert_eq!(origin.api.calls(), 9);
     println!("same-table rows: {}", rows.len());
 }
 

@@ -8,10 +8,10 @@ use idem_core::{
 use idem_origin::store::postgres::PgOptions;
 use idem_origin::store::tiered::outbox::OutboxOptions;
 use idem_origin::store::{
-    CasRecords, Durability, MemoryStore, PostgresStore, RedisOptions, RedisStore, ReplayCache,
-    Stamp, Store, Swap, TieredStore,
+    CasRecords, Durability, MemoryStore, PostgresStore, RedisStore, ReplayCache, Stamp, Store,
+    Swap, TieredStore,
 };
-use idem_tests::{redis_cluster_urls, redis_url, unique_namespace, TestDb};
+use idem_tests::{redis_cluster_urls, redis_url, TestDb};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -222,11 +222,7 @@ async fn pg(db: &TestDb) -> Arc<PostgresStore> {
 }
 
 async fn redis(urls: &str) -> RedisStore {
-    let options = RedisOptions {
-        namespace: unique_namespace("conf"),
-        ..RedisOptions::default()
-    };
-    RedisStore::connect(urls, options).await.unwrap()
+    idem_tests::redis_store(urls, "conf").await
 }
 
 #[tokio::test]

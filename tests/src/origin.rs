@@ -1,0 +1,217 @@
+//! Origins under test: served by this process on a loopback port, or run as
+//! `idem-origin` processes; the HTTP client and the demo's requests.
+
+use clap::Parser;
+use idem_origin::app::Origin;
+use idem_origin::config::Config;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+/// An origin served on an ephemeral loopback port by this process.
+pub struct TestOrigin {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// What it was built from.
+    pub origin_store: Arc<dyn idem_origin::store::Store>,
+    server: JoinHandle<()>,
+}
+
+impl TestOrigin {
+    /// Builds an origin from command-line style arguments and serves it.
+    pub async fn start(args: &[&str]) -> TestOrigin {
+        let mut argv = vec!["idem-origin"];
+        argv.extend_from_slice(args);
+        let config = Config::try_parse_from(argv).expect("valid test arguments");
+        let origin = idem_origin::app::build(&config)
+            .await
+            .expect("origin builds");
+        Self::serve(origin).await
+    }
+
+    /// Serves an already built origin.
+    pub async fn serve(origin: Origin) -> TestOrigin {
+        Self::serve_router(origin.router, origin.store).await
+    }
+
+    /// Serves any router.
+    pub async fn serve_router(
+        router: axum::Router,
+        store: Arc<dyn idem_origin::store::Store>,
+    ) -> TestOrigin {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            axum::serve(listener, router).await.unwrap();
+        });
+        TestOrigin {
+            addr,
+            origin_store: store,
+            server,
+        }
+    }
+
+    /// The demo API behind the layer on `store`, with its charges kept in memory — so a
+    /// handler that ran without the store's protection is still counted.
+    pub async fn demo_on(
+        store: Arc<dyn idem_origin::store::Store>,
+    ) -> (TestOrigin, Arc<idem_origin::charges::MemoryLedger>) {
+        let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
+        let layer = idem_origin::idempotency::IdempotencyLayer::new(store.clone())
+            .require_key_on(["/v1/charges"]);
+        let demo = idem_origin::charges::Demo::new(ledger.clone());
+        let router = idem_origin::app::router(layer, store.clone(), demo);
+        (Self::serve_router(router, store).await, ledger)
+    }
+
+    /// Flushes the store (the async outbox) as a graceful shutdown does.
+    pub async fn flush(&self) {
+        self.origin_store.flush().await.expect("store flushes");
+    }
+
+    /// `http://addr` + `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+impl Drop for TestOrigin {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// A client with a generous connection pool and a bound on every request.
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .pool_max_idle_per_host(64)
+        .build()
+        .unwrap()
+}
+
+/// The demo's charge body.
+pub fn charge_body(customer: &str, amount: i64, latency_ms: u64) -> String {
+    serde_json::json!({ "amount": amount, "currency": "usd", "customer": customer, "simulate_latency_ms": latency_ms })
+        .to_string()
+}
+
+/// POSTs a charge with `key` (already in header form, e.g. `"\"k1\""`).
+pub async fn post_charge(
+    client: &reqwest::Client,
+    origin: &str,
+    key: Option<&str>,
+    body: &str,
+) -> reqwest::Response {
+    let mut req = client
+        .post(format!("{origin}/v1/charges"))
+        .header("content-type", "application/json")
+        .body(body.to_owned());
+    if let Some(key) = key {
+        req = req.header("idempotency-key", key);
+    }
+    req.send().await.expect("origin answers")
+}
+
+/// An `idem-origin` process (the binary cargo built next to the test executables).
+pub struct OriginProcess;
+
+impl OriginProcess {
+    /// The binary's path: `target/<profile>/idem-origin`.
+    pub fn binary() -> std::path::PathBuf {
+        let exe = std::env::current_exe().unwrap();
+        let bin = exe
+            .parent()
+            .and_then(|d| d.parent())
+            .unwrap()
+            .join("idem-origin");
+        assert!(
+            bin.exists(),
+            "{} is missing: build it with `cargo build -p idem-origin`",
+            bin.display()
+        );
+        bin
+    }
+
+    /// Starts it on a free port with `args`; returns the child and its base URL once
+    /// `/healthz` answers. Its log goes to `target/idem-reports/origin-<port>.log`.
+    pub async fn spawn(args: &[&str]) -> (std::process::Child, String) {
+        Self::spawn_env(args, &[]).await
+    }
+
+    /// [`OriginProcess::spawn`] with extra environment variables (e.g. libfaketime's).
+    pub async fn spawn_env(args: &[&str], env: &[(&str, &str)]) -> (std::process::Child, String) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        Self::try_spawn_at(port, args, env)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Starts it on `port` (a restart keeps its address); `Err` when it exits at
+    /// start-up (its store unreachable, say) or is not serving within 20 s. The log is
+    /// appended to `target/idem-reports/origin-<port>.log`.
+    pub async fn try_spawn_at(
+        port: u16,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<(std::process::Child, String), String> {
+        let listen = format!("127.0.0.1:{port}");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/idem-reports");
+        let _ = std::fs::create_dir_all(&dir);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join(format!("origin-{port}.log")))
+            .unwrap();
+        let mut child = std::process::Command::new(Self::binary())
+            .args(["--listen", &listen])
+            .args(args)
+            .envs(env.iter().copied())
+            .env("NO_COLOR", "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let base = format!("http://{listen}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while client()
+            .get(format!("{base}/healthz"))
+            .send()
+            .await
+            .is_err()
+        {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!("origin process exited with {status} at start-up"));
+            }
+            if std::time::Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err("origin process did not start within 20 s".into());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok((child, base))
+    }
+}
+
+/// libfaketime's multi-threaded library, to run a process with its clock skewed
+/// (`LD_PRELOAD` it with `FAKETIME`). `scripts/test` installs it.
+pub fn faketime_lib() -> String {
+    for dir in [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib",
+    ] {
+        let lib = format!("{dir}/faketime/libfaketimeMT.so.1");
+        if std::path::Path::new(&lib).exists() {
+            return lib;
+        }
+    }
+    panic!("libfaketime is missing: apt-get install faketime (scripts/test installs it)")
+}

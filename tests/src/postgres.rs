@@ -1,0 +1,141 @@
+//! The shared Postgres: one fresh schema per test, so tests can count rows in
+//! parallel. Found at `IDEM_TEST_DATABASE_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/idem` (what `scripts/services-start` starts).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The Postgres the tests use.
+pub fn database_url() -> String {
+    std::env::var("IDEM_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/idem".into())
+}
+
+/// A schema of its own for one test, so tests can count rows in parallel.
+pub struct TestDb {
+    /// The schema's name.
+    pub schema: String,
+    /// A URL whose connections use the schema.
+    pub url: String,
+}
+
+impl TestDb {
+    /// Creates a fresh, empty schema.
+    pub async fn new(label: &str) -> TestDb {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let schema = format!(
+            "t_{label}_{}_{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        let client = connect(&database_url()).await;
+        client
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("cannot create schema {schema}: {e}"));
+        let url = with_search_path(&database_url(), &schema);
+        TestDb { schema, url }
+    }
+
+    /// A client on the schema.
+    pub async fn client(&self) -> tokio_postgres::Client {
+        connect(&self.url).await
+    }
+
+    /// One integer from `sql`.
+    pub async fn count(&self, sql: &str) -> i64 {
+        self.client()
+            .await
+            .query_one(sql, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .get(0)
+    }
+
+    /// Runs `sql` (statements without results).
+    pub async fn exec(&self, sql: &str) {
+        self.client()
+            .await
+            .batch_execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// Rows in `charges`.
+    pub async fn charges(&self) -> i64 {
+        self.count("SELECT count(*) FROM charges").await
+    }
+
+    /// Charges made under `key`.
+    pub async fn charges_for(&self, key: &str) -> i64 {
+        let client = self.client().await;
+        client
+            .query_one(
+                "SELECT count(*) FROM charges WHERE idempotency_key = $1",
+                &[&key],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    /// Records still in force (claimed or completed, not expired or released).
+    pub async fn live_records(&self) -> i64 {
+        let now = idem_origin::now() as i64;
+        self.client()
+            .await
+            .query_one(
+                "SELECT count(*) FROM idem_records WHERE expires_at > $1",
+                &[&now],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+}
+
+/// `url` with `search_path` set to `schema` for every connection.
+pub fn with_search_path(url: &str, schema: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}options=-c%20search_path%3D{schema}")
+}
+
+/// A plain connection (panics with the reason when Postgres is not there).
+pub async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| {
+            panic!("cannot connect to Postgres at {url}: {e} — run scripts/services-start")
+        });
+    tokio::spawn(conn);
+    client
+}
+
+/// The socket address of a `postgres://…@host:port/…` URL.
+pub fn pg_addr(url: &str) -> SocketAddr {
+    let config: tokio_postgres::Config = url.parse().expect("valid URL");
+    let host = match &config.get_hosts()[0] {
+        tokio_postgres::config::Host::Tcp(h) => h.clone(),
+        #[cfg(unix)]
+        tokio_postgres::config::Host::Unix(_) => panic!("tests need a TCP Postgres URL"),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let host = if host == "localhost" {
+        "127.0.0.1".to_owned()
+    } else {
+        host
+    };
+    format!("{host}:{port}").parse().expect("an IP host")
+}
+
+/// `url` pointed at `addr` instead of its own host and port.
+pub fn via(url: &str, addr: SocketAddr) -> String {
+    let target = pg_addr(url);
+    url.replacen(
+        &format!("{}:{}", target.ip(), target.port()),
+        &addr.to_string(),
+        1,
+    )
+}

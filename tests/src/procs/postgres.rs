@@ -1,0 +1,171 @@
+//! A Postgres server of a test's own.
+
+use super::{free_port, temp_dir, TestCa};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A Postgres server of its own (initdb in a temporary directory).
+pub struct PgProc {
+    /// Its port.
+    pub port: u16,
+    dir: PathBuf,
+    bin: PathBuf,
+}
+
+fn pg_bin() -> PathBuf {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("Postgres server binaries under /usr/lib/postgresql (scripts/services-start installs them)")
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .filter(|p| p.join("pg_ctl").exists())
+        .collect();
+    dirs.sort();
+    dirs.pop().expect("a Postgres version with pg_ctl")
+}
+
+/// Runs a Postgres tool as the `postgres` OS user when we are root (it refuses root).
+fn as_postgres(bin: &Path, tool: &str, args: &[&str]) -> std::process::Output {
+    let is_root = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout.starts_with(b"0"))
+        .unwrap_or(false);
+    let mut cmd = if is_root {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(bin.join(tool));
+        c
+    } else {
+        Command::new(bin.join(tool))
+    };
+    cmd.args(args).output().expect("Postgres tool runs")
+}
+
+impl PgProc {
+    /// initdb and start.
+    pub fn start(label: &str) -> PgProc {
+        Self::start_with(label, None)
+    }
+
+    /// initdb and start with `ssl = on`, serving `ca`'s server certificate.
+    pub fn start_tls(label: &str, ca: &TestCa) -> PgProc {
+        Self::start_with(label, Some(ca))
+    }
+
+    fn start_with(label: &str, tls: Option<&TestCa>) -> PgProc {
+        let dir = temp_dir(label);
+        let _ = Command::new("chown")
+            .args(["-R", "postgres:postgres", dir.to_str().unwrap()])
+            .status();
+        let bin = pg_bin();
+        let data = dir.join("data");
+        let out = as_postgres(
+            &bin,
+            "initdb",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if let Some(ca) = tls {
+            std::fs::copy(&ca.server_cert, data.join("server.crt")).unwrap();
+            std::fs::copy(&ca.server_key, data.join("server.key")).unwrap();
+            let mut conf = std::fs::OpenOptions::new()
+                .append(true)
+                .open(data.join("postgresql.conf"))
+                .unwrap();
+            std::io::Write::write_all(
+                &mut conf,
+                b"\nssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n",
+            )
+            .unwrap();
+            let _ = Command::new("chown")
+                .args(["-R", "postgres:postgres", data.to_str().unwrap()])
+                .status();
+            let _ = Command::new("chmod")
+                .args(["600", data.join("server.key").to_str().unwrap()])
+                .status();
+        }
+        let p = PgProc {
+            port: free_port(),
+            dir,
+            bin,
+        };
+        p.start_server();
+        p
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    fn start_server(&self) {
+        let data = self.dir.join("data");
+        let opts = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            self.port,
+            self.dir.display()
+        );
+        let log = self.dir.join("log");
+        let out = as_postgres(
+            &self.bin,
+            "pg_ctl",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-o",
+                &opts,
+                "-l",
+                log.to_str().unwrap(),
+                "-w",
+                "-t",
+                "30",
+                "start",
+            ],
+        );
+        assert!(
+            out.status.success(),
+            "pg_ctl start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Stops it abruptly (`-m immediate`: like a crash).
+    pub fn stop(&self) {
+        let data = self.dir.join("data");
+        let _ = as_postgres(
+            &self.bin,
+            "pg_ctl",
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-m",
+                "immediate",
+                "-w",
+                "stop",
+            ],
+        );
+    }
+
+    /// Starts it again (crash recovery included).
+    pub fn restart(&self) {
+        self.start_server();
+    }
+}
+
+impl Drop for PgProc {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
