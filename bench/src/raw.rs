@@ -3,9 +3,9 @@
 //! store's own claim statements.
 
 use anyhow::{anyhow, bail, Context, Result};
+use idem::store::postgres::{claim_statements, completion_statement};
+use idem::store::PgStrategy;
 use idem_core::{decide, Decision, Fingerprint, Policy, StoredResponse};
-use idem_origin::store::postgres::{claim_statements, completion_statement};
-use idem_origin::store::PgStrategy;
 use serde::Serialize;
 use std::path::Path;
 use std::time::Duration;

@@ -2,20 +2,19 @@
 
 use crate::charges::{self, Ledger, MemoryLedger, PgLedger};
 use crate::config::{Config, DemoCompletion, DemoLedger, StoreKind};
-use crate::idempotency::IdempotencyLayer;
-use crate::store::tiered::outbox::OutboxOptions;
-use crate::store::{
-    postgres::PgOptions, MemoryStore, PostgresStore, RedisOptions, RedisStore, ReplayCache, Store,
-    TieredStore,
-};
 use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use http::{header, StatusCode};
+use idem::idempotency::IdempotencyLayer;
+use idem::store::tiered::outbox::OutboxOptions;
+use idem::store::{
+    postgres::PgOptions, MemoryStore, PostgresStore, RedisOptions, RedisStore, ReplayCache, Store,
+    TieredStore,
+};
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// A built origin: its router and what it runs on.
 pub struct Origin {
@@ -26,7 +25,7 @@ pub struct Origin {
     /// The demo ledger.
     pub ledger: Arc<dyn Ledger>,
     /// The executions the layer started: shutdown drains them before flushing.
-    pub executions: crate::idempotency::Executions,
+    pub executions: idem::idempotency::Executions,
 }
 
 /// Connects the configured stores and builds the router.
@@ -77,7 +76,12 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
                 enqueue_wait: config.outbox_wait,
                 ..OutboxOptions::default()
             };
-            Arc::new(TieredStore::new(redis, pg, config.durability, outbox))
+            Arc::new(TieredStore::new(
+                redis,
+                pg,
+                config.durability.into(),
+                outbox,
+            ))
         }
         _ => unreachable!("Config::validate checked the URLs each store needs"),
     };
@@ -120,9 +124,10 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
 
 async fn connect_postgres(config: &Config, url: &str) -> Result<PostgresStore, String> {
     let options = PgOptions {
-        strategy: config.pg_strategy,
+        strategy: config.pg_strategy.strategy()?,
         pool_size: config.pg_pool_size,
         timeout: config.store_timeout,
+        #[cfg(feature = "testing")]
         naive_window: config.naive_window,
         ca_file: config.database_ca_file.clone(),
     };
@@ -193,10 +198,10 @@ async fn readyz(State(h): State<Health>) -> impl IntoResponse {
     let store = h.store.ping().await.map_err(|e| {
         tracing::warn!(error = %e, "readiness: the store is not ready");
         match e {
-            crate::store::StoreError::Unavailable(_) => "unreachable",
-            crate::store::StoreError::Corrupt(_) => "corrupt record",
-            crate::store::StoreError::Contention => "contention",
-            crate::store::StoreError::Unsafe(_) => "unsafe configuration",
+            idem::store::StoreError::Unavailable(_) => "unreachable",
+            idem::store::StoreError::Corrupt(_) => "corrupt record",
+            idem::store::StoreError::Contention => "contention",
+            idem::store::StoreError::Unsafe(_) => "unsafe configuration",
         }
     });
     let ledger = h.ledger.ping().await.map_err(|e| {
@@ -226,33 +231,6 @@ async fn metrics(State(h): State<Health>) -> impl IntoResponse {
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         h.metrics.render(),
     )
-}
-
-/// Deletes expired records every `interval`, in batches, until the process ends.
-pub fn spawn_sweeper(store: Arc<dyn Store>, interval: Duration) -> tokio::task::JoinHandle<()> {
-    const BATCH: usize = 1_000;
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(interval).await;
-            loop {
-                let swept =
-                    crate::metrics::timed(store.name(), "sweep", store.sweep(crate::now(), BATCH))
-                        .await;
-                match swept {
-                    Ok(n) => {
-                        crate::metrics::swept(n);
-                        if n < BATCH as u64 {
-                            break;
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "sweep failed; will retry");
-                        break;
-                    }
-                }
-            }
-        }
-    })
 }
 
 /// The URL — or comma-separated list of URLs — without passwords, for messages: the

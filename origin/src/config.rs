@@ -1,7 +1,7 @@
 //! The command line of `idem-origin`: every flag has an environment fallback.
 
-use crate::store::{Durability, PgStrategy};
 use clap::{Parser, ValueEnum};
+use idem::store::{Durability, PgStrategy};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -108,8 +108,8 @@ pub struct Config {
     pub redis_wait_replicas: u32,
 
     /// Tiered store: when claims and completions reach Postgres.
-    #[arg(long, env = "IDEM_DURABILITY", value_enum, default_value_t = Durability::Sync)]
-    pub durability: Durability,
+    #[arg(long, env = "IDEM_DURABILITY", value_enum, default_value_t = TieredDurability::Sync)]
+    pub durability: TieredDurability,
 
     /// Tiered async: records the outbox queues before writers wait.
     #[arg(long, env = "IDEM_OUTBOX_CAPACITY", default_value_t = 10_000)]
@@ -125,8 +125,8 @@ pub struct Config {
     pub outbox_wait: Duration,
 
     /// How the Postgres store claims a key (`naive` is unsafe, for race tests only).
-    #[arg(long, env = "IDEM_PG_STRATEGY", value_enum, default_value_t = PgStrategy::OnConflict)]
-    pub pg_strategy: PgStrategy,
+    #[arg(long, env = "IDEM_PG_STRATEGY", value_enum, default_value_t = ClaimStrategy::OnConflict)]
+    pub pg_strategy: ClaimStrategy,
 
     /// Postgres connection pool size.
     #[arg(long, env = "IDEM_PG_POOL_SIZE", default_value_t = 16)]
@@ -285,6 +285,52 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     n.checked_mul(ms_per)
         .map(Duration::from_millis)
         .ok_or_else(|| format!("{s:?} is too long"))
+}
+
+/// `--durability`: [`Durability`] on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TieredDurability {
+    /// Before the handler runs / before the answer is returned: a Redis crash loses nothing.
+    Sync,
+    /// Written behind by a batching outbox: faster, and a Redis crash can lose a claim.
+    Async,
+}
+
+impl From<TieredDurability> for Durability {
+    fn from(d: TieredDurability) -> Durability {
+        match d {
+            TieredDurability::Sync => Durability::Sync,
+            TieredDurability::Async => Durability::Async,
+        }
+    }
+}
+
+/// `--pg-strategy`: [`PgStrategy`] on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ClaimStrategy {
+    /// `INSERT … ON CONFLICT DO NOTHING` plus compare-and-swap: one round trip per new key.
+    OnConflict,
+    /// `pg_advisory_xact_lock(hashtext(key))`, then read and write in one transaction.
+    AdvisoryLock,
+    /// SELECT then INSERT without a lock. Unsafe on purpose: for race tests only, and
+    /// only in builds with the `testing` feature.
+    Naive,
+}
+
+impl ClaimStrategy {
+    /// The store's strategy; `naive` is refused unless built in.
+    pub fn strategy(self) -> Result<PgStrategy, String> {
+        match self {
+            ClaimStrategy::OnConflict => Ok(PgStrategy::OnConflict),
+            ClaimStrategy::AdvisoryLock => Ok(PgStrategy::AdvisoryLock),
+            #[cfg(feature = "testing")]
+            ClaimStrategy::Naive => Ok(PgStrategy::Naive),
+            #[cfg(not(feature = "testing"))]
+            ClaimStrategy::Naive => Err(
+                "--pg-strategy naive is unsafe on purpose and only built for tests (cargo feature `testing`)".into(),
+            ),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,30 +1,13 @@
-//! idem's origin: an axum service that runs a side-effecting API (the demo charges
-//! API here) behind [`idempotency::IdempotencyLayer`], on a [`store::Store`].
+//! `idem-origin`: the [`idem`] library served as a program — an axum service that
+//! runs a side-effecting API (the demo charges API) behind the idempotency layer, on
+//! the store its flags choose, with health checks and a Prometheus exporter.
 //!
-//! * [`idempotency`] — the tower layer: the HTTP contract.
-//! * [`store`] — the record stores: memory (embedded default), Postgres, Redis or
-//!   Redis Cluster, and tiered (Redis over the Postgres authority).
 //! * [`charges`] — the demo business API whose double charges are countable.
-//! * [`app`] and [`config`] — wiring, health, metrics and the command line.
+//! * [`app`] and [`config`] — wiring, health and the command line.
+//! * [`metrics`] — the Prometheus exporter for what the library records.
 #![forbid(unsafe_code)]
 
 pub mod app;
 pub mod charges;
 pub mod config;
-pub mod idempotency;
 pub mod metrics;
-pub mod store;
-
-pub use idem_core as core;
-
-/// Wall-clock milliseconds since the Unix epoch: the only clock idem reads.
-pub fn now() -> idem_core::Millis {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// The README's Rust examples, compiled as doc tests.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-pub struct ReadmeDoctests;

@@ -41,7 +41,7 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let sweeper = idem_origin::app::spawn_sweeper(origin.store.clone(), config.sweep_interval);
+    let sweeper = idem::store::spawn_sweeper(origin.store.clone(), config.sweep_interval);
     tracing::info!(listen = %config.listen, store = origin.store.name(), "idem-origin listening");
     let served = axum::serve(listener, origin.router)
         .with_graceful_shutdown(shutdown_signal())

@@ -1,53 +1,6 @@
-//! The metrics idem records (exported in Prometheus text at `/metrics`).
-//!
-//! | metric | type | labels | meaning |
-//! |---|---|---|---|
-//! | `idem_requests_total` | counter | `outcome` = `executed`, `replayed`, `in_flight`, `mismatch`, `invalid`, `unavailable` | guarded requests by what idem did |
-//! | `idem_takeovers_total` | counter | — | executions that took over an expired lease |
-//! | `idem_released_total` | counter | — | executions whose answer freed the key (502/503/504, `no-store`) |
-//! | `idem_fenced_writes_total` | counter | `op` = `heartbeat`, `complete`, `release` | holder writes refused because another attempt took over |
-//! | `idem_lost_writes_total` | counter | `op` = `complete`, `release` | holder writes abandoned after retries (store down) |
-//! | `idem_store_duration_seconds` | histogram | `store`, `op` = `claim`, `heartbeat`, `complete`, `release`, `sweep` | store round-trip latency |
-//! | `idem_swept_records_total` | counter | — | expired records deleted by the sweeper |
-//! | `idem_replay_cache_hits_total` | counter | — | decisions made on a cached completed record, without the store |
-//!
-//! The tiered store and its outbox add `idem_tiered_*`, `idem_outbox_*` and
-//! `idem_redis_cluster_reconnects_total`; README.md lists them all.
+//! The Prometheus exporter for the metrics the library records ([`idem::metrics`]).
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use std::future::Future;
-use std::time::Instant;
-
-/// What idem did with a guarded request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// The handler ran.
-    Executed,
-    /// The stored answer was returned.
-    Replayed,
-    /// 409: another attempt is running.
-    InFlight,
-    /// 422: the key was reused for a different request.
-    Mismatch,
-    /// 4xx: a bad key or body.
-    Invalid,
-    /// 503: the store did not answer.
-    Unavailable,
-}
-
-impl Outcome {
-    /// The label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Executed => "executed",
-            Outcome::Replayed => "replayed",
-            Outcome::InFlight => "in_flight",
-            Outcome::Mismatch => "mismatch",
-            Outcome::Invalid => "invalid",
-            Outcome::Unavailable => "unavailable",
-        }
-    }
-}
 
 /// Installs the global Prometheus recorder (once per process) and returns its handle.
 pub fn install() -> PrometheusHandle {
@@ -82,57 +35,4 @@ pub fn install() -> PrometheusHandle {
             handle
         })
         .clone()
-}
-
-pub(crate) fn outcome(o: Outcome) {
-    metrics::counter!("idem_requests_total", "outcome" => o.as_str()).increment(1);
-}
-
-pub(crate) fn replay_cache_hit() {
-    metrics::counter!("idem_replay_cache_hits_total").increment(1);
-}
-
-pub(crate) fn takeover() {
-    metrics::counter!("idem_takeovers_total").increment(1);
-}
-
-pub(crate) fn released() {
-    metrics::counter!("idem_released_total").increment(1);
-}
-
-pub(crate) fn fenced(op: &'static str) {
-    metrics::counter!("idem_fenced_writes_total", "op" => op).increment(1);
-}
-
-pub(crate) fn write_lost(op: &'static str) {
-    metrics::counter!("idem_lost_writes_total", "op" => op).increment(1);
-}
-
-pub(crate) fn lease_lost() {
-    metrics::counter!("idem_leases_lost_total").increment(1);
-}
-
-pub(crate) fn final_write_retried(op: &'static str) {
-    metrics::counter!("idem_final_write_retries_total", "op" => op).increment(1);
-}
-
-pub(crate) fn execution_timed_out() {
-    metrics::counter!("idem_executions_timed_out_total").increment(1);
-}
-
-pub(crate) fn swept(n: u64) {
-    metrics::counter!("idem_swept_records_total").increment(n);
-}
-
-/// Awaits `fut`, recording its latency as a store round trip.
-pub(crate) async fn timed<T>(
-    store: &'static str,
-    op: &'static str,
-    fut: impl Future<Output = T>,
-) -> T {
-    let start = Instant::now();
-    let out = fut.await;
-    metrics::histogram!("idem_store_duration_seconds", "store" => store, "op" => op)
-        .record(start.elapsed().as_secs_f64());
-    out
 }

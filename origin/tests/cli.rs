@@ -95,12 +95,36 @@ fn transactional_completion_without_postgres_records_is_refused_at_start_up() {
 /// The library refuses too, at start-up, naming the store.
 #[test]
 fn the_layer_refuses_transactions_on_a_store_without_them() {
-    use idem_origin::idempotency::IdempotencyLayer;
-    use idem_origin::store::MemoryStore;
+    use idem::idempotency::IdempotencyLayer;
+    use idem::store::MemoryStore;
     let err = IdempotencyLayer::new(std::sync::Arc::new(MemoryStore::new()))
         .transactional()
         .err()
         .expect("refused");
     assert_eq!(err.store, "memory");
     assert!(err.to_string().contains("outside Postgres"), "{err}");
+}
+
+/// The naive strategy is unsafe on purpose: a build without the `testing` feature
+/// (every release build) refuses it before connecting to anything.
+#[cfg(not(feature = "testing"))]
+#[test]
+fn the_naive_strategy_is_only_in_test_builds() {
+    let o = run(
+        &[
+            "--store",
+            "postgres",
+            "--database-url",
+            "postgres://postgres@127.0.0.1:1/idem",
+            "--pg-strategy",
+            "naive",
+        ],
+        &[],
+    );
+    assert_ne!(o.status.code(), Some(0));
+    assert!(
+        stderr(&o).contains("only built for tests"),
+        "{}",
+        stderr(&o)
+    );
 }

@@ -4,9 +4,9 @@
 use axum::body::Body;
 use http::{HeaderValue, Request};
 use http_body_util::BodyExt;
+use idem::idempotency::IdempotencyLayer;
+use idem::store::MemoryStore;
 use idem_origin::charges::MemoryLedger;
-use idem_origin::idempotency::IdempotencyLayer;
-use idem_origin::store::MemoryStore;
 use proptest::prelude::*;
 use std::sync::Arc;
 use tower::ServiceExt;

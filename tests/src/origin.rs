@@ -15,7 +15,7 @@ pub struct TestOrigin {
     /// Where it listens.
     pub addr: SocketAddr,
     /// What it was built from.
-    pub origin_store: Arc<dyn idem_origin::store::Store>,
+    pub origin_store: Arc<dyn idem::store::Store>,
     server: JoinHandle<()>,
 }
 
@@ -39,7 +39,7 @@ impl TestOrigin {
     /// Serves any router.
     pub async fn serve_router(
         router: axum::Router,
-        store: Arc<dyn idem_origin::store::Store>,
+        store: Arc<dyn idem::store::Store>,
     ) -> TestOrigin {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -56,11 +56,11 @@ impl TestOrigin {
     /// The demo API behind the layer on `store`, with its charges kept in memory — so a
     /// handler that ran without the store's protection is still counted.
     pub async fn demo_on(
-        store: Arc<dyn idem_origin::store::Store>,
+        store: Arc<dyn idem::store::Store>,
     ) -> (TestOrigin, Arc<idem_origin::charges::MemoryLedger>) {
         let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
-        let layer = idem_origin::idempotency::IdempotencyLayer::new(store.clone())
-            .require_key_on(["/v1/charges"]);
+        let layer =
+            idem::idempotency::IdempotencyLayer::new(store.clone()).require_key_on(["/v1/charges"]);
         let demo = idem_origin::charges::Demo::new(ledger.clone());
         let router = idem_origin::app::router(layer, store.clone(), demo);
         (Self::serve_router(router, store).await, ledger)

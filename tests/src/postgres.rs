@@ -83,7 +83,7 @@ impl TestDb {
 
     /// Records still in force (claimed or completed, not expired or released).
     pub async fn live_records(&self) -> i64 {
-        let now = idem_origin::now() as i64;
+        let now = idem::now() as i64;
         self.client()
             .await
             .query_one(

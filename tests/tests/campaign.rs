@@ -329,7 +329,7 @@ struct Faults {
 impl Faults {
     fn killed(&mut self, pid: Option<u32>) {
         if let Some(pid) = pid {
-            self.killed.insert(pid as i32, idem_origin::now());
+            self.killed.insert(pid as i32, idem::now());
         }
     }
 }
@@ -436,7 +436,7 @@ async fn run(workload: Workload) -> Verdict {
     let seed: u64 = std::env::var("IDEM_CHAOS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| idem_origin::now() | 1);
+        .unwrap_or_else(|| idem::now() | 1);
     let mut rng = Rng(seed);
     let mut cluster = Cluster::start(workload).await;
     let urls: Vec<String> = (0..REPLICAS).map(|i| cluster.url(i)).collect();

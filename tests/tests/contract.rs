@@ -5,12 +5,12 @@
 //! up, the demo's own release.
 
 #[macro_use]
-#[path = "../../origin/tests/rows/mod.rs"]
+#[path = "../../idem/tests/rows/mod.rs"]
 mod rows;
 
-use idem_origin::store::postgres::PgOptions;
-use idem_origin::store::tiered::outbox::OutboxOptions;
-use idem_origin::store::{Durability, PostgresStore, Store, TieredStore};
+use idem::store::postgres::PgOptions;
+use idem::store::tiered::outbox::OutboxOptions;
+use idem::store::{Durability, PostgresStore, Store, TieredStore};
 use idem_tests::{
     charge_body, client, pg_addr, post_charge, redis_cluster_urls, redis_store, redis_url, via,
     Proxy, TestDb, TestOrigin,

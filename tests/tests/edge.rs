@@ -375,8 +375,7 @@ async fn the_edge_keeps_nothing_the_origin_did_not_store() {
                 }
             }),
         );
-    let store: Arc<dyn idem_origin::store::Store> =
-        Arc::new(idem_origin::store::MemoryStore::new());
+    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
     let origin = TestOrigin::serve_router(bare, store).await;
     let edge = Edge::start(&origin.url(""), &[]).await;
     let http = client();

@@ -2,9 +2,9 @@
 //! a Redis Cluster master killed mid-race, a Redis flushed mid-run, Postgres stopped
 //! under load, Redis gone in `redis` mode, SIGTERM during async load.
 
+use idem::store::postgres::PgOptions;
+use idem::store::{PostgresStore, RedisOptions, RedisStore, Store};
 use idem_core::{IdempotencyKey, RecordKey, Scope};
-use idem_origin::store::postgres::PgOptions;
-use idem_origin::store::{PostgresStore, RedisOptions, RedisStore, Store};
 use idem_tests::procs::{redis_cli, PgProc, RedisClusterProc, RedisProc};
 use idem_tests::{
     charge_body, client, post_charge, redis_url, report, unique_namespace, OriginProcess, TestDb,
@@ -492,8 +492,8 @@ async fn sigterm_during_async_load_flushes_the_outbox() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_full_outbox_refuses_claims_with_503_until_postgres_keeps_up() {
-    use idem_origin::store::tiered::outbox::OutboxOptions;
-    use idem_origin::store::{Durability, TieredStore};
+    use idem::store::tiered::outbox::OutboxOptions;
+    use idem::store::{Durability, TieredStore};
     let db = TestDb::new("backpressure").await;
     let pg = Arc::new(
         PostgresStore::connect(&db.url, PgOptions::default())

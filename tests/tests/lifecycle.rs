@@ -3,9 +3,9 @@
 //! gone, a body that panics, a handler that never ends, a stale Redis record. Each
 //! test counts charges and fails on the code before its fix (see the closing notes).
 
-use idem_origin::idempotency::IdempotencyLayer;
-use idem_origin::store::postgres::PgOptions;
-use idem_origin::store::{PostgresStore, Store};
+use idem::idempotency::IdempotencyLayer;
+use idem::store::postgres::PgOptions;
+use idem::store::{PostgresStore, Store};
 use idem_tests::procs::PgProc;
 use idem_tests::{charge_body, client, post_charge, report, OriginProcess, TestDb, TestOrigin};
 use std::collections::BTreeMap;
@@ -266,7 +266,7 @@ async fn a_panic_inside_the_body_is_stored_and_never_pins_the_key() {
     use axum::body::Body;
     use futures_util::StreamExt;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let store: Arc<dyn Store> = Arc::new(idem_origin::store::MemoryStore::new());
+    let store: Arc<dyn Store> = Arc::new(idem::store::MemoryStore::new());
     let calls = Arc::new(AtomicUsize::new(0));
     let c = calls.clone();
     let router = axum::Router::new()
@@ -315,7 +315,7 @@ async fn a_panic_inside_the_body_is_stored_and_never_pins_the_key() {
 #[tokio::test]
 async fn a_handler_past_max_execution_is_stored_as_a_problem() {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let store: Arc<dyn Store> = Arc::new(idem_origin::store::MemoryStore::new());
+    let store: Arc<dyn Store> = Arc::new(idem::store::MemoryStore::new());
     let calls = Arc::new(AtomicUsize::new(0));
     let c = calls.clone();
     let router = axum::Router::new()
@@ -365,8 +365,8 @@ async fn a_handler_past_max_execution_is_stored_as_a_problem() {
 /// the running handler sees `lease_lost` cancelled at its next heartbeat.
 #[tokio::test]
 async fn a_fenced_holder_is_told_through_its_context() {
-    use idem_origin::idempotency::IdempotencyContext;
-    let store: Arc<dyn Store> = Arc::new(idem_origin::store::MemoryStore::new());
+    use idem::idempotency::IdempotencyContext;
+    let store: Arc<dyn Store> = Arc::new(idem::store::MemoryStore::new());
     let router = axum::Router::new()
         .route(
             "/op",
@@ -418,7 +418,7 @@ async fn a_fenced_holder_is_told_through_its_context() {
         lease_ms: 300,
         ttl_ms: 60_000,
     };
-    let later = idem_origin::now() + 10_000;
+    let later = idem::now() + 10_000;
     let took_over = store.claim(&key, &fp, later, &policy).await.unwrap();
     assert!(
         matches!(took_over, idem_core::Decision::TakeOver(_)),
@@ -437,15 +437,15 @@ async fn a_fenced_holder_is_told_through_its_context() {
 /// fresh Postgres schema, its charges in memory.
 async fn tiered_demo(
     label: &str,
-    durability: idem_origin::store::Durability,
+    durability: idem::store::Durability,
 ) -> (
     TestDb,
     String,
     TestOrigin,
     Arc<idem_origin::charges::MemoryLedger>,
 ) {
-    use idem_origin::store::tiered::outbox::OutboxOptions;
-    use idem_origin::store::{RedisOptions, RedisStore, TieredStore};
+    use idem::store::tiered::outbox::OutboxOptions;
+    use idem::store::{RedisOptions, RedisStore, TieredStore};
     let db = TestDb::new(label).await;
     let ns = idem_tests::unique_namespace(label);
     let redis = RedisStore::connect(
@@ -498,8 +498,8 @@ async fn put_in_redis(ns: &str, key: &idem_core::RecordKey, record: &idem_core::
 /// the handler again — and the write-behind must never bury the completed row.
 #[tokio::test]
 async fn tiered_async_asks_the_authority_before_taking_over_a_stale_redis_record() {
+    use idem::store::Durability;
     use idem_core::{IdempotencyKey, Record, RecordKey, Scope};
-    use idem_origin::store::Durability;
     let (db, ns, origin, ledger) = tiered_demo("stale_redis", Durability::Async).await;
     let http = client();
     let body = charge_body("c", 100, 0);
@@ -532,7 +532,7 @@ async fn tiered_async_asks_the_authority_before_taking_over_a_stale_redis_record
             assert!(Instant::now() < deadline, "written behind");
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
-        let now = idem_origin::now();
+        let now = idem::now();
         let stale = Record::InProgress {
             fingerprint: *completed.fingerprint(),
             token: completed.token() + token_offset,
@@ -570,8 +570,8 @@ async fn tiered_async_asks_the_authority_before_taking_over_a_stale_redis_record
 /// freed the key, decides — not be answered 422 from Redis' stale record.
 #[tokio::test]
 async fn tiered_sync_lets_postgres_decide_over_a_stale_redis_claim() {
+    use idem::store::Durability;
     use idem_core::{IdempotencyKey, Record, RecordKey, Scope};
-    use idem_origin::store::Durability;
     let (db, ns, origin, ledger) = tiered_demo("stale_sync", Durability::Sync).await;
     let http = client();
     let invalid = r#"{"amount":-5,"currency":"usd","customer":"c"}"#;
@@ -592,7 +592,7 @@ async fn tiered_sync_lets_postgres_decide_over_a_stale_redis_claim() {
         .await
         .unwrap();
     let released = Record::decode(row.get::<_, &[u8]>(0)).unwrap();
-    let now = idem_origin::now();
+    let now = idem::now();
     let before_release = Record::InProgress {
         fingerprint: *released.fingerprint(),
         token: released.token(),
@@ -623,7 +623,7 @@ async fn tiered_sync_lets_postgres_decide_over_a_stale_redis_claim() {
 async fn an_answer_too_large_to_store_is_delivered_and_replayed_as_a_problem() {
     use futures_util::StreamExt;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let store: Arc<dyn Store> = Arc::new(idem_origin::store::MemoryStore::new());
+    let store: Arc<dyn Store> = Arc::new(idem::store::MemoryStore::new());
     let calls = Arc::new(AtomicUsize::new(0));
     let c = calls.clone();
     let router = axum::Router::new()
@@ -761,7 +761,7 @@ async fn a_claim_holding_the_pool_does_not_starve_a_holder_s_heartbeats() {
                     &url,
                     PgOptions {
                         pool_size,
-                        strategy: idem_origin::store::PgStrategy::AdvisoryLock,
+                        strategy: idem::store::PgStrategy::AdvisoryLock,
                         ..PgOptions::default()
                     },
                 )

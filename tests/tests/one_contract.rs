@@ -14,12 +14,12 @@ use axum::routing::post;
 use axum::Router;
 use http::{HeaderName, HeaderValue, Request, StatusCode};
 use http_body_util::BodyExt;
+use idem::idempotency::{release, IdempotencyLayer};
+use idem::store::MemoryStore;
 use idem_core::RecordKey;
 use idem_edge::config::EdgeConfig;
 use idem_edge::flow::{self, Answer, EdgeRuntime, Handled, Head, Outbound, EDGE_HEADER};
 use idem_edge::memory::{MemoryObject, MemoryObjects};
-use idem_origin::idempotency::{release, IdempotencyLayer};
-use idem_origin::store::MemoryStore;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -248,7 +248,7 @@ impl EdgeChain {
         EdgeChain {
             origin: api.guarded(),
             api,
-            objects: MemoryObjects::new(idem_origin::now),
+            objects: MemoryObjects::new(idem::now),
             config,
         }
     }
@@ -298,7 +298,7 @@ impl EdgeRuntime for EdgeChain {
     }
 
     fn now(&self) -> u64 {
-        idem_origin::now()
+        idem::now()
     }
 
     async fn sleep(&self, ms: u64) {

@@ -2,8 +2,8 @@
 //! refused at start-up (unless accepted explicitly), and `--redis-wait-replicas N`
 //! makes a claim or completion count only once N replicas have it.
 
+use idem::store::{RedisOptions, RedisStore, Store, StoreError};
 use idem_core::{Decision, Fingerprint, IdempotencyKey, Policy, RecordKey, Scope};
-use idem_origin::store::{RedisOptions, RedisStore, Store, StoreError};
 use idem_tests::procs::{RedisClusterProc, RedisProc};
 use idem_tests::{redis_cluster_urls, unique_namespace, OriginProcess};
 
@@ -113,7 +113,7 @@ async fn wait_replicas_makes_a_write_count_only_once_replicated() {
     let cluster = RedisStore::connect(&redis_cluster_urls(), options(false, 1))
         .await
         .unwrap();
-    let k = key(&format!("wait-{}", idem_origin::now()));
+    let k = key(&format!("wait-{}", idem::now()));
     let Decision::Execute(c) = cluster.claim(&k, &fp, cluster.now(), &P).await.unwrap() else {
         panic!("new key executes")
     };

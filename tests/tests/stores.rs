@@ -1,15 +1,15 @@
 //! One conformance suite, run against every store on its real backend: the same
 //! protocol, whatever executes it.
 
+use idem::store::postgres::PgOptions;
+use idem::store::tiered::outbox::OutboxOptions;
+use idem::store::{
+    CasRecords, Durability, MemoryStore, PostgresStore, RedisStore, ReplayCache, Stamp, Store,
+    Swap, TieredStore,
+};
 use idem_core::{
     decide, Decision, Fingerprint, IdempotencyKey, Policy, Record, RecordKey, Refusal, Scope,
     StoredResponse,
-};
-use idem_origin::store::postgres::PgOptions;
-use idem_origin::store::tiered::outbox::OutboxOptions;
-use idem_origin::store::{
-    CasRecords, Durability, MemoryStore, PostgresStore, RedisStore, ReplayCache, Stamp, Store,
-    Swap, TieredStore,
 };
 use idem_tests::{redis_cluster_urls, redis_url, TestDb};
 use std::sync::Arc;
@@ -252,7 +252,7 @@ async fn redis_takeover_swap() {
 async fn postgres_advisory_lock() {
     let db = TestDb::new("conf_adv").await;
     let options = PgOptions {
-        strategy: idem_origin::store::PgStrategy::AdvisoryLock,
+        strategy: idem::store::PgStrategy::AdvisoryLock,
         ..PgOptions::default()
     };
     conformance(&PostgresStore::connect(&db.url, options).await.unwrap()).await;
@@ -331,7 +331,7 @@ async fn replay_cache_over_redis_cluster() {
 async fn replay_cache_answers_completed_keys_until_they_expire() {
     let db = TestDb::new("cache_pg").await;
     let cache = ReplayCache::new(pg(&db).await, 1 << 20);
-    let t = idem_origin::now();
+    let t = idem::now();
     let k = key(&format!("cache-{t}"));
     let Decision::Execute(c) = cache.claim(&k, &FP, t, &P).await.unwrap() else {
         panic!("new key executes")
@@ -380,7 +380,7 @@ async fn replay_cache_answers_completed_keys_until_they_expire() {
 async fn replay_cache_learns_from_the_store_and_stays_within_its_budget() {
     let db = TestDb::new("cache_budget").await;
     let store = pg(&db).await;
-    let t = idem_origin::now();
+    let t = idem::now();
     let big = "x".repeat(10_000);
     let keys: Vec<RecordKey> = (0..20).map(|i| key(&format!("budget-{t}-{i}"))).collect();
     for k in &keys {

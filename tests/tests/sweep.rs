@@ -1,8 +1,8 @@
 //! Expired records are deleted in batches; live ones are kept.
 
+use idem::store::postgres::PgOptions;
+use idem::store::{MemoryStore, PostgresStore, Store};
 use idem_core::{Decision, Fingerprint, IdempotencyKey, Policy, RecordKey, Scope, StoredResponse};
-use idem_origin::store::postgres::PgOptions;
-use idem_origin::store::{MemoryStore, PostgresStore, Store};
 use idem_tests::TestDb;
 
 async fn fill(store: &dyn Store, n: usize, prefix: &str, now: u64, ttl_ms: u64) {

@@ -1,11 +1,11 @@
 //! A holder that dies mid-handler: after its lease, the retry executes exactly once,
 //! under a higher fencing token, and the dead holder's late writes are refused.
 
+use idem::store::postgres::PgOptions;
+use idem::store::{PostgresStore, Store};
 use idem_core::{
     Decision, Fingerprint, IdempotencyKey, Policy, RecordKey, RequestParts, Scope, StoredResponse,
 };
-use idem_origin::store::postgres::PgOptions;
-use idem_origin::store::{PostgresStore, Store};
 use idem_tests::{charge_body, client, post_charge, report, OriginProcess, TestDb, TestOrigin};
 use std::time::{Duration, Instant};
 
@@ -115,7 +115,7 @@ async fn a_fenced_holder_cannot_complete_renew_or_release() {
         ttl_ms: 60_000,
     };
     let Decision::Execute(stale) = store
-        .claim(&record_key, &fingerprint, idem_origin::now(), &short)
+        .claim(&record_key, &fingerprint, idem::now(), &short)
         .await
         .unwrap()
     else {
@@ -135,7 +135,7 @@ async fn a_fenced_holder_cannot_complete_renew_or_release() {
         headers: vec![],
         body: b"{\"id\":\"from the dead\"}".to_vec(),
     };
-    let now = idem_origin::now();
+    let now = idem::now();
     let refused = store
         .complete(&record_key, &stale.holder(), late, now, &short)
         .await

@@ -2,15 +2,15 @@
 //! with certificates from a CA the test makes; the right CA is trusted, a wrong CA is
 //! refused with a readable error.
 
+use idem::store::postgres::PgOptions;
+use idem::store::{PostgresStore, RedisOptions, RedisStore, Store};
 use idem_core::{Decision, Fingerprint, IdempotencyKey, Policy, RecordKey, Scope};
-use idem_origin::store::postgres::PgOptions;
-use idem_origin::store::{PostgresStore, RedisOptions, RedisStore, Store};
 use idem_tests::procs::{PgProc, RedisProc, TestCa};
 
 fn key() -> RecordKey {
     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let name = format!("tls-{}-{}-{n}", std::process::id(), idem_origin::now());
+    let name = format!("tls-{}-{}-{n}", std::process::id(), idem::now());
     RecordKey::new(
         &Scope::anonymous(),
         &IdempotencyKey::parse(name.as_bytes()).unwrap(),
@@ -22,7 +22,7 @@ async fn claims(store: &dyn Store) {
         .claim(
             &key(),
             &Fingerprint([1; 32]),
-            idem_origin::now(),
+            idem::now(),
             &Policy::default(),
         )
         .await

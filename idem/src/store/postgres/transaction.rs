@@ -96,6 +96,7 @@ impl Authority {
 
     /// The same database under a claim strategy whose claims can overwrite a completed
     /// record: no completion committed here fences another holder.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub(super) fn unfenced(self, why: &'static str) -> Self {
         Authority {
             unfenced: Some(why),
@@ -109,6 +110,7 @@ impl Authority {
     }
 
     /// The same database, whose records are written behind by another store.
+    #[cfg_attr(not(feature = "tiered"), allow(dead_code))]
     pub(crate) fn written_behind(self) -> Self {
         Authority {
             behind: true,

@@ -29,7 +29,7 @@ use outbox::{Outbox, OutboxOptions};
 use std::sync::Arc;
 
 /// When a claim and a completion reach Postgres.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Durability {
     /// Before the handler runs / before the answer is returned: a Redis crash loses nothing.
     Sync,

@@ -32,13 +32,15 @@ use std::time::Duration;
 use tokio_postgres::NoTls;
 
 /// How the Postgres store claims a key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PgStrategy {
     /// `INSERT … ON CONFLICT DO NOTHING` plus compare-and-swap: one round trip per new key.
     OnConflict,
     /// `pg_advisory_xact_lock(hashtext(key))`, then read and write in one transaction.
     AdvisoryLock,
-    /// SELECT then INSERT without a lock. Unsafe on purpose: for race tests only.
+    /// SELECT then INSERT without a lock. Unsafe on purpose: for race tests only
+    /// (cargo feature `testing`).
+    #[cfg(feature = "testing")]
     Naive,
 }
 
@@ -53,6 +55,7 @@ pub struct PgOptions {
     pub timeout: Duration,
     /// `naive` only: how long it dawdles between its SELECT and its INSERT, which
     /// widens the race window so tests see it reliably.
+    #[cfg(feature = "testing")]
     pub naive_window: Duration,
     /// CA certificates (PEM) to verify the server with; overrides `sslrootcert`.
     pub ca_file: Option<std::path::PathBuf>,
@@ -64,6 +67,7 @@ impl Default for PgOptions {
             strategy: PgStrategy::OnConflict,
             pool_size: 16,
             timeout: Duration::from_secs(5),
+            #[cfg(feature = "testing")]
             naive_window: Duration::from_millis(20),
             ca_file: None,
         }
@@ -128,6 +132,7 @@ const REPLACE: &str = concat!(
         RETURNING 1)
     SELECT (SELECT count(*) FROM upd)::int AS replaced, (SELECT now FROM clock) AS now"
 );
+#[cfg(feature = "testing")]
 const UPSERT: &str =
     "INSERT INTO idem_records (id, token, state, expires_at, record) VALUES ($1, $2, $3, $4, $5)
     ON CONFLICT (id) DO UPDATE SET token = EXCLUDED.token, state = EXCLUDED.state,
@@ -186,6 +191,7 @@ const SWEEP: &str = concat!(
 /// parameters (`$1` id, `$2` token, `$3` state, `$4` expires_at, `$5` record, `$6`
 /// the caller's clock, `$7` its tolerance). The bench runs them under `pgbench` to
 /// measure the raw database on the store's own SQL.
+#[cfg(feature = "testing")]
 pub fn claim_statements(strategy: PgStrategy) -> &'static [&'static str] {
     match strategy {
         PgStrategy::OnConflict => &[CLAIM_INSERT],
@@ -203,6 +209,7 @@ pub fn claim_statements(strategy: PgStrategy) -> &'static [&'static str] {
 /// The statement a holder's completion sends (`$1` id, `$2` token, `$3` state,
 /// `$4` expires_at, `$5` record, `$6` the caller's clock, `$7` its tolerance): the
 /// second round trip of every new request.
+#[cfg(feature = "testing")]
 pub fn completion_statement() -> &'static str {
     HOLDER_WRITE
 }
@@ -300,6 +307,7 @@ impl PostgresStore {
             self.options.timeout,
         );
         match self.options.strategy {
+            #[cfg(feature = "testing")]
             PgStrategy::Naive => authority
                 .unfenced("the naive claim strategy's upsert can overwrite a completed record"),
             _ => authority,
@@ -359,7 +367,7 @@ impl PostgresStore {
         fp: &Fingerprint,
         policy: &Policy,
     ) -> Result<Decision, StoreError> {
-        for _ in 0..super::MAX_CLAIM_ROUNDS {
+        for _ in 0..super::shared::MAX_CLAIM_ROUNDS {
             if let Some(decision) = self.claim_advisory_lock_once(key, fp, policy).await? {
                 return Ok(decision);
             }
@@ -441,6 +449,7 @@ impl PostgresStore {
 
     /// The bug this project exists to prevent: read, think, write — with nothing
     /// stopping a concurrent retry from doing the same in between.
+    #[cfg(feature = "testing")]
     async fn claim_naive(
         &self,
         key: &RecordKey,
@@ -515,6 +524,7 @@ impl PostgresStore {
 
     /// Writes a batch behind (the tiered store's outbox): one statement, one commit.
     /// `batch` must hold each key at most once.
+    #[cfg_attr(not(feature = "tiered"), allow(dead_code))]
     pub(crate) async fn upsert_superseding(
         &self,
         batch: &[(RecordKey, Record)],
@@ -817,6 +827,7 @@ impl Store for PostgresStore {
             PgStrategy::AdvisoryLock => {
                 Ok((self.claim_advisory_lock(key, fp, policy).await?, None))
             }
+            #[cfg(feature = "testing")]
             PgStrategy::Naive => Ok((self.claim_naive(key, fp, now, policy).await?, None)),
         }
     }

@@ -8,8 +8,8 @@
 //!
 //! ```
 //! use axum::{routing::post, Router};
-//! use idem_origin::idempotency::IdempotencyLayer;
-//! use idem_origin::store::MemoryStore;
+//! use idem::idempotency::IdempotencyLayer;
+//! use idem::store::MemoryStore;
 //! use std::{sync::Arc, time::Duration};
 //!
 //! let idempotency = IdempotencyLayer::new(Arc::new(MemoryStore::new()))
@@ -41,10 +41,13 @@
 mod execution;
 mod response;
 mod service;
+mod signals;
+#[cfg(feature = "postgres")]
 mod transaction;
 
 pub use execution::{Executions, CLIENT_WAIT};
 pub use service::IdempotencyService;
+#[cfg(feature = "postgres")]
 pub use transaction::{Transaction, TransactionError, TransactionsUnsupported};
 
 use crate::store::Store;
@@ -72,6 +75,7 @@ pub struct IdempotencyContext {
     /// it cannot fence otherwise, and stop.
     pub lease_lost: CancellationToken,
     /// Set when the layer is [`IdempotencyLayer::transactional`].
+    #[cfg(feature = "postgres")]
     pub(crate) completion: Option<transaction::Completion>,
 }
 
@@ -87,7 +91,7 @@ pub struct ReleaseSignal;
 ///
 /// ```
 /// use axum::{http::StatusCode, response::IntoResponse};
-/// let rejected = idem_origin::idempotency::release(
+/// let rejected = idem::idempotency::release(
 ///     (StatusCode::BAD_REQUEST, "amount must be positive").into_response(),
 /// );
 /// ```
@@ -113,6 +117,7 @@ pub(crate) struct Config {
     pub(crate) executions: Executions,
     pub(crate) max_stored_body_bytes: usize,
     /// Where handlers commit their effects with their answer, when enabled.
+    #[cfg(feature = "postgres")]
     pub(crate) authority: Option<crate::store::postgres::Authority>,
 }
 
@@ -143,6 +148,7 @@ impl IdempotencyLayer {
                 max_execution: None,
                 executions: Executions::default(),
                 max_stored_body_bytes: 1024 * 1024,
+                #[cfg(feature = "postgres")]
                 authority: None,
             }),
         }
@@ -218,6 +224,7 @@ impl IdempotencyLayer {
     /// ([`IdempotencyContext::transaction`]), on the Postgres database that holds the
     /// store's authoritative records. Fails — at start-up — when the store has none
     /// (memory, Redis alone).
+    #[cfg(feature = "postgres")]
     pub fn transactional(self) -> Result<Self, TransactionsUnsupported> {
         let store = self.config.store.clone();
         let unsupported = |reason| TransactionsUnsupported {
@@ -235,7 +242,10 @@ impl IdempotencyLayer {
 
     /// Whether handlers can commit their effects with their answer.
     pub fn is_transactional(&self) -> bool {
-        self.config.authority.is_some()
+        #[cfg(feature = "postgres")]
+        return self.config.authority.is_some();
+        #[cfg(not(feature = "postgres"))]
+        false
     }
 
     /// The executions this layer starts, for graceful shutdown: after the server

@@ -121,6 +121,7 @@ impl Store for ReplayCache {
         Ok(written)
     }
 
+    #[cfg(feature = "postgres")]
     fn authority(&self) -> Option<crate::store::postgres::Authority> {
         self.inner.authority()
     }

@@ -2,6 +2,7 @@
 
 use super::execution::{execute, Claimed};
 use super::response::{refusal, replay};
+#[cfg(feature = "postgres")]
 use super::transaction::Completion;
 use super::{Config, IdempotencyContext};
 use crate::metrics::{self, Outcome};
@@ -151,6 +152,7 @@ where
             token: claim.token,
             took_over,
             lease_lost: lease_lost.clone(),
+            #[cfg(feature = "postgres")]
             completion: config.authority.clone().map(|authority| Completion {
                 authority,
                 holder,

@@ -10,7 +10,7 @@
 //!
 //! ```no_run
 //! use axum::{body::Body, http::{Response, StatusCode}, Extension};
-//! use idem_origin::idempotency::IdempotencyContext;
+//! use idem::idempotency::IdempotencyContext;
 //!
 //! async fn create_charge(Extension(ctx): Extension<IdempotencyContext>) -> Response<Body> {
 //!     let tx = match ctx.transaction().await {
@@ -35,6 +35,7 @@
 
 use super::execution::stored_response;
 use super::response::refusal;
+use super::signals::{Committed, FencedSignal};
 use super::{release, Config, IdempotencyContext};
 use crate::store::postgres::{Authority, BeginError, CommitError, FencedTransaction};
 use axum::body::Body;
@@ -42,7 +43,7 @@ use deadpool_postgres::ClientWrapper;
 use http::Response;
 use http_body_util::BodyExt;
 use idem_core::contract::{Problem, Rejection};
-use idem_core::{Holder, Record};
+use idem_core::Holder;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -87,14 +88,6 @@ impl std::fmt::Display for TransactionsUnsupported {
 }
 
 impl std::error::Error for TransactionsUnsupported {}
-
-/// A committed completion: the layer's private signal that the record is written.
-#[derive(Clone, Debug)]
-pub(crate) struct Committed(pub(crate) Record);
-
-/// idem's private signal that the handler lost its claim and nothing it did was kept.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct FencedSignal;
 
 /// Why a handler's transaction did not commit. [`TransactionError::into_response`]
 /// turns it into the answer for a handler whose only effects were in the transaction.

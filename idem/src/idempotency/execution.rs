@@ -10,8 +10,7 @@
 //! while the write goes on.
 
 use super::response::{answer as stored_answer, refusal};
-use super::transaction::{Committed, FencedSignal};
-use super::{Config, ReleaseSignal};
+use super::{signals, Config};
 use crate::metrics;
 use axum::body::Body;
 use bytes::Bytes;
@@ -252,9 +251,11 @@ async fn run_to_completion<S>(
         }
     };
     // idem's private signals never reach the client.
-    let released = parts.extensions.remove::<ReleaseSignal>().is_some();
-    let committed = parts.extensions.remove::<Committed>();
-    let fenced = parts.extensions.remove::<FencedSignal>().is_some();
+    let signals::Signals {
+        released,
+        committed,
+        fenced,
+    } = signals::take(&mut parts.extensions);
     let change = match contract::disposition(released || fenced) {
         Disposition::Release => {
             if !fenced {
@@ -277,7 +278,7 @@ async fn run_to_completion<S>(
         match &committed {
             // The handler's transaction wrote the completion: the tiers in front of the
             // authority learn it, and nothing is written again.
-            Some(Committed(record)) => {
+            Some(record) => {
                 if let Err(e) = config.store.committed(&key, &holder, record).await {
                     tracing::warn!(key = %key.as_str(), error = %e, "the store did not take note of a committed completion");
                 }
@@ -384,6 +385,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(2);
 /// in front of the authority learn it. `None` when it did not, or the authority can't
 /// tell now (the final write then decides: where the completion is written in the
 /// authority itself it meets the committed one and is refused; see [`Final::Committed`]).
+#[cfg(feature = "postgres")]
 async fn committed_meanwhile(config: &Config, key: &RecordKey, holder: &Holder) -> Option<Final> {
     let authority = config.authority.as_ref()?;
     let mut attempts = 0;
@@ -408,6 +410,12 @@ async fn committed_meanwhile(config: &Config, key: &RecordKey, holder: &Holder) 
         tracing::warn!(key = %key.as_str(), error = %e, "the store did not take note of a committed completion");
     }
     Some(Final::Committed(stored, record.expires_at()))
+}
+
+/// Without Postgres there is no handler transaction whose commit could have landed.
+#[cfg(not(feature = "postgres"))]
+async fn committed_meanwhile(_: &Config, _: &RecordKey, _: &Holder) -> Option<Final> {
+    None
 }
 
 /// How a final write ended.

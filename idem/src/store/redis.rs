@@ -30,6 +30,7 @@ static REPLACE_IF_SAME: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("redis/replace_if_same.lua")));
 static HOLDER_WRITE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("redis/holder_write.lua")));
+#[cfg_attr(not(feature = "tiered"), allow(dead_code))]
 static MIRROR: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redis/mirror.lua")));
 static GET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redis/get.lua")));
 
@@ -402,6 +403,7 @@ impl RedisStore {
     }
 
     /// Stores `record` at `key` unless Redis already holds a record that supersedes it.
+    #[cfg_attr(not(feature = "tiered"), allow(dead_code))]
     pub(crate) async fn mirror(
         &self,
         key: &RecordKey,
@@ -528,6 +530,7 @@ fn evicts(config: &[(String, String)]) -> Option<String> {
 enum ScriptArgs<'a> {
     None,
     /// token, state, record, pexpireat
+    #[cfg_attr(not(feature = "tiered"), allow(dead_code))]
     Record(&'a Record),
     /// as `Record`, then now, tolerance
     Claim(&'a Record, Stamp),
