@@ -103,10 +103,13 @@ async fn exported_metrics_are_documented_and_documented_metrics_exist() {
     }
 
     let mut source = String::new();
-    source_text(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../origin/src"),
-        &mut source,
-    );
+    // What records metrics: the library, and the program around it.
+    for crate_src in ["../idem/src", "../origin/src"] {
+        source_text(
+            &Path::new(env!("CARGO_MANIFEST_DIR")).join(crate_src),
+            &mut source,
+        );
+    }
     let phantom: Vec<_> = documented
         .iter()
         .filter(|name| !source.contains(&format!("\"{name}\"")))
