@@ -342,7 +342,7 @@ fn relay(answer: Answer, handled: Handled) -> Answer {
     let mut headers: Vec<(String, String)> = answer
         .headers
         .into_iter()
-        .filter(|(n, _)| contract::relayed_answer_header(n))
+        .filter(|(n, _)| contract::relayed_answer_header(n) && !n.eq_ignore_ascii_case(EDGE_HEADER))
         .collect();
     headers.push((EDGE_HEADER.into(), handled.as_str().into()));
     Answer {

@@ -131,7 +131,7 @@ where
         .spawn(run_to_completion(config, inner, req, claimed, answer));
     answered.await.unwrap_or_else(|_| {
         tracing::error!("idempotent execution task ended without an answer");
-        refusal(&Rejection::new(Problem::HandlerPanicked))
+        refusal(&Rejection::execution_lost())
     })
 }
 

@@ -45,6 +45,7 @@ where
 pub fn replay_headers(stored: &[(String, Vec<u8>)]) -> impl Iterator<Item = (&str, &[u8])> {
     stored
         .iter()
+        .filter(|(n, _)| !n.eq_ignore_ascii_case(IDEMPOTENT_REPLAYED))
         .map(|(n, v)| (n.as_str(), v.as_slice()))
         .chain(core::iter::once((IDEMPOTENT_REPLAYED, &b"true"[..])))
 }

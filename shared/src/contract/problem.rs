@@ -205,6 +205,15 @@ impl Rejection {
         )
     }
 
+    /// The execution ended without an answer (its task was lost): nothing is known of
+    /// its outcome, and its claim is left to its lease.
+    pub fn execution_lost() -> Rejection {
+        Rejection::with_detail(
+            Problem::HandlerPanicked,
+            "the execution ended without an answer; its outcome is unknown",
+        )
+    }
+
     /// An answer too large to keep, stored in its place: the request's result.
     pub fn response_not_stored(limit: usize) -> Rejection {
         Rejection::with_detail(

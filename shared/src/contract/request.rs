@@ -58,9 +58,14 @@ pub fn listed(paths: &[impl AsRef<str>], path: &str) -> bool {
 /// before a byte of it is read. An unparsable length is left to the runtime's body
 /// reader, which counts what actually arrives against the same limit.
 pub fn check_declared_length(content_length: Option<&[u8]>, limit: usize) -> Result<(), Rejection> {
-    let declared = content_length.and_then(|v| super::parse_digits(super::trim_ows(v), 20));
-    match declared {
+    let Some(value) = content_length.map(super::trim_ows) else {
+        return Ok(());
+    };
+    let all_digits = !value.is_empty() && value.iter().all(u8::is_ascii_digit);
+    match super::parse_digits(value, usize::MAX) {
         Some(n) if n > limit as u64 => Err(Rejection::body_too_large(limit)),
+        // More digits than a u64 holds: larger than any limit.
+        None if all_digits => Err(Rejection::body_too_large(limit)),
         _ => Ok(()),
     }
 }
@@ -162,8 +167,8 @@ mod tests {
         );
         assert_eq!(
             check_declared_length(Some(b"99999999999999999999999"), 10),
-            Ok(()),
-            "unparsable: the reader counts"
+            Err(Rejection::body_too_large(10)),
+            "past u64: larger than any limit"
         );
         assert_eq!(check_declared_length(Some(b"x"), 10), Ok(()));
     }

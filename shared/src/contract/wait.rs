@@ -11,7 +11,17 @@ pub const MAX_POLL_MS: u64 = 200;
 /// The `wait` preference of one `Prefer` header value, in seconds, if present and
 /// well-formed. With several `wait` preferences the first wins, as RFC 7240 says.
 pub fn prefer_wait(prefer: &[u8]) -> Option<u64> {
-    for pref in prefer.split(|&b| b == b',') {
+    first_wait([prefer])?
+}
+
+/// The first `wait` preference across `values` (repeated `Prefer` headers read as one
+/// folded list, as a runtime that folds them hands them over): `None` when there is
+/// none, `Some(None)` when the first one is malformed.
+fn first_wait<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Option<Option<u64>> {
+    for pref in values
+        .into_iter()
+        .flat_map(|value| value.split(|&b| b == b','))
+    {
         // A preference may carry parameters after ';' — only its head matters here.
         let head = pref.split(|&b| b == b';').next().unwrap_or(pref);
         let mut kv = head.splitn(2, |&b| b == b'=');
@@ -19,22 +29,25 @@ pub fn prefer_wait(prefer: &[u8]) -> Option<u64> {
         if !name.eq_ignore_ascii_case(b"wait") {
             continue;
         }
-        let value = super::trim_ows(kv.next()?);
+        let Some(value) = kv.next() else {
+            return Some(None);
+        };
+        let value = super::trim_ows(value);
         let value = value
             .strip_prefix(b"\"")
             .and_then(|v| v.strip_suffix(b"\""))
             .unwrap_or(value);
-        return super::parse_digits(value, 9);
+        return Some(super::parse_digits(value, 9));
     }
     None
 }
 
 /// How long a request may wait for the attempt holding its key, in ms: the first
-/// well-formed `wait` of its `Prefer` headers, capped at `max_wait_ms`; 0 without one.
+/// `wait` preference of its `Prefer` headers (all of them, in order, as one list),
+/// capped at `max_wait_ms`; 0 without one or when it is malformed.
 pub fn wait_ms<'a>(prefer: impl IntoIterator<Item = &'a [u8]>, max_wait_ms: u64) -> u64 {
-    prefer
-        .into_iter()
-        .find_map(prefer_wait)
+    first_wait(prefer)
+        .flatten()
         .map_or(0, |secs| secs.saturating_mul(1000).min(max_wait_ms))
 }
 
@@ -91,6 +104,25 @@ mod tests {
         assert_eq!(wait_ms([&b"wait=1"[..]], 2_000), 1_000);
         assert_eq!(wait_ms([&b"wait=60"[..]], 2_000), 2_000);
         assert_eq!(wait_ms([&b"return=minimal"[..], b"wait=2"], 9_000), 2_000);
+        // Repeated headers read as the folded list a runtime may hand over instead.
+        for (separate, folded) in [
+            (&[&b"wait=x"[..], b"wait=5"][..], &b"wait=x, wait=5"[..]),
+            (&[&b"wait=3"[..], b"wait=5"][..], &b"wait=3, wait=5"[..]),
+            (
+                &[&b"respond-async"[..], b"wait"][..],
+                &b"respond-async, wait"[..],
+            ),
+        ] {
+            assert_eq!(
+                wait_ms(separate.iter().copied(), 9_000),
+                wait_ms([folded], 9_000)
+            );
+        }
+        assert_eq!(
+            wait_ms([&b"wait=x"[..], b"wait=5"], 9_000),
+            0,
+            "the first one counts"
+        );
         assert_eq!(wait_ms([&b"wait=999999999"[..]], u64::MAX), 999_999_999_000);
         assert_eq!(wait_ms([], 2_000), 0);
     }
