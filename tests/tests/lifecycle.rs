@@ -5,6 +5,7 @@
 
 use idem::idempotency::IdempotencyLayer;
 use idem::store::postgres::PgOptions;
+use idem::store::StoreExt;
 use idem::store::{PostgresStore, Store};
 use idem_tests::procs::PgProc;
 use idem_tests::{charge_body, client, post_charge, report, OriginProcess, TestDb, TestOrigin};

@@ -7,6 +7,7 @@ use idem::store::{
     CasRecords, Durability, MemoryStore, PostgresStore, RedisStore, ReplayCache, Stamp, Store,
     Swap, TieredStore,
 };
+use idem::store::{HolderWrite, StoreExt};
 use idem_core::{
     decide, Decision, Fingerprint, IdempotencyKey, Policy, Record, RecordKey, Refusal, Scope,
     StoredResponse,
@@ -78,7 +79,7 @@ async fn conformance(store: &dyn Store) {
             .heartbeat(&k, &first.holder(), now(), &P)
             .await
             .unwrap(),
-        Ok(())
+        HolderWrite::Written
     );
     sleep_ms(600).await; // past the first lease, within the renewed one
     let renewed = lease_until(&store.claim(&k, &FP, now(), &P).await.unwrap());
@@ -93,7 +94,7 @@ async fn conformance(store: &dyn Store) {
         panic!("takeover")
     };
     assert!(second.token > first.token);
-    let fenced = Err(Refusal::Fenced {
+    let fenced = HolderWrite::Refused(Refusal::Fenced {
         current: second.token,
     });
     assert_eq!(
@@ -120,7 +121,7 @@ async fn conformance(store: &dyn Store) {
             .complete(&k, &second.holder(), response("won"), now(), &P)
             .await
             .unwrap(),
-        Ok(())
+        HolderWrite::Written
     );
     assert_eq!(
         store.claim(&k, &FP, now(), &P).await.unwrap(),
@@ -136,7 +137,7 @@ async fn conformance(store: &dyn Store) {
             .complete(&k, &second.holder(), response("won"), now(), &P)
             .await
             .unwrap(),
-        Ok(())
+        HolderWrite::Written
     );
     assert!(store
         .get(&k)
@@ -151,7 +152,7 @@ async fn conformance(store: &dyn Store) {
     };
     assert_eq!(
         store.release(&r, &c.holder(), now(), &P).await.unwrap(),
-        Ok(())
+        HolderWrite::Written
     );
     sleep_ms(5).await;
     let Decision::Execute(again) = store.claim(&r, &OTHER, now(), &P).await.unwrap() else {
@@ -163,7 +164,7 @@ async fn conformance(store: &dyn Store) {
             .complete(&r, &c.holder(), response("stale"), now(), &P)
             .await
             .unwrap(),
-        Err(Refusal::Fenced {
+        HolderWrite::Refused(Refusal::Fenced {
             current: again.token
         })
     );
@@ -193,7 +194,7 @@ async fn takeover_swap_sees_the_holder_finish(store: &(impl Store + CasRecords))
             "complete" => store.complete(&k, &holder, response("slow"), now(), &P),
             _ => store.heartbeat(&k, &holder, now(), &P),
         };
-        assert_eq!(wrote.await.unwrap(), Ok(()));
+        assert_eq!(wrote.await.unwrap(), HolderWrite::Written);
         let expected = retry.replaces.as_ref().expect("takeover names the record");
         let (swap, _) = store
             .replace(&k, expected, &retry.record, Stamp::new(now(), &P))
@@ -352,7 +353,7 @@ async fn replay_cache_answers_completed_keys_until_they_expire() {
             .complete(&k, &c2.holder(), response("done"), t + 3, &P)
             .await
             .unwrap(),
-        Ok(())
+        HolderWrite::Written
     );
     // Completed: answered from memory — with the row gone from Postgres, still replayed,
     // and a different request with the key still refused.
@@ -389,7 +390,7 @@ async fn replay_cache_learns_from_the_store_and_stays_within_its_budget() {
         };
         let holder = c.holder();
         let done = store.complete(k, &holder, response(&big), t + 1, &P);
-        assert_eq!(done.await.unwrap(), Ok(()));
+        assert_eq!(done.await.unwrap(), HolderWrite::Written);
     }
     // 50 kB: room for four of the twenty 10 kB answers, not for all of them.
     let cache = ReplayCache::new(store, 50_000);

@@ -2,7 +2,7 @@
 //! under a higher fencing token, and the dead holder's late writes are refused.
 
 use idem::store::postgres::PgOptions;
-use idem::store::{PostgresStore, Store};
+use idem::store::{HolderWrite, PostgresStore, StoreExt};
 use idem_core::{
     Decision, Fingerprint, IdempotencyKey, Policy, RecordKey, RequestParts, Scope, StoredResponse,
 };
@@ -141,19 +141,22 @@ async fn a_fenced_holder_cannot_complete_renew_or_release() {
         .await
         .unwrap();
     assert!(
-        matches!(refused, Err(idem_core::Refusal::Fenced { .. })),
+        matches!(
+            refused,
+            HolderWrite::Refused(idem_core::Refusal::Fenced { .. })
+        ),
         "{refused:?}"
     );
-    assert!(store
+    assert!(!store
         .heartbeat(&record_key, &stale.holder(), now, &short)
         .await
         .unwrap()
-        .is_err());
-    assert!(store
+        .is_written());
+    assert!(!store
         .release(&record_key, &stale.holder(), now, &short)
         .await
         .unwrap()
-        .is_err());
+        .is_written());
 
     let replay = post_charge(&http, &origin.url(""), Some("late-1"), &body).await;
     assert_eq!(replay.headers()["idempotent-replayed"], "true");

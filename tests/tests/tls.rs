@@ -3,6 +3,7 @@
 //! refused with a readable error.
 
 use idem::store::postgres::PgOptions;
+use idem::store::StoreExt;
 use idem::store::{PostgresStore, RedisOptions, RedisStore, Store};
 use idem_core::{Decision, Fingerprint, IdempotencyKey, Policy, RecordKey, Scope};
 use idem_tests::procs::{PgProc, RedisProc, TestCa};

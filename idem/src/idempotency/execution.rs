@@ -12,13 +12,14 @@
 use super::response::{answer as stored_answer, refusal};
 use super::{signals, Config};
 use crate::metrics;
+use crate::store::{HolderWrite, StoreExt};
 use axum::body::Body;
 use bytes::Bytes;
 use futures_util::{FutureExt, StreamExt};
 use http::{response::Parts, HeaderValue, Request, Response};
 use http_body_util::BodyExt;
 use idem_core::contract::{self, Disposition, OriginDisposition, Problem, Rejection};
-use idem_core::{Holder, Millis, RecordKey, Refusal, StoredResponse, Transition};
+use idem_core::{Holder, Millis, Record, RecordKey, Refusal, StoredResponse, Transition};
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::panic::AssertUnwindSafe;
@@ -190,14 +191,8 @@ async fn run_to_completion<S>(
         .get::<super::IdempotencyContext>()
         .map(|c| c.key.as_str().to_owned())
         .unwrap_or_default();
-    let unwritten = config.executions.pending(&key, &idempotency_key);
-    // Renews the lease until dropped: after the final write, or on any unwind.
-    let mut heartbeat = Some(Heartbeat::start(
-        config.clone(),
-        key.clone(),
-        holder,
-        lease_lost,
-    ));
+    // Renews the lease until its final write consumes it, or it is dropped on any unwind.
+    let mut guard = ClaimGuard::hold(&config, key.clone(), holder, lease_lost, &idempotency_key);
     let limit = config.max_stored_body_bytes;
     let run = AssertUnwindSafe(async move {
         let res = match inner.oneshot(req).await {
@@ -272,38 +267,9 @@ async fn run_to_completion<S>(
     if change == Transition::Release || committed.is_some() {
         // No renewal after "nothing happened" (a heartbeat landing after the release
         // would lock the freed key again), nor after the transaction completed it.
-        heartbeat.take();
+        guard.stop_renewing();
     }
-    let write = async {
-        match &committed {
-            // The handler's transaction wrote the completion: the tiers in front of the
-            // authority learn it, and nothing is written again.
-            Some(record) => {
-                if let Err(e) = config.store.committed(&key, &holder, record).await {
-                    tracing::warn!(key = %key.as_str(), error = %e, "the store did not take note of a committed completion");
-                }
-                Final::Written(OriginDisposition::Stored {
-                    expires_at: record.expires_at(),
-                })
-            }
-            None => {
-                // The handler opened a transaction and its answer never came back
-                // committed (it was cut off, panicked, or lost the commit's
-                // acknowledgement): the authority says whether the commit landed.
-                if opened.load(Ordering::Acquire) {
-                    if let Some(committed) = committed_meanwhile(&config, &key, &holder).await {
-                        return committed;
-                    }
-                }
-                let op = if change == Transition::Release {
-                    "release"
-                } else {
-                    "complete"
-                };
-                write_final(&config, &key, &holder, &change, op).await
-            }
-        }
-    };
+    let write = guard.finish(change, committed, opened.load(Ordering::Acquire));
     tokio::pin!(write);
     let landed = tokio::select! {
         landed = &mut write => Some(landed),
@@ -353,8 +319,85 @@ async fn run_to_completion<S>(
     if pending {
         write.await;
     }
-    drop(heartbeat);
-    drop(unwritten);
+}
+
+/// The claim an execution holds, from its claim to its final write: while it lives
+/// the lease is renewed, and the key is counted as unwritten for a graceful shutdown.
+/// The final write ([`ClaimGuard::finish`]) consumes it; dropped on any unwind, it
+/// stops renewing and leaves the key to its lease.
+struct ClaimGuard {
+    config: Arc<Config>,
+    key: RecordKey,
+    holder: Holder,
+    heartbeat: Option<Heartbeat>,
+    _unwritten: Unwritten,
+}
+
+impl ClaimGuard {
+    fn hold(
+        config: &Arc<Config>,
+        key: RecordKey,
+        holder: Holder,
+        lease_lost: CancellationToken,
+        idempotency_key: &str,
+    ) -> ClaimGuard {
+        ClaimGuard {
+            _unwritten: config.executions.pending(&key, idempotency_key),
+            heartbeat: Some(Heartbeat::start(
+                config.clone(),
+                key.clone(),
+                holder,
+                lease_lost,
+            )),
+            config: config.clone(),
+            key,
+            holder,
+        }
+    }
+
+    /// Stops renewing the lease before the final write.
+    fn stop_renewing(&mut self) {
+        self.heartbeat.take();
+    }
+
+    /// Writes the execution's final record — or takes note of the one its handler's
+    /// transaction committed — and gives up the claim.
+    async fn finish(self, change: Transition, committed: Option<Record>, opened: bool) -> Final {
+        let ClaimGuard {
+            config,
+            key,
+            holder,
+            ..
+        } = &self;
+        match &committed {
+            // The handler's transaction wrote the completion: the tiers in front of the
+            // authority learn it, and nothing is written again.
+            Some(record) => {
+                if let Err(e) = config.store.committed(key, holder, record).await {
+                    tracing::warn!(key = %key.as_str(), error = %e, "the store did not take note of a committed completion");
+                }
+                Final::Written(OriginDisposition::Stored {
+                    expires_at: record.expires_at(),
+                })
+            }
+            None => {
+                // The handler opened a transaction and its answer never came back
+                // committed (it was cut off, panicked, or lost the commit's
+                // acknowledgement): the authority says whether the commit landed.
+                if opened {
+                    if let Some(committed) = committed_meanwhile(config, key, holder).await {
+                        return committed;
+                    }
+                }
+                let op = if change == Transition::Release {
+                    "release"
+                } else {
+                    "complete"
+                };
+                write_final(config, key, holder, &change, op).await
+            }
+        }
+    }
 }
 
 /// The answer's body as the client gets it.
@@ -445,7 +488,7 @@ async fn write_final(
         let now = store.now();
         let write = store.write_as_holder(key, holder, change, now, &config.policy);
         match metrics::timed(store.name(), op, write).await {
-            Ok(Ok(())) => {
+            Ok(HolderWrite::Written) => {
                 if failures > 0 {
                     tracing::info!(key = %key.as_str(), failures, "{op} written after retries");
                 }
@@ -456,7 +499,7 @@ async fn write_final(
                     },
                 });
             }
-            Ok(Err(Refusal::AlreadyCompleted)) => {
+            Ok(HolderWrite::Refused(Refusal::AlreadyCompleted)) => {
                 if let Ok(record) = store.get(key).await {
                     if let Some(stored) = holder.own_completion(record.as_ref()) {
                         let expires_at = record.as_ref().map_or(0, |r| r.expires_at());
@@ -468,7 +511,7 @@ async fn write_final(
                 tracing::warn!(key = %key.as_str(), "{op} refused: the record is completed");
                 return Final::Fenced;
             }
-            Ok(Err(refusal)) => {
+            Ok(HolderWrite::Refused(refusal)) => {
                 metrics::fenced(op);
                 tracing::warn!(key = %key.as_str(), %refusal, "{op} refused: another attempt owns this key");
                 return Final::Fenced;
@@ -551,13 +594,13 @@ async fn keep_alive(
             }
         };
         match outcome {
-            Ok(Ok(Ok(()))) => {
+            Ok(Ok(HolderWrite::Written)) => {
                 renewed_at = sent;
                 wait = every;
             }
             // This holder's own completion landed (the handler's transaction): done.
-            Ok(Ok(Err(Refusal::AlreadyCompleted))) => return,
-            Ok(Ok(Err(refusal))) => {
+            Ok(Ok(HolderWrite::Refused(Refusal::AlreadyCompleted))) => return,
+            Ok(Ok(HolderWrite::Refused(refusal))) => {
                 metrics::fenced("heartbeat");
                 if !lease_lost.is_cancelled() {
                     metrics::lease_lost();

@@ -6,7 +6,7 @@ use super::response::{refusal, replay};
 use super::transaction::Completion;
 use super::{Config, IdempotencyContext};
 use crate::metrics::{self, Outcome};
-use crate::store::StoreError;
+use crate::store::{StoreError, StoreExt};
 use axum::body::Body;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;

@@ -113,7 +113,7 @@ impl Store for ReplayCache {
             .inner
             .write_as_holder(key, holder, change, now, policy)
             .await?;
-        if let (Ok(()), Transition::Complete(_)) = (&written, change) {
+        if let (HolderWrite::Written, Transition::Complete(_)) = (&written, change) {
             // The record the store writes is the core's, so the cache can make the same
             // (its expiry within the store's clock tolerance).
             self.keep(key, change.record(holder, now, policy));

@@ -72,13 +72,13 @@ impl Store for MemoryStore {
         // The process's clock is this store's clock: `now` needs no check.
         let mut map = self.lock();
         if holder.already_wrote(map.get(key), change) {
-            return Ok(Ok(()));
+            return Ok(HolderWrite::Written);
         }
         if let Err(refusal) = holder.check(map.get(key)) {
-            return Ok(Err(refusal));
+            return Ok(HolderWrite::Refused(refusal));
         }
         map.insert(key.clone(), change.record(holder, now, policy));
-        Ok(Ok(()))
+        Ok(HolderWrite::Written)
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {

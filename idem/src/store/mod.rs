@@ -66,11 +66,29 @@ impl fmt::Display for StoreError {
 
 impl std::error::Error for StoreError {}
 
-/// The outcome of a holder's write: done, or refused by the core's precondition.
-pub type HolderWrite = Result<(), Refusal>;
+/// What a holder's write (heartbeat, completion, release) came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HolderWrite {
+    /// The record is written.
+    Written,
+    /// The core's precondition refused it ([`idem_core::Holder::check`]): the key
+    /// belongs to a newer attempt, is completed, or is gone.
+    Refused(Refusal),
+}
 
-/// A record store. Implementations must make each method atomic with respect to
-/// every other call on the same key, across processes.
+impl HolderWrite {
+    /// Whether the record is written.
+    pub fn is_written(self) -> bool {
+        self == HolderWrite::Written
+    }
+}
+
+/// A record store: the primitives only. Implementations must make each method atomic
+/// with respect to every other call on the same key, across processes.
+///
+/// The operations a caller uses — claim, heartbeat, complete, release — are
+/// [`StoreExt`]'s, derived from these primitives for every store alike: a store
+/// cannot override them, by accident or otherwise.
 ///
 /// Time: every `now` is a reading of *the store's* clock ([`Store::now`]). Shared
 /// stores judge leases and expiries on their own clock: they decide over an existing
@@ -95,10 +113,10 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
-    /// Tells the store that `record`, the holder's completion, was committed in
-    /// [`Store::authority`] by the handler's transaction: tiers in front of the
-    /// authority (the tiered store's Redis) learn it here. Best effort: a tier that
-    /// misses it asks the authority before anything runs again.
+    /// Tells the store that `record`, the holder's completion, was committed in the
+    /// authority by the handler's transaction: tiers in front of the authority (the
+    /// tiered store's Redis) learn it here. Best effort: a tier that misses it asks
+    /// the authority before anything runs again.
     async fn committed(
         &self,
         key: &RecordKey,
@@ -110,23 +128,9 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// Reads the key's record, asks [`idem_core::decide`], and when the decision is a
-    /// claim, writes it — all as one atomic step. Returns the decision.
-    async fn claim(
-        &self,
-        key: &RecordKey,
-        fingerprint: &Fingerprint,
-        now: Millis,
-        policy: &Policy,
-    ) -> Result<Decision, StoreError> {
-        Ok(self
-            .claim_with_record(key, fingerprint, now, policy)
-            .await?
-            .0)
-    }
-
-    /// [`Store::claim`], also returning the record it leaves stored when the store
-    /// read or wrote it anyway (a replay's completed record is what [`ReplayCache`]
-    /// keeps), or `None` when it has none at hand.
+    /// claim, writes it — all as one atomic step. Returns the decision and the record
+    /// it leaves stored when the store read or wrote it anyway (a replay's completed
+    /// record is what [`ReplayCache`] keeps), or `None` when it has none at hand.
     async fn claim_with_record(
         &self,
         key: &RecordKey,
@@ -147,6 +151,41 @@ pub trait Store: Send + Sync + 'static {
         now: Millis,
         policy: &Policy,
     ) -> Result<HolderWrite, StoreError>;
+
+    /// Reads the key's record, expired or not.
+    async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError>;
+
+    /// Deletes up to `batch` records that expired strictly before `now` (and before
+    /// the store's own clock); returns how many.
+    async fn sweep(&self, now: Millis, batch: usize) -> Result<u64, StoreError>;
+
+    /// Checks that the backend answers.
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Writes out anything buffered (the async tiered store's outbox) and stops
+    /// buffering; called once at shutdown.
+    async fn flush(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// The operations every [`Store`] has, derived from its primitives (implemented for
+/// every store; there is nothing to implement).
+#[async_trait]
+pub trait StoreExt: Store {
+    /// [`Store::claim_with_record`]'s decision.
+    async fn claim(
+        &self,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
+        now: Millis,
+        policy: &Policy,
+    ) -> Result<Decision, StoreError> {
+        Ok(self
+            .claim_with_record(key, fingerprint, now, policy)
+            .await?
+            .0)
+    }
 
     /// Renews the holder's lease.
     async fn heartbeat(
@@ -184,23 +223,9 @@ pub trait Store: Send + Sync + 'static {
         self.write_as_holder(key, holder, &Transition::Release, now, policy)
             .await
     }
-
-    /// Reads the key's record, expired or not.
-    async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError>;
-
-    /// Deletes up to `batch` records that expired strictly before `now` (and before
-    /// the store's own clock); returns how many.
-    async fn sweep(&self, now: Millis, batch: usize) -> Result<u64, StoreError>;
-
-    /// Checks that the backend answers.
-    async fn ping(&self) -> Result<(), StoreError>;
-
-    /// Writes out anything buffered (the async tiered store's outbox) and stops
-    /// buffering; called once at shutdown.
-    async fn flush(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
 }
+
+impl<S: Store + ?Sized> StoreExt for S {}
 
 /// What an insert-if-absent found.
 #[derive(Debug)]

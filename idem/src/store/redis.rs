@@ -442,7 +442,7 @@ impl RedisStore {
             }
         })
         .await?;
-        if written.is_ok() {
+        if written.is_written() {
             self.wait_for_replicas(key).await?;
         }
         Ok(written)

@@ -86,14 +86,14 @@ where
     let mut at = Stamp::new(now, policy);
     for _ in 0..MAX_SKEW_ROUNDS {
         match write(change.record(holder, at.now, policy), at).await? {
-            Written::Done => return Ok(Ok(())),
+            Written::Done => return Ok(HolderWrite::Written),
             Written::Refused(current) => {
                 if holder.already_wrote(current.as_ref(), change) {
                     // An earlier attempt whose answer was lost had landed.
-                    return Ok(Ok(()));
+                    return Ok(HolderWrite::Written);
                 }
                 return match holder.check(current.as_ref()) {
-                    Err(refusal) => Ok(Err(refusal)),
+                    Err(refusal) => Ok(HolderWrite::Refused(refusal)),
                     // Tokens only grow, so the record can't have changed back; report
                     // contention rather than guess.
                     Ok(()) => Err(StoreError::Contention),

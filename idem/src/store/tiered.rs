@@ -170,7 +170,7 @@ impl TieredStore {
                     .pg
                     .holder_write(key, holder, change, now, policy)
                     .await?;
-                if written.is_ok() {
+                if written.is_written() {
                     self.mirror(key, None, &next, Stamp::new(now, policy)).await;
                 }
                 Ok(written)
@@ -200,22 +200,25 @@ impl TieredStore {
                         return Err(e);
                     }
                 };
-                if written == Err(Refusal::Missing) {
+                if written == HolderWrite::Refused(Refusal::Missing) {
                     // Redis lost the record (failover, flush) after it was written behind:
                     // the authority decides whether this holder still owns the key. (A
                     // refusal as fenced is final: the newer claim may be a legitimate one
                     // not yet written behind, which Postgres can't tell from a stale one.)
                     let authority = self.pg.get_record(key).await?;
-                    written = holder.check(authority.as_ref());
-                    if holder.already_wrote(authority.as_ref(), change) {
-                        written = Ok(());
-                    }
-                    if written.is_ok() {
+                    written = match holder.check(authority.as_ref()) {
+                        _ if holder.already_wrote(authority.as_ref(), change) => {
+                            HolderWrite::Written
+                        }
+                        Ok(()) => HolderWrite::Written,
+                        Err(refusal) => HolderWrite::Refused(refusal),
+                    };
+                    if written.is_written() {
                         metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
                         self.redis.mirror(key, &next).await?;
                     }
                 }
-                match (written.is_ok(), slot) {
+                match (written.is_written(), slot) {
                     (true, Some(slot)) => slot.send(key.clone(), next),
                     (true, None) => {
                         metrics::counter!("idem_outbox_skipped_heartbeats_total").increment(1)

@@ -321,9 +321,8 @@ impl FencedTransaction {
         response: StoredResponse,
         policy: &Policy,
     ) -> Result<Record, CommitError> {
-        let written = self.write_completion(response, policy).await;
-        match written {
-            Ok(Ok(record)) => {
+        match self.write_completion(response, policy).await {
+            Ok(record) => {
                 let committed = {
                     let client = self.client();
                     self.authority
@@ -344,23 +343,24 @@ impl FencedTransaction {
                     }
                 }
             }
-            Ok(Err(refusal)) => {
+            Err(CommitError::Refused(refusal)) => {
                 self.rollback().await;
                 Err(CommitError::Refused(refusal))
             }
-            Err(e) => {
+            Err(failed) => {
                 self.discard();
-                Err(CommitError::Failed(e))
+                Err(failed)
             }
         }
     }
 
-    /// The completion, at the database's time, under the core's precondition.
+    /// The completion, at the database's time, under the core's precondition: the
+    /// record written, or why not (refused, or failed).
     async fn write_completion(
         &self,
         response: StoredResponse,
         policy: &Policy,
-    ) -> Result<Result<Record, Refusal>, StoreError> {
+    ) -> Result<Record, CommitError> {
         let authority = &self.authority;
         let mut at = Stamp::new(authority.clock.now(), policy);
         for _ in 0..MAX_ROUNDS {
@@ -370,31 +370,36 @@ impl FencedTransaction {
                     "the completion",
                     run_holder_write(self.client(), &self.key, &self.holder, &next, at),
                 )
-                .await?;
+                .await
+                .map_err(CommitError::Failed)?;
             let store_now = self.observe(store_now);
             if written {
-                return Ok(Ok(next));
+                return Ok(next);
             }
             if !at.accepted_by(store_now) {
                 at = at.at(store_now);
                 continue;
             }
-            let mut current = current.map(|b| decode(&b)).transpose()?;
+            let mut current = current
+                .map(|b| decode(&b))
+                .transpose()
+                .map_err(CommitError::Failed)?;
             if self.holder.check(current.as_ref()).is_ok() {
                 // The statement's snapshot predates the change that refused it (a
                 // takeover committed while it waited): look again.
                 // (A statement of its own reads a new snapshot.)
                 current = authority
                     .bounded("a read", read_record(self.client(), GET, &self.key))
-                    .await?;
+                    .await
+                    .map_err(CommitError::Failed)?;
             }
             return match self.holder.check(current.as_ref()) {
-                Err(refusal) => Ok(Err(refusal)),
+                Err(refusal) => Err(CommitError::Refused(refusal)),
                 // Tokens only grow: the record can't have changed back.
-                Ok(()) => Err(StoreError::Contention),
+                Ok(()) => Err(CommitError::Failed(StoreError::Contention)),
             };
         }
-        Err(StoreError::Contention)
+        Err(CommitError::Failed(StoreError::Contention))
     }
 }
 
