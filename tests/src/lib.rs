@@ -10,6 +10,7 @@
 pub mod origin;
 pub mod postgres;
 pub mod procs;
+pub mod proof;
 pub mod proxy;
 pub mod redis;
 

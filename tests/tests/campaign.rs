@@ -16,7 +16,7 @@
 //! the nemesis' choices) and one summary line per workload.
 
 use idem_tests::procs::{PgProc, RedisClusterProc};
-use idem_tests::{charge_body, client, report, OriginProcess};
+use idem_tests::{charge_body, client, proof, report, OriginProcess};
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Child;
 use std::sync::{Arc, Mutex};
@@ -426,6 +426,8 @@ struct Verdict {
     divergent: usize,
     unreplayable: usize,
     faults: usize,
+    /// The run in one line, for README.
+    summary: String,
 }
 
 async fn run(workload: Workload) -> Verdict {
@@ -538,6 +540,17 @@ async fn run(workload: Workload) -> Verdict {
             unreplayable.push(key.clone());
         }
     }
+    let summary = format!(
+        "{}: seed={seed} {secs}s keys={} executions={total} duplicated={} divergent={} unreplayable={} faults={} crash_window={}",
+        workload.name(),
+        keys.len(),
+        duplicated.len(),
+        divergent.len(),
+        unreplayable.len(),
+        faults.log.len(),
+        crash_window.len(),
+    );
+    let line = format!("{summary}; answers {:?}", history.statuses);
     let verdict = Verdict {
         keys: keys.len(),
         executions: total,
@@ -545,19 +558,8 @@ async fn run(workload: Workload) -> Verdict {
         divergent: divergent.len(),
         unreplayable: unreplayable.len(),
         faults: faults.log.len(),
+        summary,
     };
-    let line = format!(
-        "{}: seed={seed} {secs}s keys={} executions={} duplicated={} divergent={} unreplayable={} faults={} crash_window={}; answers {:?}",
-        workload.name(),
-        verdict.keys,
-        verdict.executions,
-        verdict.duplicated,
-        verdict.divergent,
-        verdict.unreplayable,
-        verdict.faults,
-        crash_window.len(),
-        history.statuses
-    );
     report("campaign", &line);
     for l in &faults.log {
         report("campaign", &format!("  {}: nemesis: {l}", workload.name()));
@@ -572,24 +574,27 @@ async fn run(workload: Workload) -> Verdict {
     verdict
 }
 
-fn assert_exactly_once(v: &Verdict) {
+/// Asserts the verdict, then records it as README's row `id`.
+fn assert_exactly_once(v: &Verdict, id: &str) {
     assert!(v.faults > 0, "the nemesis did something");
     assert!(v.executions > 0, "the workload ran");
+    assert!(v.keys > 0, "keys were sent");
     assert_eq!(
         (v.duplicated, v.divergent, v.unreplayable),
         (0, 0, 0),
         "duplicated, divergent, unreplayable keys"
     );
+    proof::record("campaign", id, &[&v.summary]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn campaign_postgres() {
-    assert_exactly_once(&run(Workload::Postgres).await);
+    assert_exactly_once(&run(Workload::Postgres).await, "postgres");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn campaign_tiered_sync() {
-    assert_exactly_once(&run(Workload::TieredSync).await);
+    assert_exactly_once(&run(Workload::TieredSync).await, "tiered-sync");
 }
 
 /// Async mode's window (a claim lost with a Redis master before replication and
@@ -598,5 +603,5 @@ async fn campaign_tiered_sync() {
 /// standard.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn campaign_tiered_async() {
-    assert_exactly_once(&run(Workload::TieredAsync).await);
+    assert_exactly_once(&run(Workload::TieredAsync).await, "tiered-async");
 }

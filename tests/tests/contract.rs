@@ -87,6 +87,28 @@ mod on_tiered_async {
     contract_rows!(super::tiered_async);
 }
 
+/// README's row for the release rule, once it held on every store.
+#[tokio::test]
+async fn the_release_rule_holds_on_every_store() {
+    let memory: Arc<dyn Store> = Arc::new(idem::store::MemoryStore::new());
+    rows::gateway_errors_and_no_store_answers_are_the_result(memory).await;
+    let (store, _db) = postgres("").await;
+    rows::gateway_errors_and_no_store_answers_are_the_result(store).await;
+    let (store, _) = redis("").await;
+    rows::gateway_errors_and_no_store_answers_are_the_result(store).await;
+    let (store, _) = redis_cluster("").await;
+    rows::gateway_errors_and_no_store_answers_are_the_result(store).await;
+    let (store, _db) = tiered_sync("").await;
+    rows::gateway_errors_and_no_store_answers_are_the_result(store).await;
+    let (store, _db) = tiered_async("").await;
+    rows::gateway_errors_and_no_store_answers_are_the_result(store).await;
+    idem_tests::proof::record(
+        "faults",
+        "gateway-results",
+        &["each stored and replayed, 1 effect (memory, postgres, redis, redis cluster, tiered sync and async)"],
+    );
+}
+
 #[tokio::test]
 async fn store_unreachable_is_503_and_the_handler_never_runs_then_it_recovers() {
     let db = TestDb::new("unreachable").await;

@@ -2,7 +2,7 @@
 //! front of an origin on real Postgres. Needs the worker built (`scripts/test` does it:
 //! `edge/build/`) and `edge/node_modules` (scripts/edge-toolchain).
 
-use idem_tests::{charge_body, client, report, TestDb, TestOrigin};
+use idem_tests::{charge_body, client, proof, report, TestDb, TestOrigin};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -222,6 +222,15 @@ async fn the_edge_charges_once_replays_and_survives_losing_its_state() {
         KEYS as i64,
         "exactly one charge per key through the edge"
     );
+    // The edge itself answered the retries (an edge that forwarded everything would
+    // pass the charge count alone: the origin dedups too).
+    let at_edge = race.get("409 refused").copied().unwrap_or(0)
+        + race.get("201 replayed").copied().unwrap_or(0);
+    assert!(
+        at_edge >= KEYS * (RETRIES - 1) * 9 / 10,
+        "the edge answered {at_edge} of {} retries itself: {race:?}",
+        KEYS * (RETRIES - 1)
+    );
 
     // Replays at the edge, with the header; mismatch and malformed keys refused there.
     let mut replays = BTreeMap::new();
@@ -350,6 +359,22 @@ async fn the_edge_charges_once_replays_and_survives_losing_its_state() {
             KEYS,
             KEYS
         ),
+    );
+    let doubled = db
+        .count("SELECT count(*) FROM (SELECT idempotency_key FROM charges GROUP BY 1 HAVING count(*) > 1) d")
+        .await;
+    assert_eq!(doubled, 0);
+    let tallied = |m: &BTreeMap<String, usize>| proof::counts(m.iter().map(|(k, n)| (k, *n)));
+    let answers = format!(
+        "{} (status and what the edge did); retries: {}; after an edge restart with empty state: {}",
+        tallied(&race),
+        tallied(&replays),
+        tallied(&after)
+    );
+    proof::record(
+        "race",
+        "edge",
+        &[&KEYS.to_string(), &doubled.to_string(), &answers],
     );
 }
 

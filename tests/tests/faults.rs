@@ -7,14 +7,19 @@ use idem::store::{PostgresStore, RedisOptions, RedisStore, Store};
 use idem_core::{IdempotencyKey, RecordKey, Scope};
 use idem_tests::procs::{redis_cli, PgProc, RedisClusterProc, RedisProc};
 use idem_tests::{
-    charge_body, client, post_charge, redis_url, report, unique_namespace, OriginProcess, TestDb,
-    TestOrigin,
+    charge_body, client, post_charge, proof, redis_url, report, unique_namespace, OriginProcess,
+    TestDb, TestOrigin,
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 type Answers = BTreeMap<u16, usize>;
+
+/// Answers as README shows them.
+fn shown(answers: &Answers) -> String {
+    proof::counts(answers.iter().map(|(s, n)| (s, *n)))
+}
 
 fn count(answers: &mut Answers, status: u16) {
     *answers.entry(status).or_insert(0) += 1;
@@ -162,6 +167,7 @@ async fn killing_a_cluster_master_mid_race_loses_nothing_in_sync_mode() {
             ),
         );
         assert_eq!(charged_keys, all.len() as i64, "every key was charged");
+        assert!(during.contains_key(&201), "the load made progress");
         if durability == "sync" {
             assert_eq!(
                 charges,
@@ -169,8 +175,31 @@ async fn killing_a_cluster_master_mid_race_loses_nothing_in_sync_mode() {
                 "sync: exactly one charge per key through a failover"
             );
             assert_eq!(doubled, 0);
+            assert!(
+                !during.contains_key(&503),
+                "sync: Postgres answers while Redis fails over, no 503: {during:?}"
+            );
+            proof::record(
+                "faults",
+                "failover-sync",
+                &[&format!(
+                    "{charges} charges for {} keys, {doubled} doubled; no 503 (answers {}: Postgres answered while Redis failed over, {failover:.1?})",
+                    all.len(),
+                    shown(&during)
+                )],
+            );
+        } else {
+            proof::record(
+                "faults",
+                "failover-async",
+                &[&format!(
+                    "{charges} charges for {} keys, {doubled} doubled (measured); answers {} during the failover ({failover:.1?}), then {}",
+                    all.len(),
+                    shown(&during),
+                    shown(&after)
+                )],
+            );
         }
-        assert!(during.contains_key(&201), "the load made progress");
         tokio::task::block_in_place(|| {
             cluster.nodes[victim].restart();
             cluster.wait_ok(Duration::from_secs(30));
@@ -182,6 +211,7 @@ async fn killing_a_cluster_master_mid_race_loses_nothing_in_sync_mode() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn flushing_redis_mid_run_replays_completed_keys_from_postgres() {
     let redis = tokio::task::block_in_place(|| RedisProc::start("flush"));
+    let mut results = Vec::new();
     for durability in ["sync", "async"] {
         let db = TestDb::new(&format!("flush_{durability}")).await;
         let ns = unique_namespace("flush");
@@ -272,7 +302,17 @@ async fn flushing_redis_mid_run_replays_completed_keys_from_postgres() {
                 "sync: no double charge when Redis loses everything"
             );
         }
+        let asserted = if durability == "sync" {
+            ""
+        } else {
+            " (measured)"
+        };
+        results.push(format!(
+            "{durability}: {replayed}/{} completed keys replayed from Postgres, {charges} charges for {total} keys, {doubled} doubled{asserted}",
+            done.len()
+        ));
     }
+    proof::record("faults", "flushall", &[&results.join("; ")]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -332,6 +372,15 @@ async fn stopping_postgres_answers_503_and_the_origin_recovers_without_a_restart
     for key in before.iter().chain(&down_keys) {
         assert_eq!(ledger.count_for_key(key), 1, "{key}");
     }
+    proof::record(
+        "faults",
+        "postgres-stop",
+        &[&format!(
+            "answers while down {}, `/readyz` {}, {charged_while_down} charges while down; recovered without a restart, 1 charge per key",
+            shown(&during),
+            readyz.as_u16()
+        )],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -375,6 +424,14 @@ async fn redis_gone_in_redis_mode_answers_503_and_recovers() {
     for key in &down_keys {
         assert_eq!(ledger.count_for_key(key), 1, "{key}");
     }
+    proof::record(
+        "faults",
+        "redis-kill",
+        &[&format!(
+            "answers while gone {}, {charged_while_down} charges; recovered when it came back, 1 charge per key",
+            shown(&during)
+        )],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -488,6 +545,14 @@ async fn sigterm_during_async_load_flushes_the_outbox() {
         "some requests completed before the signal"
     );
     assert_eq!(missing, 0, "every completed answer reached Postgres");
+    proof::record(
+        "faults",
+        "sigterm-async-load",
+        &[&format!(
+            "clean exit {shutdown:.1?} after the signal; {} answered 201, {missing} of them missing from Postgres",
+            completed.len()
+        )],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -565,4 +630,14 @@ async fn a_full_outbox_refuses_claims_with_503_until_postgres_keeps_up() {
         "once unblocked, every key was charged once"
     );
     assert_eq!(written, all.len() as i64);
+    proof::record(
+        "faults",
+        "outbox-full",
+        &[&format!(
+            "{} keys answered {}, the handler ran {executed_while_full} times; all {} settled afterwards, {written} completions in Postgres",
+            all.len(),
+            shown(&answers),
+            all.len()
+        )],
+    );
 }

@@ -8,7 +8,9 @@ use idem::store::postgres::PgOptions;
 use idem::store::StoreExt;
 use idem::store::{PostgresStore, Store};
 use idem_tests::procs::PgProc;
-use idem_tests::{charge_body, client, post_charge, report, OriginProcess, TestDb, TestOrigin};
+use idem_tests::{
+    charge_body, client, post_charge, proof, report, OriginProcess, TestDb, TestOrigin,
+};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -109,6 +111,13 @@ async fn a_store_outage_while_handlers_finish_charges_each_key_once() {
             "{k} is replayable"
         );
     }
+    proof::record(
+        "faults",
+        "outage-while-finishing",
+        &[&format!(
+            "{charges} charges for 40 keys, {doubled} doubled; every key replayed at the end"
+        )],
+    );
 }
 
 /// Defect 2: two replicas on one Postgres, one with its clock 60 s ahead. A long
@@ -190,6 +199,14 @@ async fn a_replica_whose_clock_runs_ahead_never_takes_over_a_live_holder() {
     assert_eq!(charges, 5, "one charge per key");
     assert!(retries.iter().all(|s| *s == 409), "{retries:?}");
     assert_eq!(firsts_done, vec![201; 5]);
+    proof::record(
+        "faults",
+        "clock-ahead",
+        &[&format!(
+            "{n}/{n} retries 409, {charges} charges",
+            n = retries.len()
+        )],
+    );
 }
 
 fn sigterm(child: &std::process::Child) {
@@ -257,6 +274,13 @@ async fn sigterm_finishes_an_execution_whose_client_left() {
     assert!(status.success());
     assert_eq!((retry_status, replayed), (201, true), "a replay at once");
     assert_eq!(charges, 1);
+    proof::record(
+        "faults",
+        "sigterm-client-gone",
+        &[&format!(
+            "exit 0 after {stopped_after:.1?} (the execution and its write awaited); the retry is a replay, {charges} charge"
+        )],
+    );
 }
 
 /// Defect 8: a panic while the response body streams. Before the fix the heartbeat
@@ -309,6 +333,11 @@ async fn a_panic_inside_the_body_is_stored_and_never_pins_the_key() {
     assert_eq!(status, 500);
     assert_eq!(replayed.unwrap(), "true");
     assert_eq!(calls.load(Ordering::SeqCst), 1);
+    proof::record(
+        "faults",
+        "body-panics",
+        &["stored as a 500 problem, replayed 1.5 s later, 1 execution"],
+    );
 }
 
 /// Defect 8: a handler that never finishes. After `max_execution` its outcome is
@@ -564,6 +593,11 @@ async fn tiered_async_asks_the_authority_before_taking_over_a_stale_redis_record
         assert_eq!(charges, 1, "{name}");
         assert_eq!(kept, 1, "{name}: the completion was not buried");
     }
+    proof::record(
+        "faults",
+        "stale-redis",
+        &["the retry replays the completion, 1 charge each — for the claim itself, and for a provisional claim with a higher token"],
+    );
 }
 
 /// Tiered sync: a release whose mirror to Redis failed leaves Redis holding the
@@ -615,6 +649,7 @@ async fn tiered_sync_lets_postgres_decide_over_a_stale_redis_claim() {
     );
     assert_eq!(status, 201, "the corrected retry runs");
     assert_eq!(ledger.count_for_key("fix-sync"), 1);
+    proof::record("faults", "released-in-postgres", &["201, 1 charge"]);
 }
 
 /// Defect 10: an answer larger than the stored-body limit is delivered in full to the
@@ -667,6 +702,11 @@ async fn an_answer_too_large_to_store_is_delivered_and_replayed_as_a_problem() {
         "{text}"
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1);
+    proof::record(
+        "faults",
+        "too-large",
+        &["delivered in full (streamed), replayed as a `response-not-stored` problem, 1 execution"],
+    );
 }
 
 /// Defect 1/5, the bound: SIGTERM while a completion can't be written (Postgres down).
@@ -741,6 +781,13 @@ async fn shutdown_names_the_keys_it_could_not_write_by_the_drain_deadline() {
         "the unwritten key is logged as an error: {named}"
     );
     assert!(log.contains("unwritten=1"), "and counted");
+    proof::record(
+        "faults",
+        "drain-deadline",
+        &[&format!(
+            "the client got its answer marked `pending`; exit after {took:.1?}, the key logged by name and counted"
+        )],
+    );
 }
 
 /// Defect 6: heartbeats must not queue behind claims. Replica A's pool has one
@@ -845,4 +892,11 @@ async fn a_claim_holding_the_pool_does_not_starve_a_holder_s_heartbeats() {
     );
     assert_eq!(retry, "409", "a live holder: in flight");
     assert_eq!(charges, 1, "the live holder was not taken over");
+    proof::record(
+        "faults",
+        "pool-starvation",
+        &[&format!(
+            "409, {charges} charge: A's heartbeats have connections of their own"
+        )],
+    );
 }

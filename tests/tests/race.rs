@@ -3,8 +3,8 @@
 //! shows the test can fail).
 
 use idem_tests::{
-    charge_body, client, post_charge, redis_cluster_urls, redis_url, report, unique_namespace,
-    TestDb, TestOrigin,
+    charge_body, client, post_charge, proof, redis_cluster_urls, redis_url, report,
+    unique_namespace, TestDb, TestOrigin,
 };
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -129,7 +129,22 @@ async fn exactly_once(label: &str, args: &[&str]) -> (TestDb, TestOrigin) {
         assert_eq!(json["id"].as_str(), Some(ids[0].as_str()));
     }
     assert_eq!(db.charges().await, KEYS as i64);
+    record_race(label, &r);
     (db, origin)
+}
+
+/// README's row for this race, recorded once its assertions held.
+fn record_race(label: &str, r: &Race) {
+    let answers = proof::counts(r.statuses.iter().map(|(s, n)| (s, *n)));
+    proof::record(
+        "race",
+        label,
+        &[
+            &r.charges.to_string(),
+            &r.double_charged_keys.to_string(),
+            &answers,
+        ],
+    );
 }
 
 async fn safe_strategy(strategy: &str) {
@@ -178,6 +193,7 @@ async fn memory_store_charges_exactly_once_per_key() {
         *statuses.entry(t.await.unwrap()).or_insert(0usize) += 1;
     }
     let mut charges = 0;
+    let mut doubled = 0;
     for i in 0..50 {
         let list: serde_json::Value = http
             .get(origin.url(&format!("/v1/charges?customer=mem-{i}")))
@@ -187,7 +203,10 @@ async fn memory_store_charges_exactly_once_per_key() {
             .json()
             .await
             .unwrap();
-        charges += list["data"].as_array().unwrap().len();
+        let n = list["data"].as_array().unwrap().len();
+        assert_eq!(n, 1, "mem-{i}: exactly one charge");
+        charges += n;
+        doubled += usize::from(n > 1);
     }
     drop(db);
     report(
@@ -198,6 +217,17 @@ async fn memory_store_charges_exactly_once_per_key() {
         ),
     );
     assert_eq!(charges, 50);
+    assert_eq!(statuses.values().sum::<usize>(), 50 * RETRIES);
+    assert!(
+        statuses.keys().all(|s| *s == 201 || *s == 409),
+        "memory: only 201 and 409 expected, got {statuses:?}"
+    );
+    let answers = proof::counts(statuses.iter().map(|(s, n)| (s, *n)));
+    proof::record(
+        "race",
+        "memory",
+        &[&charges.to_string(), &doubled.to_string(), &answers],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -225,6 +255,7 @@ async fn naive_double_charges() {
         r.charges
     );
     assert!(r.double_charged_keys > 0);
+    record_race("naive", &r);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -84,6 +84,11 @@ async fn an_evicting_redis_is_refused_unless_accepted() {
         "redis_safety",
         &format!("evicting Redis refused at start-up: {msg}"),
     );
+    idem_tests::proof::record(
+        "faults",
+        "evicting-redis",
+        &["refused at start-up, naming the node and policy; accepted with `--redis-allow-eviction`, or with `noeviction` or no memory limit"],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

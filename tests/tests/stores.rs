@@ -241,12 +241,22 @@ async fn postgres() {
 async fn postgres_takeover_swap() {
     let db = TestDb::new("cas_pg").await;
     takeover_swap_sees_the_holder_finish(&*pg(&db).await).await;
+    idem_tests::proof::record(
+        "faults",
+        "swap-race",
+        &["the swap fails and the holder's answer stays (completion and renewal, each interleaved)"],
+    );
 }
 
 #[tokio::test]
 async fn redis_takeover_swap() {
     takeover_swap_sees_the_holder_finish(&redis(&redis_url()).await).await;
     takeover_swap_sees_the_holder_finish(&redis(&redis_cluster_urls()).await).await;
+    idem_tests::proof::record(
+        "faults",
+        "swap-race-redis",
+        &["the swap fails and the holder's answer stays (completion and renewal, each interleaved)"],
+    );
 }
 
 #[tokio::test]
