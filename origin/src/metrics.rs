@@ -32,6 +32,8 @@ pub fn install() -> PrometheusHandle {
             // Another recorder may already be installed (an embedding application's);
             // then ours only renders what it was given, which is nothing.
             let _ = metrics::set_global_recorder(recorder);
+            // Every metric the library records gets its help text from the start.
+            idem::metrics::describe();
             handle
         })
         .clone()

@@ -1,19 +1,12 @@
 //! The metrics idem records, through the `metrics` facade: install any recorder (the
 //! `idem-origin` binary installs a Prometheus exporter and serves it at `/metrics`).
 //!
-//! | metric | type | labels | meaning |
-//! |---|---|---|---|
-//! | `idem_requests_total` | counter | `outcome` = `executed`, `replayed`, `in_flight`, `mismatch`, `invalid`, `unavailable` | guarded requests by what idem did |
-//! | `idem_takeovers_total` | counter | — | executions that took over an expired lease |
-//! | `idem_released_total` | counter | — | executions whose handler sent idem's release signal: nothing happened, the key is free |
-//! | `idem_fenced_writes_total` | counter | `op` = `heartbeat`, `complete`, `release` | holder writes refused because another attempt took over |
-//! | `idem_lost_writes_total` | counter | `op` = `complete`, `release` | holder writes abandoned after retries (store down) |
-//! | `idem_store_duration_seconds` | histogram | `store`, `op` = `claim`, `heartbeat`, `complete`, `release`, `sweep` | store round-trip latency |
-//! | `idem_swept_records_total` | counter | — | expired records deleted by the sweeper |
-//! | `idem_replay_cache_hits_total` | counter | — | decisions made on a cached completed record, without the store |
-//!
-//! The tiered store and its outbox add `idem_tiered_*`, `idem_outbox_*` and
-//! `idem_redis_cluster_reconnects_total`; README.md lists them all.
+//! Every metric is declared once, in [`CATALOG`] (README's metrics table is checked
+//! against it); [`describe`] gives each its help text and unit.
+
+mod catalog;
+
+pub use catalog::{describe, readme_table, Kind, Metric, CATALOG};
 
 use std::future::Future;
 use std::time::Instant;
