@@ -121,6 +121,53 @@ async fn postgres_over_tls_verifies_the_server() {
         assert!(uses_ssl(&store).await);
     }
 
+    // The certificate names `localhost` and 127.0.0.1. The same server under another
+    // name (`hostaddr` connects to the address, the name is what is verified):
+    // verify-full checks the name and refuses it; verify-ca checks the chain only.
+    let other_name = format!(
+        "postgres://postgres@not-the-server.test:{}/postgres?hostaddr=127.0.0.1&sslrootcert={}",
+        pg.port,
+        ca.ca.display()
+    );
+    let err = PostgresStore::connect(
+        &format!("{other_name}&sslmode=verify-full"),
+        PgOptions::default(),
+    )
+    .await
+    .err()
+    .expect("verify-full refuses a certificate for another name")
+    .to_string();
+    assert!(
+        err.contains("NotValidForName") || err.contains("name"),
+        "readable error: {err}"
+    );
+    idem_tests::report(
+        "tls",
+        &format!("postgres verify-full with a host-name mismatch refused: {err}"),
+    );
+    let by_chain = PostgresStore::connect(
+        &format!("{other_name}&sslmode=verify-ca"),
+        PgOptions::default(),
+    )
+    .await
+    .expect("verify-ca checks the chain, not the name");
+    assert!(uses_ssl(&by_chain).await);
+    claims(&by_chain).await;
+    let wrong_chain = format!(
+        "postgres://postgres@not-the-server.test:{}/postgres?hostaddr=127.0.0.1&sslmode=verify-ca&sslrootcert={}",
+        pg.port,
+        ca.wrong_ca.display()
+    );
+    let err = PostgresStore::connect(&wrong_chain, PgOptions::default())
+        .await
+        .err()
+        .expect("verify-ca refuses a wrong CA")
+        .to_string();
+    assert!(
+        err.contains("certificate") || err.contains("UnknownIssuer"),
+        "readable error: {err}"
+    );
+
     let missing = format!("{base}?sslmode=verify-full");
     let err = PostgresStore::connect(&missing, PgOptions::default())
         .await
