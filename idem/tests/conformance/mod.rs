@@ -1,0 +1,210 @@
+//! One conformance suite for every store: the same protocol, whatever executes it.
+//! `cargo test -p idem` runs it on the memory store (and the replay cache over it);
+//! `idem-tests` on every real backend (`tests/tests/stores.rs`).
+
+#![allow(dead_code)]
+
+use idem::store::{CasRecords, HolderWrite, Stamp, Store, StoreExt, Swap};
+use idem_core::{
+    decide, Decision, Fingerprint, IdempotencyKey, Policy, Record, RecordKey, Refusal, Scope,
+    StoredResponse,
+};
+use std::time::Duration;
+
+pub const P: Policy = Policy {
+    lease_ms: 1_000,
+    ttl_ms: 60_000,
+};
+pub const FP: Fingerprint = Fingerprint([1; 32]);
+pub const OTHER: Fingerprint = Fingerprint([2; 32]);
+
+pub fn key(name: &str) -> RecordKey {
+    RecordKey::new(
+        &Scope::anonymous(),
+        &IdempotencyKey::parse(name.as_bytes()).unwrap(),
+    )
+}
+
+pub fn response(body: &str) -> StoredResponse {
+    StoredResponse {
+        status: 201,
+        headers: vec![("content-type".into(), b"application/json".to_vec())],
+        body: body.into(),
+    }
+}
+
+/// Sleeps `ms` of real time: leases are judged on the store's clock, so the suite lets
+/// that clock run rather than passing made-up instants.
+pub async fn sleep_ms(ms: u64) {
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+pub fn lease_until(d: &Decision) -> u64 {
+    match d {
+        Decision::InFlight { lease_until } => *lease_until,
+        other => panic!("expected in flight, got {other:?}"),
+    }
+}
+
+pub async fn conformance(store: &dyn Store) {
+    let now = || store.now();
+    let k = key(&format!("conf-{}-{}", store.name(), now()));
+
+    let Decision::Execute(first) = store.claim(&k, &FP, now(), &P).await.unwrap() else {
+        panic!("new key executes")
+    };
+    let Record::InProgress {
+        lease_until: first_lease,
+        ..
+    } = first.record
+    else {
+        panic!("a claim is in progress")
+    };
+    assert_eq!(
+        lease_until(&store.claim(&k, &FP, now(), &P).await.unwrap()),
+        first_lease
+    );
+    assert_eq!(
+        store.claim(&k, &OTHER, now(), &P).await.unwrap(),
+        Decision::Mismatch
+    );
+    sleep_ms(500).await;
+    assert_eq!(
+        store
+            .heartbeat(&k, &first.holder(), now(), &P)
+            .await
+            .unwrap(),
+        HolderWrite::Written
+    );
+    sleep_ms(600).await; // past the first lease, within the renewed one
+    let renewed = lease_until(&store.claim(&k, &FP, now(), &P).await.unwrap());
+    assert!(
+        renewed >= first_lease + 400,
+        "the heartbeat moved the lease"
+    );
+
+    // The lease runs out: takeover, and the first holder is fenced out of every write.
+    sleep_ms(renewed.saturating_sub(now()) + 50).await;
+    let Decision::TakeOver(second) = store.claim(&k, &FP, now(), &P).await.unwrap() else {
+        panic!("takeover")
+    };
+    assert!(second.token > first.token);
+    let fenced = HolderWrite::Refused(Refusal::Fenced {
+        current: second.token,
+    });
+    assert_eq!(
+        store
+            .complete(&k, &first.holder(), response("late"), now(), &P)
+            .await
+            .unwrap(),
+        fenced
+    );
+    assert_eq!(
+        store
+            .heartbeat(&k, &first.holder(), now(), &P)
+            .await
+            .unwrap(),
+        fenced
+    );
+    assert_eq!(
+        store.release(&k, &first.holder(), now(), &P).await.unwrap(),
+        fenced
+    );
+
+    assert_eq!(
+        store
+            .complete(&k, &second.holder(), response("won"), now(), &P)
+            .await
+            .unwrap(),
+        HolderWrite::Written
+    );
+    assert_eq!(
+        store.claim(&k, &FP, now(), &P).await.unwrap(),
+        Decision::Replay(response("won"))
+    );
+    assert_eq!(
+        store.claim(&k, &OTHER, now(), &P).await.unwrap(),
+        Decision::Mismatch
+    );
+    // The same completion sent again (its acknowledgement was lost) landed already: ok.
+    assert_eq!(
+        store
+            .complete(&k, &second.holder(), response("won"), now(), &P)
+            .await
+            .unwrap(),
+        HolderWrite::Written
+    );
+    assert!(store
+        .get(&k)
+        .await
+        .unwrap()
+        .is_some_and(|r| r.is_completed() && r.token() == second.token));
+
+    // A released key is free at once, and its next claim still outranks the releaser.
+    let r = key(&format!("conf-release-{}-{}", store.name(), now()));
+    let Decision::Execute(c) = store.claim(&r, &FP, now(), &P).await.unwrap() else {
+        panic!()
+    };
+    assert_eq!(
+        store.release(&r, &c.holder(), now(), &P).await.unwrap(),
+        HolderWrite::Written
+    );
+    sleep_ms(5).await;
+    let Decision::Execute(again) = store.claim(&r, &OTHER, now(), &P).await.unwrap() else {
+        panic!("released key is free")
+    };
+    assert!(again.token > c.token);
+    assert_eq!(
+        store
+            .complete(&r, &c.holder(), response("stale"), now(), &P)
+            .await
+            .unwrap(),
+        HolderWrite::Refused(Refusal::Fenced {
+            current: again.token
+        })
+    );
+    store.ping().await.unwrap();
+}
+
+/// The takeover's compare-and-swap, with the interleavings forced: between the read
+/// that decided a takeover and the swap, the slow holder completes — or renews its
+/// lease — under the same token. The swap must fail (it compares the whole record),
+/// or the holder's answer is destroyed and the handler runs a second time.
+pub async fn takeover_swap_sees_the_holder_finish(store: &(impl Store + CasRecords)) {
+    let now = || store.now();
+    for interleaved in ["complete", "heartbeat"] {
+        let k = key(&format!("cas-{interleaved}-{}-{}", store.name(), now()));
+        let Decision::Execute(slow) = store.claim(&k, &FP, now(), &P).await.unwrap() else {
+            panic!("new key executes")
+        };
+        sleep_ms(P.lease_ms + 50).await;
+        // The retry reads the record and the core decides: the lease has ended.
+        let seen = store.get(&k).await.unwrap();
+        let Decision::TakeOver(retry) = decide(seen.as_ref(), &FP, now(), &P) else {
+            panic!("the lease ended: takeover")
+        };
+        // The slow holder, still alive, writes under its token in between.
+        let holder = slow.holder();
+        let wrote = match interleaved {
+            "complete" => store.complete(&k, &holder, response("slow"), now(), &P),
+            _ => store.heartbeat(&k, &holder, now(), &P),
+        };
+        assert_eq!(wrote.await.unwrap(), HolderWrite::Written);
+        let expected = retry.replaces.as_ref().expect("takeover names the record");
+        let (swap, _) = store
+            .replace(&k, expected, &retry.record, Stamp::new(now(), &P))
+            .await
+            .unwrap();
+        assert_eq!(
+            swap,
+            Swap::Changed,
+            "{interleaved}: the swap must see the change"
+        );
+        // And the retry, asking again, replays the slow holder's answer or waits.
+        let again = store.claim(&k, &FP, now(), &P).await.unwrap();
+        match interleaved {
+            "complete" => assert_eq!(again, Decision::Replay(response("slow"))),
+            _ => assert!(matches!(again, Decision::InFlight { .. }), "{again:?}"),
+        }
+    }
+}

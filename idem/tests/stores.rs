@@ -1,0 +1,18 @@
+//! The conformance suite on the stores that need no service: the memory store, and
+//! the replay cache in front of it.
+
+mod conformance;
+
+use conformance::conformance;
+use idem::store::{MemoryStore, ReplayCache};
+use std::sync::Arc;
+
+#[tokio::test]
+async fn memory() {
+    conformance(&MemoryStore::new()).await;
+}
+
+#[tokio::test]
+async fn replay_cache_over_memory() {
+    conformance(&ReplayCache::new(Arc::new(MemoryStore::new()), 1 << 20)).await;
+}
