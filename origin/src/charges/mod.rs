@@ -284,7 +284,7 @@ pub fn demo_problem(status: StatusCode, slug: &str, title: &str, detail: &str) -
     let h = res.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("application/problem+json"),
+        HeaderValue::from_static(idem::core::contract::PROBLEM_CONTENT_TYPE),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     res
