@@ -6,16 +6,16 @@ use crate::durable::DurableObjectRecords;
 use crate::flow::{self, Answer, EdgeRuntime, Head, Outbound};
 use idem_core::{Millis, RecordKey};
 use std::time::Duration;
-use worker::{
-    console_warn, Date, Delay, Env, Fetch, Headers, Method, Request, RequestInit, Response, Result,
-};
+use worker::{console_warn, web_sys, Date, Delay, Env, Fetch, Headers, Request, Response, Result};
 
 /// The fetch handler.
 pub async fn handle(req: Request, env: &Env) -> Result<Response> {
     let config = EdgeConfig::from_vars(|name| env.var(name).ok().map(|v| v.to_string()));
     let url = req.url()?;
     let head = Head {
-        method: req.method().to_string(),
+        // As sent: `Request::method` names only the methods it knows, and reads any
+        // other (PROPFIND, QUERY, PURGE…) as GET.
+        method: req.inner().method(),
         path_and_query: match url.query() {
             Some(q) => format!("{}?{q}", url.path()),
             None => url.path().to_owned(),
@@ -60,20 +60,24 @@ impl EdgeRuntime for Workers<'_> {
     }
 }
 
+/// Sends a request to the origin: its method as given (worker's `Method` would turn an
+/// unknown one into GET), and redirects not followed — a 3xx is the origin's answer.
 async fn fetch(request: Outbound) -> Result<Answer> {
     let headers = Headers::new();
     for (name, value) in &request.headers {
         headers.append(name, value)?;
     }
-    let mut init = RequestInit::new();
-    init.with_method(Method::from(request.method))
-        .with_headers(headers);
+    let init = web_sys::RequestInit::new();
+    init.set_method(&request.method);
+    init.set_headers(headers.as_ref());
+    init.set_redirect(web_sys::RequestRedirect::Manual);
     if !request.body.is_empty() {
         let body = worker::js_sys::Uint8Array::from(request.body.as_slice());
-        init.with_body(Some(body.into()));
+        init.set_body(&body.into());
     }
-    let req = Request::new_with_init(&request.url, &init)?;
-    let mut res = Fetch::Request(req).send().await?;
+    let req = web_sys::Request::new_with_str_and_init(&request.url, &init)
+        .map_err(|e| worker::Error::from(format!("{e:?}")))?;
+    let mut res = Fetch::Request(Request::from(req)).send().await?;
     Ok(Answer {
         status: res.status_code(),
         headers: res.headers().entries().collect(),

@@ -424,3 +424,135 @@ async fn the_edge_keeps_nothing_the_origin_did_not_store() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+/// A bare origin (not an idem origin) that records every request it gets: method and
+/// path, and answers `/v1/charges` with a redirect, `/landing` with a page, and
+/// anything else with the method it saw.
+async fn recording_origin() -> (TestOrigin, Arc<std::sync::Mutex<Vec<String>>>) {
+    use axum::extract::Request;
+    use axum::response::IntoResponse;
+    let seen: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    let s = seen.clone();
+    let app = axum::Router::new()
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .fallback(move |req: Request| {
+            let s = s.clone();
+            async move {
+                let (method, path) = (req.method().to_string(), req.uri().path().to_owned());
+                s.lock().unwrap().push(format!("{method} {path}"));
+                match path.as_str() {
+                    "/v1/charges" => (
+                        http::StatusCode::SEE_OTHER,
+                        [(http::header::LOCATION, "/landing")],
+                        "see other",
+                    )
+                        .into_response(),
+                    "/landing" => "the landing page".into_response(),
+                    _ => method.into_response(),
+                }
+            }
+        });
+    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    (TestOrigin::serve_router(app, store).await, seen)
+}
+
+/// A 3xx from the origin is the answer: the edge never follows it (a POST re-sent as a
+/// bodiless GET, whose answer would be stored under the POST's key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_never_follows_a_redirect() {
+    let (origin, seen) = recording_origin().await;
+    let edge = Edge::start(&origin.url(""), &[]).await;
+    let no_redirects = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let res = post(
+        &no_redirects,
+        &edge.base,
+        "redirect-1",
+        charge_body("c", 1, 0),
+        false,
+    )
+    .await;
+    let status = res.status().as_u16();
+    let location = res
+        .headers()
+        .get("location")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body = res.text().await.unwrap();
+    let requests = seen.lock().unwrap().clone();
+    report(
+        "edge",
+        &format!("an origin answering 303 to a POST: the client got {status} {location:?} {body:?}; the origin saw {requests:?}"),
+    );
+    assert_eq!(status, 303, "the redirect is the answer: {body}");
+    assert_eq!(location.as_deref(), Some("/landing"));
+    assert_eq!(requests, ["POST /v1/charges"], "nothing followed it");
+}
+
+/// Methods the runtime has no name for (WebDAV's, `QUERY`, `PURGE`) pass through as
+/// themselves, not as GET.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_passes_unknown_methods_through_as_themselves() {
+    let (origin, seen) = recording_origin().await;
+    let edge = Edge::start(&origin.url(""), &[]).await;
+    let http = client();
+    let mut answered = Vec::new();
+    for method in ["PROPFIND", "QUERY", "PURGE"] {
+        let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let res = http
+            .request(m, format!("{}/dav", edge.base))
+            .send()
+            .await
+            .unwrap();
+        answered.push(res.text().await.unwrap());
+    }
+    let requests = seen.lock().unwrap().clone();
+    report(
+        "edge",
+        &format!("PROPFIND, QUERY, PURGE through the edge: the origin saw {requests:?}"),
+    );
+    assert_eq!(requests, ["PROPFIND /dav", "QUERY /dav", "PURGE /dav"]);
+    assert_eq!(answered, ["PROPFIND", "QUERY", "PURGE"]);
+}
+
+/// A client that hangs up while its request is at the origin: the edge still stores
+/// the origin's answer, and the retry is a replay at the edge — not a 409 for as long
+/// as the edge's lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_finishes_when_the_client_leaves() {
+    let db = TestDb::new("edge_gone").await;
+    let origin = TestOrigin::start(&["--store", "postgres", "--database-url", &db.url]).await;
+    let edge = Edge::start(&origin.url(""), &[("LEASE_MS", "20000")]).await;
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let body = charge_body("cus-gone", 100, 1_500);
+    let gave_up = impatient
+        .post(format!("{}/v1/charges", edge.base))
+        .header("idempotency-key", "gone-1")
+        .header("content-type", "application/json")
+        .body(body.clone())
+        .send()
+        .await;
+    assert!(gave_up.is_err(), "the client gave up");
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    let retry = post(&client(), &edge.base, "gone-1", body, false).await;
+    let status = retry.status().as_u16();
+    let edge_did = retry
+        .headers()
+        .get("idem-edge")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let charges = db.charges_for("gone-1").await;
+    report(
+        "edge",
+        &format!("client gone after 300 ms of a 1.5 s charge, retry 3 s later: {status} {edge_did:?}; {charges} charge"),
+    );
+    assert_eq!(charges, 1);
+    assert_eq!(
+        (status, edge_did.as_deref()),
+        (201, Some("replayed")),
+        "the edge stored the answer after the client left"
+    );
+}
