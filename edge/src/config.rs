@@ -19,10 +19,22 @@ pub struct EdgeConfig {
     pub require_key_paths: Vec<String>,
 }
 
+/// Bounds of each number, as (least, most): a value outside them is refused, never
+/// clamped. A TTL past a year would make the Durable Object's alarm date invalid.
+const BOUNDS: [(&str, u64, u64); 5] = [
+    ("LEASE_MS", 100, 3_600_000),
+    ("TTL_MS", 1_000, 365 * 24 * 3_600_000),
+    ("MAX_WAIT_MS", 0, 60_000),
+    ("MAX_BODY_BYTES", 1, 100 * 1024 * 1024),
+    // Stored as hex in one Durable Object value (2 MiB at most), with its headers.
+    ("MAX_STORED_BODY_BYTES", 0, 512 * 1024),
+];
+
 impl Default for EdgeConfig {
+    /// Everything but the origin's URL, which has no default.
     fn default() -> Self {
         EdgeConfig {
-            origin_url: "http://127.0.0.1:8080".into(),
+            origin_url: String::new(),
             policy: Policy::default(),
             max_wait_ms: 10_000,
             max_body_bytes: 1024 * 1024,
@@ -33,26 +45,62 @@ impl Default for EdgeConfig {
 }
 
 impl EdgeConfig {
-    /// Builds the config from `var(name)` lookups, keeping defaults for absent or
-    /// unparsable values.
-    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Self {
+    /// Builds the config from `var(name)` lookups: defaults for absent numbers, an
+    /// error naming the var for a missing `ORIGIN_URL` or a value that is malformed or
+    /// out of bounds — a misconfigured edge says so rather than guess.
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
         let d = EdgeConfig::default();
-        let num = |name: &str, default: u64| {
-            var(name)
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(default)
+        let num = |name: &str, default: u64| -> Result<u64, String> {
+            let Some(raw) = var(name) else {
+                return Ok(default);
+            };
+            let (_, least, most) = BOUNDS
+                .iter()
+                .find(|(n, ..)| *n == name)
+                .copied()
+                .unwrap_or((name, 0, u64::MAX));
+            match raw.trim().parse::<u64>() {
+                Ok(n) if (least..=most).contains(&n) => Ok(n),
+                _ => Err(format!(
+                    "{name} must be a whole number from {least} to {most}, got {raw:?}"
+                )),
+            }
         };
-        EdgeConfig {
-            origin_url: var("ORIGIN_URL")
-                .map(|u| u.trim_end_matches('/').to_owned())
-                .unwrap_or(d.origin_url),
-            policy: Policy {
-                lease_ms: num("LEASE_MS", d.policy.lease_ms).max(1),
-                ttl_ms: num("TTL_MS", d.policy.ttl_ms),
-            },
-            max_wait_ms: num("MAX_WAIT_MS", d.max_wait_ms),
-            max_body_bytes: num("MAX_BODY_BYTES", d.max_body_bytes as u64) as usize,
-            max_stored_body_bytes: num("MAX_STORED_BODY_BYTES", d.max_stored_body_bytes as u64)
+        let origin_url =
+            match var("ORIGIN_URL").map(|u| u.trim().trim_end_matches('/').to_owned()) {
+                None => return Err(
+                    "ORIGIN_URL is not set: the edge needs its origin's http:// or https:// URL"
+                        .into(),
+                ),
+                Some(u) if u.is_empty() => {
+                    return Err(
+                        "ORIGIN_URL is empty: the edge needs its origin's http:// or https:// URL"
+                            .into(),
+                    )
+                }
+                Some(u) if !(u.starts_with("http://") || u.starts_with("https://")) => {
+                    return Err(format!(
+                        "ORIGIN_URL must be an http:// or https:// URL, got {u:?}"
+                    ))
+                }
+                Some(u) => u,
+            };
+        let policy = Policy {
+            lease_ms: num("LEASE_MS", d.policy.lease_ms)?,
+            ttl_ms: num("TTL_MS", d.policy.ttl_ms)?,
+        };
+        if policy.lease_ms > policy.ttl_ms {
+            return Err(format!(
+                "LEASE_MS ({}) must not exceed TTL_MS ({})",
+                policy.lease_ms, policy.ttl_ms
+            ));
+        }
+        Ok(EdgeConfig {
+            origin_url,
+            policy,
+            max_wait_ms: num("MAX_WAIT_MS", d.max_wait_ms)?,
+            max_body_bytes: num("MAX_BODY_BYTES", d.max_body_bytes as u64)? as usize,
+            max_stored_body_bytes: num("MAX_STORED_BODY_BYTES", d.max_stored_body_bytes as u64)?
                 as usize,
             require_key_paths: var("REQUIRE_KEY_PATHS")
                 .map(|v| {
@@ -62,7 +110,7 @@ impl EdgeConfig {
                         .collect()
                 })
                 .unwrap_or(d.require_key_paths),
-        }
+        })
     }
 }
 
@@ -78,9 +126,9 @@ mod tests {
             "LEASE_MS" => Some("500".into()),
             "MAX_WAIT_MS" => Some("2000".into()),
             "REQUIRE_KEY_PATHS" => Some("/a, /b".into()),
-            "TTL_MS" => Some("junk".into()),
             _ => None,
-        });
+        })
+        .unwrap();
         assert_eq!(c.origin_url, "http://o:1");
         assert_eq!(
             c.policy,
@@ -91,5 +139,46 @@ mod tests {
         );
         assert_eq!(c.require_key_paths, ["/a", "/b"]);
         assert_eq!(c.max_wait_ms, 2000);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn refuses_what_it_cannot_use_naming_the_var() {
+        let with = |name: &'static str, value: &'static str| {
+            EdgeConfig::from_vars(move |n| match n {
+                "ORIGIN_URL" if name != "ORIGIN_URL" => Some("https://origin.example".into()),
+                n if n == name => Some(value.into()),
+                _ => None,
+            })
+        };
+        assert!(EdgeConfig::from_vars(|_| None)
+            .unwrap_err()
+            .contains("ORIGIN_URL is not set"));
+        assert!(with("ORIGIN_URL", " ")
+            .unwrap_err()
+            .contains("ORIGIN_URL is empty"));
+        assert!(with("ORIGIN_URL", "origin:8080")
+            .unwrap_err()
+            .contains("http://"));
+        for (name, value) in [
+            ("TTL_MS", "junk"),
+            ("TTL_MS", "99999999999999999"),
+            ("LEASE_MS", "0"),
+            ("MAX_WAIT_MS", "-1"),
+            ("MAX_BODY_BYTES", "0"),
+            ("MAX_STORED_BODY_BYTES", "100000000"),
+        ] {
+            let err = with(name, value).unwrap_err();
+            assert!(err.starts_with(name), "{name}={value}: {err}");
+        }
+        let lease_past_ttl = EdgeConfig::from_vars(|n| match n {
+            "ORIGIN_URL" => Some("http://o".into()),
+            "LEASE_MS" => Some("5000".into()),
+            "TTL_MS" => Some("2000".into()),
+            _ => None,
+        });
+        assert!(lease_past_ttl
+            .unwrap_err()
+            .contains("must not exceed TTL_MS"));
+        assert!(with("TTL_MS", "86400000").is_ok());
     }
 }

@@ -368,6 +368,12 @@ fn replayed(response: &WireResponse) -> Answer {
     }
 }
 
+/// The answer of an edge whose configuration is invalid (`why` names the var):
+/// nothing is forwarded anywhere.
+pub fn misconfigured(why: &str) -> Answer {
+    refused(&Rejection::with_detail(Problem::EdgeMisconfigured, why))
+}
+
 /// One of idem's refusals.
 fn refused(rejection: &Rejection) -> Answer {
     let mut headers: Vec<(String, String)> = rejection

@@ -6,11 +6,20 @@ use crate::durable::DurableObjectRecords;
 use crate::flow::{self, Answer, EdgeRuntime, Head, Outbound};
 use idem_core::{Millis, RecordKey};
 use std::time::Duration;
-use worker::{console_warn, web_sys, Date, Delay, Env, Fetch, Headers, Request, Response, Result};
+use worker::{
+    console_error, console_warn, web_sys, Date, Delay, Env, Fetch, Headers, Request, Response,
+    Result,
+};
 
 /// The fetch handler.
 pub async fn handle(req: Request, env: &Env) -> Result<Response> {
-    let config = EdgeConfig::from_vars(|name| env.var(name).ok().map(|v| v.to_string()));
+    let config = match EdgeConfig::from_vars(|name| env.var(name).ok().map(|v| v.to_string())) {
+        Ok(config) => config,
+        Err(why) => {
+            console_error!("the edge is misconfigured: {why}");
+            return respond(flow::misconfigured(&why));
+        }
+    };
     let url = req.url()?;
     let head = Head {
         // As sent: `Request::method` names only the methods it knows, and reads any

@@ -29,6 +29,11 @@ struct Edge {
 
 impl Edge {
     async fn start(origin: &str, vars: &[(&str, &str)]) -> Edge {
+        Self::launch(origin, vars, |status| status == 200).await
+    }
+
+    /// Starts it and waits until `/healthz` answers a status that `ready` accepts.
+    async fn launch(origin: &str, vars: &[(&str, &str)], ready: fn(u16) -> bool) -> Edge {
         let edge = repo().join("edge");
         let entry = edge.join("build/index.js");
         let wrangler = edge.join("node_modules/.bin/wrangler");
@@ -111,7 +116,7 @@ impl Edge {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Ok(r) = client().get(format!("{base}/healthz")).send().await {
-                if r.status() == 200 {
+                if ready(r.status().as_u16()) {
                     break;
                 }
             }
@@ -555,4 +560,46 @@ async fn the_edge_finishes_when_the_client_leaves() {
         (201, Some("replayed")),
         "the edge stored the answer after the client left"
     );
+}
+
+/// A misconfigured edge says so, naming the var, and forwards nothing — no loopback
+/// default for a missing `ORIGIN_URL`, no silent default for a malformed number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_misconfigured_edge_says_so_and_forwards_nothing() {
+    let (origin, seen) = recording_origin().await;
+    let mut answers = Vec::new();
+    for (var, value, origin_url) in [
+        ("ORIGIN_URL", "", ""),
+        ("TTL_MS", "junk", origin.url("").leak() as &str),
+        (
+            "TTL_MS",
+            "99999999999999999999",
+            origin.url("").leak() as &str,
+        ),
+    ] {
+        let edge = Edge::launch(origin_url, &[(var, value)], |_| true).await;
+        let res = post(
+            &client(),
+            &edge.base,
+            "misconfigured-1",
+            charge_body("c", 1, 0),
+            false,
+        )
+        .await;
+        let status = res.status().as_u16();
+        let problem: serde_json::Value = res.json().await.unwrap_or_default();
+        answers.push(format!("{var}={value:?}: {status} {}", problem["detail"]));
+        assert_eq!(status, 500, "{var}={value:?}: {problem}");
+        assert_eq!(problem["type"], "urn:idem:problem:edge-misconfigured");
+        assert!(
+            problem["detail"].as_str().unwrap_or("").starts_with(var),
+            "the detail names {var}: {problem}"
+        );
+    }
+    let requests = seen.lock().unwrap().clone();
+    report(
+        "edge",
+        &format!("misconfigured edges: {answers:?}; the origin saw {requests:?}"),
+    );
+    assert!(requests.is_empty(), "nothing was forwarded: {requests:?}");
 }

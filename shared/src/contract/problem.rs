@@ -33,6 +33,8 @@ pub enum Problem {
     /// 500: the request ran and its answer was delivered to the first attempt, but it
     /// was too large to keep for replay. Stored in its place, so the key stays used.
     ResponseNotStored,
+    /// 500: the edge's configuration is missing or invalid; nothing was forwarded.
+    EdgeMisconfigured,
     /// 409: this attempt lost its claim to a newer attempt (its lease ran out while it
     /// was paused or cut off) and its transaction was rolled back: nothing it did
     /// happened. Never stored; a retry gets the request's result.
@@ -41,7 +43,7 @@ pub enum Problem {
 
 impl Problem {
     /// All problems, for documentation and tests.
-    pub const ALL: [Problem; 11] = [
+    pub const ALL: [Problem; 12] = [
         Problem::KeyMissing,
         Problem::KeyMalformed,
         Problem::BodyTooLarge,
@@ -53,6 +55,7 @@ impl Problem {
         Problem::HandlerFailed,
         Problem::ResponseNotStored,
         Problem::Fenced,
+        Problem::EdgeMisconfigured,
     ];
 
     /// The HTTP status.
@@ -65,7 +68,7 @@ impl Problem {
             Problem::StoreUnavailable => 503,
             Problem::HandlerPanicked => 500,
             Problem::HandlerFailed => 502,
-            Problem::ResponseNotStored => 500,
+            Problem::ResponseNotStored | Problem::EdgeMisconfigured => 500,
         }
     }
 
@@ -83,6 +86,7 @@ impl Problem {
             Problem::HandlerFailed => "urn:idem:problem:handler-failed",
             Problem::ResponseNotStored => "urn:idem:problem:response-not-stored",
             Problem::Fenced => "urn:idem:problem:fenced",
+            Problem::EdgeMisconfigured => "urn:idem:problem:edge-misconfigured",
         }
     }
 
@@ -102,6 +106,7 @@ impl Problem {
             Problem::Fenced => {
                 "This attempt lost its claim to a newer one; nothing it did was kept"
             }
+            Problem::EdgeMisconfigured => "The edge is misconfigured",
         }
     }
 
@@ -125,6 +130,7 @@ impl Problem {
                 "the request was executed; its answer was delivered to the first attempt only"
             }
             Problem::Fenced => "another attempt took over this request; the transaction was rolled back",
+            Problem::EdgeMisconfigured => "the edge's configuration is invalid; nothing was forwarded",
         }
     }
 
@@ -222,11 +228,15 @@ impl Rejection {
         )
     }
 
-    /// The edge could not reach the origin (or lost its answer).
+    /// The edge could not reach the origin (or lost its answer). Only the error's
+    /// first line, at most 200 characters, reaches the client: a runtime's error may
+    /// carry a stack trace.
     pub fn origin_unreachable(error: &str) -> Rejection {
+        let first_line = error.lines().next().unwrap_or("");
+        let shown: String = first_line.chars().take(200).collect();
         Rejection::with_detail(
             Problem::HandlerFailed,
-            format!("the origin could not be reached: {error}"),
+            format!("the origin could not be reached: {shown}"),
         )
     }
 
@@ -318,6 +328,14 @@ mod tests {
             v["detail"],
             Rejection::execution_timed_out().detail.as_str()
         );
+        let traced =
+            Rejection::origin_unreachable("TypeError: Invalid URL\n    at f (index.js:1:2)");
+        assert_eq!(
+            traced.detail,
+            "the origin could not be reached: TypeError: Invalid URL"
+        );
+        let long = "x".repeat(1_000);
+        assert!(Rejection::origin_unreachable(&long).detail.len() < 300);
         for p in Problem::ALL {
             assert!(!p.detail().is_empty());
             assert_eq!(Rejection::new(p).status(), p.status());
