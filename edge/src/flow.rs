@@ -22,6 +22,8 @@ pub struct Head {
     pub path_and_query: String,
     /// The headers, in order.
     pub headers: Vec<(String, String)>,
+    /// The scheme the client used (`https`, `http`).
+    pub scheme: String,
 }
 
 impl Head {
@@ -327,22 +329,22 @@ pub fn outbound(config: &EdgeConfig, head: &Head, body: Vec<u8>) -> Outbound {
     Outbound {
         method: head.method.clone(),
         url: format!("{}{}", config.origin_url, head.path_and_query),
-        headers: head
-            .headers
-            .iter()
-            .filter(|(n, _)| contract::forwarded_request_header(n))
-            .cloned()
-            .collect(),
+        // The client address is the runtime's (`CF-Connecting-IP`), never the client's say.
+        headers: contract::forwarded_headers(
+            &head.headers,
+            head.header("cf-connecting-ip")
+                .and_then(|ip| std::str::from_utf8(ip).ok()),
+            &head.scheme,
+        ),
         body: if bodiless { Vec::new() } else { body },
     }
 }
 
 /// The origin's answer as the client gets it.
 fn relay(answer: Answer, handled: Handled) -> Answer {
-    let mut headers: Vec<(String, String)> = answer
-        .headers
+    let mut headers: Vec<(String, String)> = contract::relayed_answer_headers(&answer.headers)
         .into_iter()
-        .filter(|(n, _)| contract::relayed_answer_header(n) && !n.eq_ignore_ascii_case(EDGE_HEADER))
+        .filter(|(n, _)| !n.eq_ignore_ascii_case(EDGE_HEADER))
         .collect();
     headers.push((EDGE_HEADER.into(), handled.as_str().into()));
     Answer {

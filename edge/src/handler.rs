@@ -30,6 +30,7 @@ pub async fn handle(req: Request, env: &Env) -> Result<Response> {
             None => url.path().to_owned(),
         },
         headers: req.headers().entries().collect(),
+        scheme: url.scheme().to_owned(),
     };
     let answer = flow::handle(&Workers { env }, &config, head, req).await;
     respond(answer)

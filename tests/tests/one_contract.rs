@@ -262,6 +262,7 @@ impl EdgeChain {
                 .iter()
                 .map(|(n, v)| ((*n).to_owned(), v.clone()))
                 .collect(),
+            scheme: "http".into(),
         };
         flow::handle(self, &self.config, head, req.body.clone()).await
     }

@@ -87,6 +87,80 @@ pub fn forwarded_request_header(name: &str) -> bool {
             .any(|h| name.eq_ignore_ascii_case(h))
 }
 
+/// The header names a message's `Connection` header lists: hop-by-hop for that
+/// message too (RFC 9110 §7.6.1), lower-cased.
+fn connection_named(headers: &[(String, String)]) -> Vec<String> {
+    headers
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case("connection"))
+        .flat_map(|(_, v)| v.split(','))
+        .map(|token| token.trim().to_ascii_lowercase())
+        .filter(|token| !token.is_empty())
+        .collect()
+}
+
+/// Request headers a client could send to pass for the CDN or a proxy in front of the
+/// origin: they are dropped, and the edge sets its own.
+fn forgeable(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    lower.starts_with("cf-")
+        || matches!(
+            lower.as_str(),
+            "x-forwarded-for"
+                | "x-forwarded-host"
+                | "x-forwarded-proto"
+                | "x-real-ip"
+                | "forwarded"
+        )
+}
+
+/// The request headers the edge sends the origin: the client's, less those that are
+/// hop-by-hop (or named in its `Connection`), set by the runtime, or forgeable
+/// (`cf-*`, `X-Forwarded-*`, `Forwarded`); then `X-Forwarded-For` with the client
+/// address the runtime saw (`client_ip`), `X-Forwarded-Host` with the `Host` the
+/// client asked for, and `X-Forwarded-Proto` with the scheme it used.
+pub fn forwarded_headers(
+    headers: &[(String, String)],
+    client_ip: Option<&str>,
+    proto: &str,
+) -> Vec<(String, String)> {
+    let named = connection_named(headers);
+    let host = headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("host"))
+        .map(|(_, v)| v.clone());
+    let mut out: Vec<(String, String)> = headers
+        .iter()
+        .filter(|(n, _)| {
+            forwarded_request_header(n)
+                && !forgeable(n)
+                && !named.iter().any(|c| n.eq_ignore_ascii_case(c))
+        })
+        .cloned()
+        .collect();
+    if let Some(ip) = client_ip {
+        out.push(("x-forwarded-for".into(), ip.into()));
+    }
+    if let Some(host) = host {
+        out.push(("x-forwarded-host".into(), host));
+    }
+    out.push(("x-forwarded-proto".into(), proto.into()));
+    out
+}
+
+/// The headers of the origin's answer that the client gets ([`relayed_answer_header`],
+/// and not one its `Connection` names).
+pub fn relayed_answer_headers(headers: &[(String, String)]) -> Vec<(String, String)> {
+    let named = connection_named(headers);
+    headers
+        .iter()
+        .filter(|(n, _)| {
+            relayed_answer_header(n) && !named.iter().any(|c| n.eq_ignore_ascii_case(c))
+        })
+        .cloned()
+        .collect()
+}
+
 /// Whether a header of the origin's answer is passed on to the client: not
 /// hop-by-hop, not `Content-Length` (the runtime frames the body), and not the
 /// origin's disposition, which is for the edge alone.
@@ -182,6 +256,46 @@ mod tests {
         let replayed: Vec<(&str, &[u8])> = replay_headers(&stored.headers).collect();
         assert_eq!(replayed.len(), 5);
         assert_eq!(replayed[4], ("idempotent-replayed", &b"true"[..]));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_origin_gets_the_edge_s_forwarding_headers_not_the_client_s() {
+        let h = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(n, v)| ((*n).into(), (*v).into()))
+                .collect()
+        };
+        let client = h(&[
+            ("Host", "api.example"),
+            ("Connection", "keep-alive, X-Private"),
+            ("X-Private", "secret"),
+            ("X-Forwarded-For", "6.6.6.6"),
+            ("Forwarded", "for=6.6.6.6"),
+            ("CF-Ray", "forged"),
+            ("cf-connecting-ip", "6.6.6.6"),
+            ("Authorization", "Bearer sk"),
+            ("Idempotency-Key", "k"),
+        ]);
+        let sent = forwarded_headers(&client, Some("203.0.113.9"), "https");
+        assert_eq!(
+            sent,
+            h(&[
+                ("Authorization", "Bearer sk"),
+                ("Idempotency-Key", "k"),
+                ("x-forwarded-for", "203.0.113.9"),
+                ("x-forwarded-host", "api.example"),
+                ("x-forwarded-proto", "https"),
+            ])
+        );
+        let answer = h(&[
+            ("Connection", "X-Hop"),
+            ("X-Hop", "1"),
+            ("Content-Length", "3"),
+            ("idem-disposition", "released"),
+            ("Location", "/x"),
+        ]);
+        assert_eq!(relayed_answer_headers(&answer), h(&[("Location", "/x")]));
     }
 
     #[wasm_bindgen_test(unsupported = test)]

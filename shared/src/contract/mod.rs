@@ -16,8 +16,8 @@ pub mod request;
 pub mod wait;
 
 pub use answer::{
-    edge_ttl_ms, forwarded_request_header, relayed_answer_header, replay_headers, stored_headers,
-    stored_headers_of, OriginDisposition,
+    edge_ttl_ms, forwarded_headers, forwarded_request_header, relayed_answer_header,
+    relayed_answer_headers, replay_headers, stored_headers, stored_headers_of, OriginDisposition,
 };
 pub use problem::{Problem, Rejection};
 pub use request::{check_declared_length, fingerprint, guards, listed, route, Route};
