@@ -78,10 +78,15 @@ impl EdgeConfig {
                             .into(),
                     )
                 }
-                Some(u) if !(u.starts_with("http://") || u.starts_with("https://")) => {
-                    return Err(format!(
-                        "ORIGIN_URL must be an http:// or https:// URL, got {u:?}"
-                    ))
+                // The value is not echoed: it can hold an internal address or a password.
+                Some(u)
+                    if !(u
+                        .get(..7)
+                        .is_some_and(|s| s.eq_ignore_ascii_case("http://"))
+                        || u.get(..8)
+                            .is_some_and(|s| s.eq_ignore_ascii_case("https://"))) =>
+                {
+                    return Err("ORIGIN_URL must be an http:// or https:// URL".into())
                 }
                 Some(u) => u,
             };

@@ -100,18 +100,22 @@ fn connection_named(headers: &[(String, String)]) -> Vec<String> {
 }
 
 /// Request headers a client could send to pass for the CDN or a proxy in front of the
-/// origin: they are dropped, and the edge sets its own.
+/// origin: they are dropped, and the edge sets its own. (Other `cf-*` headers — Access
+/// tokens, Turnstile responses — are the client's and pass.)
 fn forgeable(name: &str) -> bool {
-    let lower = name.to_ascii_lowercase();
-    lower.starts_with("cf-")
-        || matches!(
-            lower.as_str(),
-            "x-forwarded-for"
-                | "x-forwarded-host"
-                | "x-forwarded-proto"
-                | "x-real-ip"
-                | "forwarded"
-        )
+    [
+        "x-forwarded-for",
+        "x-forwarded-host",
+        "x-forwarded-proto",
+        "x-real-ip",
+        "forwarded",
+        "true-client-ip",
+        "cf-connecting-ipv6",
+        "cf-pseudo-ipv4",
+        "cf-ipcountry",
+    ]
+    .iter()
+    .any(|h| name.eq_ignore_ascii_case(h))
 }
 
 /// The request headers the edge sends the origin: the client's, less those that are
@@ -138,7 +142,11 @@ pub fn forwarded_headers(
         })
         .cloned()
         .collect();
-    if let Some(ip) = client_ip {
+    // One address, or none: never a list, never a name.
+    let ip = client_ip
+        .map(str::trim)
+        .filter(|ip| ip.parse::<core::net::IpAddr>().is_ok());
+    if let Some(ip) = ip {
         out.push(("x-forwarded-for".into(), ip.into()));
     }
     if let Some(host) = host {
@@ -278,6 +286,19 @@ mod tests {
             ("Idempotency-Key", "k"),
         ]);
         let sent = forwarded_headers(&client, Some("203.0.113.9"), "https");
+        for bad in ["6.6.6.6, 7.7.7.7", "unknown", ""] {
+            let sent = forwarded_headers(&client, Some(bad), "https");
+            assert!(!sent.iter().any(|(n, _)| n == "x-forwarded-for"), "{bad:?}");
+        }
+        let access = h(&[("Cf-Access-Jwt-Assertion", "jwt"), ("CF-IPCountry", "XX")]);
+        assert_eq!(
+            forwarded_headers(&access, None, "https"),
+            h(&[
+                ("Cf-Access-Jwt-Assertion", "jwt"),
+                ("x-forwarded-proto", "https")
+            ]),
+            "the client's own cf-* headers pass"
+        );
         assert_eq!(
             sent,
             h(&[
