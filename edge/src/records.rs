@@ -164,7 +164,7 @@ pub fn apply(
                     },
                     Some(c.record),
                 ),
-                Decision::Replay(r) => (
+                Decision::Replay { response: r, .. } => (
                     Reply::Replay {
                         response: WireResponse::from(&r),
                     },

@@ -58,7 +58,12 @@ pub enum Decision {
     /// fences the previous holder out.
     TakeOver(Claim),
     /// The same request completed: answer with its response.
-    Replay(StoredResponse),
+    Replay {
+        /// The stored response.
+        response: StoredResponse,
+        /// When its record expires: how long a copy of it (the edge's) may be kept.
+        expires_at: Millis,
+    },
     /// The same request is running elsewhere and its holder is alive.
     InFlight {
         /// When the running holder's lease ends unless it renews it.
@@ -66,6 +71,16 @@ pub enum Decision {
     },
     /// The key was used for a different request.
     Mismatch,
+}
+
+impl Decision {
+    /// The response to replay, if this is a replay.
+    pub fn replayed(&self) -> Option<&StoredResponse> {
+        match self {
+            Decision::Replay { response, .. } => Some(response),
+            _ => None,
+        }
+    }
 }
 
 /// Decides what an attempt with `fingerprint`, arriving at `now`, should do given the
@@ -91,7 +106,14 @@ pub fn decide(
         return Decision::Mismatch;
     }
     match record {
-        Record::Completed { response, .. } => Decision::Replay(response.clone()),
+        Record::Completed {
+            response,
+            expires_at,
+            ..
+        } => Decision::Replay {
+            response: response.clone(),
+            expires_at: *expires_at,
+        },
         Record::InProgress { lease_until, .. } if now < *lease_until => Decision::InFlight {
             lease_until: *lease_until,
         },
@@ -381,7 +403,10 @@ mod tests {
         let done = complete(Some(&c.record), &c.holder(), ok_response(), 500, &P).unwrap();
         assert_eq!(
             decide(Some(&done), &FP, 10_499, &P),
-            Decision::Replay(ok_response())
+            Decision::Replay {
+                response: ok_response(),
+                expires_at: done.expires_at()
+            }
         );
         assert_eq!(decide(Some(&done), &OTHER, 10_499, &P), Decision::Mismatch);
         let again = claim(decide(Some(&done), &OTHER, 10_500, &P));

@@ -86,12 +86,13 @@ proptest! {
                             holders.push(c.holder());
                             apply_claim(&mut stored, c.replaces, c.record);
                         }
-                        Decision::Replay(r) => {
+                        Decision::Replay { response: r, expires_at: until } => {
                             // Only the same request replays, and only a completed record.
                             match &before {
                                 Some(Record::Completed { fingerprint, response, expires_at, .. }) => {
                                     prop_assert_eq!(fingerprint, &fp);
                                     prop_assert_eq!(response, &r);
+                                    prop_assert_eq!(*expires_at, until);
                                     prop_assert!(now < *expires_at);
                                 }
                                 other => prop_assert!(false, "replay of {:?}", other),

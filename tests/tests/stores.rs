@@ -164,8 +164,8 @@ async fn replay_cache_answers_completed_keys_until_they_expire() {
     // and a different request with the key still refused.
     db.exec("DELETE FROM idem_records").await;
     assert_eq!(
-        cache.claim(&k, &FP, t + 4, &P).await.unwrap(),
-        Decision::Replay(response("done"))
+        cache.claim(&k, &FP, t + 4, &P).await.unwrap().replayed(),
+        Some(&response("done"))
     );
     assert_eq!(
         cache.claim(&k, &OTHER, t + 4, &P).await.unwrap(),
@@ -201,15 +201,15 @@ async fn replay_cache_learns_from_the_store_and_stays_within_its_budget() {
     let cache = ReplayCache::new(store, 50_000);
     for k in &keys {
         assert_eq!(
-            cache.claim(k, &FP, t + 2, &P).await.unwrap(),
-            Decision::Replay(response(&big))
+            cache.claim(k, &FP, t + 2, &P).await.unwrap().replayed(),
+            Some(&response(&big))
         );
     }
     db.exec("DELETE FROM idem_records").await;
     let mut from_memory = 0;
     for k in &keys {
         match cache.claim(k, &FP, t + 3, &P).await.unwrap() {
-            Decision::Replay(r) => {
+            Decision::Replay { response: r, .. } => {
                 assert_eq!(r, response(&big));
                 from_memory += 1;
             }

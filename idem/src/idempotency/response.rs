@@ -16,14 +16,20 @@ pub(crate) fn refusal(rejection: &Rejection) -> Response<Body> {
     )
 }
 
-/// The stored answer, marked `Idempotent-Replayed: true`.
-pub(crate) fn replay(stored: StoredResponse) -> Response<Body> {
+/// The stored answer, marked `Idempotent-Replayed: true`, and stored until
+/// `expires_at` (the disposition an edge in front keeps its copy by).
+pub(crate) fn replay(stored: StoredResponse, expires_at: idem_core::Millis) -> Response<Body> {
     let StoredResponse {
         status,
         headers,
         body,
     } = stored;
-    build(status, contract::replay_headers(&headers), body)
+    let mut res = build(status, contract::replay_headers(&headers), body);
+    let stored = contract::OriginDisposition::Stored { expires_at };
+    if let Ok(v) = HeaderValue::from_str(&stored.header_value()) {
+        res.headers_mut().insert(contract::ORIGIN_DISPOSITION, v);
+    }
+    res
 }
 
 /// The stored answer as it was stored.

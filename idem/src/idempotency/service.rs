@@ -115,9 +115,12 @@ where
             Err(e) => return unavailable(&e),
             Ok(Decision::Execute(claim)) => (claim, false),
             Ok(Decision::TakeOver(claim)) => (claim, true),
-            Ok(Decision::Replay(stored)) => {
+            Ok(Decision::Replay {
+                response,
+                expires_at,
+            }) => {
                 metrics::outcome(Outcome::Replayed);
-                return replay(stored);
+                return replay(response, expires_at);
             }
             Ok(Decision::Mismatch) => {
                 metrics::outcome(Outcome::Mismatch);

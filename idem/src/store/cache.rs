@@ -84,7 +84,7 @@ impl Store for ReplayCache {
     ) -> Result<(Decision, Option<Record>), StoreError> {
         if let Some(record) = self.completed.get(key.as_str()) {
             match decide(Some(&record), fp, now, policy) {
-                decision @ (Decision::Replay(_) | Decision::Mismatch) => {
+                decision @ (Decision::Replay { .. } | Decision::Mismatch) => {
                     crate::metrics::replay_cache_hit();
                     return Ok((decision, None));
                 }
@@ -95,7 +95,7 @@ impl Store for ReplayCache {
             }
         }
         let (decision, record) = self.inner.claim_with_record(key, fp, now, policy).await?;
-        if let (Decision::Replay(_), Some(r)) = (&decision, &record) {
+        if let (Decision::Replay { .. }, Some(r)) = (&decision, &record) {
             self.keep(key, r.clone());
         }
         Ok((decision, record))
