@@ -26,7 +26,8 @@ const BOUNDS: [(&str, u64, u64); 5] = [
     ("TTL_MS", 1_000, 365 * 24 * 3_600_000),
     ("MAX_WAIT_MS", 0, 60_000),
     ("MAX_BODY_BYTES", 1, 100 * 1024 * 1024),
-    // Stored as hex in one Durable Object value (2 MiB at most), with its headers.
+    // Sent to the Durable Object as hex (twice its size) and stored in one value (2 MB
+    // with its key), with its headers: 512 KiB leaves room for both.
     ("MAX_STORED_BODY_BYTES", 0, 512 * 1024),
 ];
 
@@ -88,7 +89,12 @@ impl EdgeConfig {
                 {
                     return Err("ORIGIN_URL must be an http:// or https:// URL".into())
                 }
-                Some(u) => u,
+                Some(u) => match worker::Url::parse(&u) {
+                    Ok(url) if url.host_str().is_some_and(|h| !h.is_empty()) => u,
+                    // The parser's reason names what is wrong, not the value.
+                    Ok(_) => return Err("ORIGIN_URL has no host".into()),
+                    Err(why) => return Err(format!("ORIGIN_URL is not a valid URL: {why}")),
+                },
             };
         let policy = Policy {
             lease_ms: num("LEASE_MS", d.policy.lease_ms)?,
@@ -164,6 +170,16 @@ mod tests {
         assert!(with("ORIGIN_URL", "origin:8080")
             .unwrap_err()
             .contains("http://"));
+        let bad_host = with("ORIGIN_URL", "http://bad host:8080/p").unwrap_err();
+        assert!(
+            bad_host.starts_with("ORIGIN_URL is not a valid URL"),
+            "{bad_host}"
+        );
+        assert!(
+            !bad_host.contains("bad host"),
+            "the value is not echoed: {bad_host}"
+        );
+        assert!(with("ORIGIN_URL", "https://api.example:8443/base").is_ok());
         for (name, value) in [
             ("TTL_MS", "junk"),
             ("TTL_MS", "99999999999999999"),

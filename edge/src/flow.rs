@@ -44,34 +44,72 @@ impl Head {
     }
 }
 
-/// A request the edge sends to the origin.
+/// A request the edge sends to the origin, its body read (`Vec<u8>`) or streamed.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Outbound {
+pub struct Outbound<B = Vec<u8>> {
     /// The method.
     pub method: String,
     /// The origin's URL for the request.
     pub url: String,
     /// The headers passed on ([`contract::forwarded_request_header`]).
     pub headers: Vec<(String, String)>,
-    /// The body; empty for none.
-    pub body: Vec<u8>,
+    /// The body; `None` for GET and HEAD, which send none.
+    pub body: Option<B>,
 }
 
-/// An answer as plain values.
+/// An answer as plain values, its body read (`Vec<u8>`) or not.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Answer {
+pub struct Answer<B = Vec<u8>> {
     /// The status.
     pub status: u16,
     /// The headers, in order.
     pub headers: Vec<(String, String)>,
     /// The body.
-    pub body: Vec<u8>,
+    pub body: B,
 }
 
-impl Answer {
+impl<B> Answer<B> {
     fn header<'a>(&'a self, name: &'a str) -> Option<&'a [u8]> {
         header_values(&self.headers, name).next()
     }
+
+    /// The same answer with its body turned by `f`.
+    pub fn map_body<C>(self, f: impl FnOnce(B) -> C) -> Answer<C> {
+        Answer {
+            status: self.status,
+            headers: self.headers,
+            body: f(self.body),
+        }
+    }
+}
+
+/// The body of the client's answer: read (idem's answers, replays, guarded forwards,
+/// which may be stored), or streamed from the origin as it arrives (pass-through).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Payload<S> {
+    /// All of it.
+    Bytes(Vec<u8>),
+    /// The origin's body, not read by the edge.
+    Stream(S),
+}
+
+impl<S> Payload<S> {
+    /// The bytes, if the body was read.
+    pub fn bytes(&self) -> Option<&[u8]> {
+        match self {
+            Payload::Bytes(b) => Some(b),
+            Payload::Stream(_) => None,
+        }
+    }
+}
+
+/// Why a body was not read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReadError {
+    /// More than the limit arrived; reading stopped there.
+    TooLarge,
+    /// The body broke off or could not be read.
+    Unreadable(String),
 }
 
 /// What the edge did with a request (the value of [`EDGE_HEADER`]).
@@ -107,12 +145,18 @@ impl Handled {
 pub trait EdgeRuntime {
     /// A request body not read yet.
     type Body;
+    /// An answer's body not read yet, streamed to the client as it arrives.
+    type Stream;
     /// The records of one key.
     type Records: EdgeRecords;
-    /// Reads the whole body.
-    async fn read_body(&self, body: Self::Body) -> Result<Vec<u8>, String>;
-    /// Sends a request to the origin and reads its whole answer.
+    /// Reads the body, stopping with [`ReadError::TooLarge`] as soon as more than
+    /// `limit` bytes have arrived.
+    async fn read_body(&self, body: Self::Body, limit: usize) -> Result<Vec<u8>, ReadError>;
+    /// Sends a request to the origin and reads its whole answer (one the edge may store).
     async fn fetch(&self, request: Outbound) -> Result<Answer, String>;
+    /// Sends a request to the origin with its body streamed, and returns the answer
+    /// with its body unread: pass-through, where nothing is stored.
+    async fn pass(&self, request: Outbound<Self::Body>) -> Result<Answer<Self::Stream>, String>;
     /// The records of `key`.
     fn records(&self, key: &RecordKey) -> Result<Self::Records, String>;
     /// Wall-clock milliseconds since the Unix epoch.
@@ -129,21 +173,30 @@ pub async fn handle<R: EdgeRuntime>(
     config: &EdgeConfig,
     head: Head,
     body: R::Body,
-) -> Answer {
+) -> Answer<Payload<R::Stream>> {
     let key = match route(config, &head) {
         Route::Guard(key) => key,
-        Route::Reject(rejection) => return refused(&rejection),
-        Route::PassThrough => {
-            return match runtime.read_body(body).await {
-                Ok(body) => forward(runtime, config, &head, body, Handled::Passed).await,
-                Err(_) => refused(&Rejection::new(Problem::BodyUnreadable)),
-            }
-        }
+        Route::Reject(rejection) => return refused(&rejection).map_body(Payload::Bytes),
+        Route::PassThrough => return pass(runtime, config, &head, body).await,
     };
     let body = match read_guarded_body(runtime, config, &head, body).await {
         Ok(body) => body,
-        Err(rejection) => return refused(&rejection),
+        Err(rejection) => return refused(&rejection).map_body(Payload::Bytes),
     };
+    guarded(runtime, config, head, key, body)
+        .await
+        .map_body(Payload::Bytes)
+}
+
+/// A guarded request, its body read: claimed at the edge, forwarded once, its answer
+/// kept when the origin stored it.
+async fn guarded<R: EdgeRuntime>(
+    runtime: &R,
+    config: &EdgeConfig,
+    head: Head,
+    key: idem_core::IdempotencyKey,
+    body: Vec<u8>,
+) -> Answer {
     let scope = Scope::from_authorization(head.header("authorization"));
     let record_key = RecordKey::new(&scope, &key);
     let fingerprint = contract::fingerprint(
@@ -174,9 +227,29 @@ pub async fn handle<R: EdgeRuntime>(
             return refused(&Rejection::origin_unreachable(&e));
         }
     };
-    let kept = keep(runtime.now(), config, &answer, fingerprint, token);
-    write(runtime, &records, &kept.unwrap_or(release)).await;
-    relay(answer, Handled::Forwarded)
+    // Keep the answer, or free the key: a claim left behind would answer 409 until
+    // its lease ran out, for a key whose answer the origin has.
+    let kept = match keep(runtime.now(), config, &answer, fingerprint, token) {
+        Some(complete) => write(runtime, &records, &complete).await,
+        None => false,
+    };
+    if !kept {
+        write(runtime, &records, &release).await;
+    }
+    relay(&head.method, answer, Handled::Forwarded)
+}
+
+/// A request the edge does not guard, streamed both ways.
+async fn pass<R: EdgeRuntime>(
+    runtime: &R,
+    config: &EdgeConfig,
+    head: &Head,
+    body: R::Body,
+) -> Answer<Payload<R::Stream>> {
+    match runtime.pass(outbound(config, head, body)).await {
+        Ok(answer) => relay(&head.method, answer, Handled::Passed).map_body(Payload::Stream),
+        Err(e) => refused(&Rejection::origin_unreachable(&e)).map_body(Payload::Bytes),
+    }
 }
 
 /// The core's routing, on the edge's request.
@@ -189,7 +262,7 @@ pub fn route(config: &EdgeConfig, head: &Head) -> Route {
 }
 
 /// A guarded request's body, refused over the limit: on its declared length before
-/// reading, then on what arrived.
+/// reading, then as soon as more than the limit has arrived.
 async fn read_guarded_body<R: EdgeRuntime>(
     runtime: &R,
     config: &EdgeConfig,
@@ -198,14 +271,11 @@ async fn read_guarded_body<R: EdgeRuntime>(
 ) -> Result<Vec<u8>, Rejection> {
     let limit = config.max_body_bytes;
     contract::check_declared_length(head.header("content-length"), limit)?;
-    let body = runtime
-        .read_body(body)
-        .await
-        .map_err(|_| Rejection::new(Problem::BodyUnreadable))?;
-    if body.len() > limit {
-        return Err(Rejection::body_too_large(limit));
+    match runtime.read_body(body, limit).await {
+        Ok(body) if body.len() <= limit => Ok(body),
+        Ok(_) | Err(ReadError::TooLarge) => Err(Rejection::body_too_large(limit)),
+        Err(ReadError::Unreadable(_)) => Err(Rejection::new(Problem::BodyUnreadable)),
     }
-    Ok(body)
 }
 
 /// How a claim ended.
@@ -285,12 +355,19 @@ fn keep(
     })
 }
 
-/// Writes a holder's op; a write that does not land only costs the edge its copy.
-async fn write<R: EdgeRuntime>(runtime: &R, records: &R::Records, op: &Op) {
+/// Writes a holder's op: whether it landed. One that does not only costs the edge its
+/// copy; the origin holds the answer.
+async fn write<R: EdgeRuntime>(runtime: &R, records: &R::Records, op: &Op) -> bool {
     match records.send(op).await {
-        Ok(Reply::Written) => {}
-        Ok(other) => runtime.warn(&format!("edge record write not applied: {other:?}")),
-        Err(e) => runtime.warn(&format!("edge record write failed: {e}")),
+        Ok(Reply::Written) => true,
+        Ok(other) => {
+            runtime.warn(&format!("edge record write not applied: {other:?}"));
+            false
+        }
+        Err(e) => {
+            runtime.warn(&format!("edge record write failed: {e}"));
+            false
+        }
     }
 }
 
@@ -318,13 +395,13 @@ async fn forward<R: EdgeRuntime>(
     handled: Handled,
 ) -> Answer {
     match runtime.fetch(outbound(config, head, body)).await {
-        Ok(answer) => relay(answer, handled),
+        Ok(answer) => relay(&head.method, answer, handled),
         Err(e) => refused(&Rejection::origin_unreachable(&e)),
     }
 }
 
 /// The request as the origin gets it.
-pub fn outbound(config: &EdgeConfig, head: &Head, body: Vec<u8>) -> Outbound {
+pub fn outbound<B>(config: &EdgeConfig, head: &Head, body: B) -> Outbound<B> {
     let bodiless = matches!(head.method.as_str(), "GET" | "HEAD");
     Outbound {
         method: head.method.clone(),
@@ -336,16 +413,17 @@ pub fn outbound(config: &EdgeConfig, head: &Head, body: Vec<u8>) -> Outbound {
                 .and_then(|ip| std::str::from_utf8(ip).ok()),
             &head.scheme,
         ),
-        body: if bodiless { Vec::new() } else { body },
+        body: if bodiless { None } else { Some(body) },
     }
 }
 
-/// The origin's answer as the client gets it.
-fn relay(answer: Answer, handled: Handled) -> Answer {
-    let mut headers: Vec<(String, String)> = contract::relayed_answer_headers(&answer.headers)
-        .into_iter()
-        .filter(|(n, _)| !n.eq_ignore_ascii_case(EDGE_HEADER))
-        .collect();
+/// The origin's answer to a `method` request as the client gets it.
+fn relay<B>(method: &str, answer: Answer<B>, handled: Handled) -> Answer<B> {
+    let mut headers: Vec<(String, String)> =
+        contract::relayed_answer_headers(method, &answer.headers)
+            .into_iter()
+            .filter(|(n, _)| !n.eq_ignore_ascii_case(EDGE_HEADER))
+            .collect();
     headers.push((EDGE_HEADER.into(), handled.as_str().into()));
     Answer {
         status: answer.status,

@@ -39,7 +39,7 @@ pub use durable::IdemRecord;
 async fn fetch(
     req: worker::Request,
     env: worker::Env,
-    _ctx: worker::Context,
+    ctx: worker::Context,
 ) -> worker::Result<worker::Response> {
-    handler::handle(req, &env).await
+    handler::handle(req, env, ctx).await
 }

@@ -121,15 +121,33 @@ pub enum Stored {
     Undecodable,
 }
 
-/// Reads the stored value: hex of [`Record::encode`].
-pub fn stored(hex: Option<&str>) -> Stored {
-    match hex {
-        None => Stored::Absent,
-        Some(hex) => unhex(hex)
-            .and_then(|b| Record::decode(&b).ok())
-            .map_or(Stored::Undecodable, Stored::Present),
-    }
+/// A value as the Durable Object's storage returns it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Value<'a> {
+    /// Bytes: [`Record::encode`], as records are written.
+    Binary(&'a [u8]),
+    /// Text: the hex of [`Record::encode`], as records were written before they were
+    /// binary (still read, so an upgrade keeps what the edge holds).
+    Hex(&'a str),
+    /// Anything else.
+    Other,
 }
+
+/// Reads the stored value.
+pub fn stored(value: Option<Value<'_>>) -> Stored {
+    let decoded = match value {
+        None => return Stored::Absent,
+        Some(Value::Binary(bytes)) => Record::decode(bytes).ok(),
+        Some(Value::Hex(hex)) => unhex(hex).and_then(|b| Record::decode(&b).ok()),
+        Some(Value::Other) => None,
+    };
+    decoded.map_or(Stored::Undecodable, Stored::Present)
+}
+
+/// The largest encoded record one Durable Object value holds: a SQLite-backed object
+/// takes 2 MB for a key and its value together; this leaves room for the key and
+/// the value's serialisation header.
+pub const MAX_RECORD_BYTES: usize = 2_000_000 - 4_096;
 
 /// Executes `op` against the stored record at `now`: the reply, and the record to
 /// store when it changes. The Durable Object calls this between one storage read and
@@ -191,6 +209,15 @@ pub fn apply(
             };
             let response = response.to_stored().ok_or("bad response body")?;
             match complete(stored, &holder, response, now, &policy) {
+                Ok(record) if record.encode().len() > MAX_RECORD_BYTES => (
+                    Reply::Refused {
+                        reason: format!(
+                            "the record is {} bytes, more than one Durable Object value holds ({MAX_RECORD_BYTES})",
+                            record.encode().len()
+                        ),
+                    },
+                    None,
+                ),
                 Ok(record) => (Reply::Written, Some(record)),
                 Err(refusal) => (
                     Reply::Refused {
@@ -243,10 +270,57 @@ mod tests {
         let (_, Some(record)) = apply(&claim(FP), None, 1_000).unwrap() else {
             panic!("a claim writes a record")
         };
-        let hex = idem_core::hex(&record.encode());
-        assert_eq!(stored(Some(&hex)), Stored::Present(record));
-        assert_eq!(stored(Some("zz")), Stored::Undecodable);
-        assert_eq!(stored(Some("ff00")), Stored::Undecodable);
+        let bytes = record.encode();
+        assert_eq!(
+            stored(Some(Value::Binary(&bytes))),
+            Stored::Present(record.clone())
+        );
+        let hex = idem_core::hex(&bytes);
+        assert_eq!(
+            stored(Some(Value::Hex(&hex))),
+            Stored::Present(record),
+            "a record written as hex, before records were binary, still reads"
+        );
+        assert_eq!(stored(Some(Value::Hex("zz"))), Stored::Undecodable);
+        assert_eq!(stored(Some(Value::Hex("ff00"))), Stored::Undecodable);
+        assert_eq!(stored(Some(Value::Binary(&[0xff, 0]))), Stored::Undecodable);
+        assert_eq!(stored(Some(Value::Other)), Stored::Undecodable);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_record_too_large_for_one_value_is_refused_not_written() {
+        let mut stored = None;
+        let Reply::Execute { token, .. } = run(&mut stored, &claim(FP), 0) else {
+            panic!()
+        };
+        let huge = Op::Complete {
+            fingerprint: FP.into(),
+            token,
+            response: WireResponse {
+                status: 201,
+                headers: vec![],
+                body_hex: idem_core::hex(&vec![7; MAX_RECORD_BYTES]),
+            },
+            lease_ms: 1_000,
+            ttl_ms: 10_000,
+        };
+        let (reply, write) = apply(&huge, stored.as_ref(), 5).unwrap();
+        let Reply::Refused { reason } = reply else {
+            panic!("{reply:?}")
+        };
+        assert!(
+            reason.contains("more than one Durable Object value"),
+            "{reason}"
+        );
+        assert_eq!(write, None, "nothing is written");
+        let fits = Op::Complete {
+            fingerprint: FP.into(),
+            token,
+            response: response(),
+            lease_ms: 1_000,
+            ttl_ms: 10_000,
+        };
+        assert_eq!(run(&mut stored, &fits, 6), Reply::Written);
     }
 
     fn claim(fp: &str) -> Op {

@@ -20,11 +20,15 @@ fn repo() -> PathBuf {
         .to_path_buf()
 }
 
+/// A test var's value with this prefix is written into wrangler.toml unquoted (a
+/// number, as a user might write it), not as a string.
+const UNQUOTED: &str = "unquoted:";
+
 /// `wrangler dev` on a free port, with fresh Durable Object state, against `origin`.
 struct Edge {
     child: Child,
     base: String,
-    _state: PathBuf,
+    state: PathBuf,
 }
 
 impl Edge {
@@ -34,6 +38,57 @@ impl Edge {
 
     /// Starts it and waits until `/healthz` answers a status that `ready` accepts.
     async fn launch(origin: &str, vars: &[(&str, &str)], ready: fn(u16) -> bool) -> Edge {
+        let state = std::env::temp_dir().join(format!(
+            "idem-edge-state-{}-{}",
+            std::process::id(),
+            idem_tests::procs::free_port()
+        ));
+        Self::launch_in(state, origin, vars, ready).await
+    }
+
+    /// The directory of the Durable Objects' SQLite files, one per object.
+    fn objects_dir(&self) -> PathBuf {
+        self.state.join("state/v3/do/idem-edge-IdemRecord")
+    }
+
+    /// Every stored record, as (object file, stored value's length, value as hex).
+    fn stored_records(&self) -> Vec<(PathBuf, usize, String)> {
+        let Ok(dir) = std::fs::read_dir(self.objects_dir()) else {
+            return Vec::new();
+        };
+        let mut found = Vec::new();
+        for file in dir.flatten().map(|e| e.path()) {
+            let name = file.file_name().unwrap().to_string_lossy().into_owned();
+            if !name.ends_with(".sqlite") || name == "metadata.sqlite" {
+                continue;
+            }
+            // An object that never stored a value has no key-value table.
+            let tables = sqlite(
+                &file,
+                "SELECT name FROM sqlite_master WHERE name = '_cf_KV'",
+            );
+            if tables.trim().is_empty() {
+                continue;
+            }
+            let row = sqlite(
+                &file,
+                "SELECT length(value) || ' ' || hex(value) FROM _cf_KV WHERE key = 'record'",
+            );
+            if let Some((len, hex)) = row.trim().split_once(' ') {
+                found.push((file, len.parse().unwrap(), hex.to_owned()));
+            }
+        }
+        found
+    }
+
+    /// Starts it on `state` and waits until `/healthz` answers a status that `ready`
+    /// accepts.
+    async fn launch_in(
+        state: PathBuf,
+        origin: &str,
+        vars: &[(&str, &str)],
+        ready: fn(u16) -> bool,
+    ) -> Edge {
         let edge = repo().join("edge");
         let entry = edge.join("build/index.js");
         let wrangler = edge.join("node_modules/.bin/wrangler");
@@ -47,13 +102,7 @@ impl Edge {
             "{} is missing: run scripts/edge-toolchain",
             wrangler.display()
         );
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let state =
-            std::env::temp_dir().join(format!("idem-edge-state-{}-{port}", std::process::id()));
+        let port = idem_tests::procs::free_port();
         std::fs::create_dir_all(&state).unwrap();
         // The repository's wrangler.toml, minus its [build] step (the worker is built
         // already), with this test's vars.
@@ -76,7 +125,10 @@ impl Edge {
                     .iter()
                     .find(|(name, _)| l.starts_with(&format!("{name} =")))
                 {
-                    Some((name, value)) => format!("{name} = {value:?}"),
+                    Some((name, value)) => match value.strip_prefix(UNQUOTED) {
+                        Some(raw) => format!("{name} = {raw}"),
+                        None => format!("{name} = {value:?}"),
+                    },
                     None => l.to_owned(),
                 }
             })
@@ -125,12 +177,26 @@ impl Edge {
             assert!(Instant::now() < deadline, "wrangler dev did not serve within 60 s (see target/idem-reports/wrangler-{port}.log)");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        Edge {
-            child,
-            base,
-            _state: state,
-        }
+        Edge { child, base, state }
     }
+}
+
+/// One query's output from the `sqlite3` shell (scripts/edge-toolchain installs it):
+/// how the tests read the Durable Objects' storage as workerd wrote it.
+fn sqlite(db: &Path, query: &str) -> String {
+    let out = Command::new("sqlite3")
+        .args(["-cmd", ".timeout 5000"])
+        .arg(db)
+        .arg(query)
+        .output()
+        .expect("sqlite3 runs (scripts/edge-toolchain installs it)");
+    assert!(
+        out.status.success(),
+        "sqlite3 {} {query:?}: {}",
+        db.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
 }
 
 impl Drop for Edge {
@@ -607,6 +673,12 @@ async fn a_misconfigured_edge_says_so_and_forwards_nothing() {
     let mut answers = Vec::new();
     for (var, value, origin_url) in [
         ("ORIGIN_URL", "", ""),
+        ("ORIGIN_URL", "http://bad host:8080", "http://bad host:8080"),
+        (
+            "TTL_MS",
+            "unquoted:5000000000000",
+            origin.url("").leak() as &str,
+        ),
         ("TTL_MS", "junk", origin.url("").leak() as &str),
         (
             "TTL_MS",
@@ -717,4 +789,426 @@ async fn the_origin_gets_the_edge_s_forwarding_headers_not_the_client_s() {
         !leaked_answer_header,
         "named in the answer's Connection: hop-by-hop"
     );
+}
+
+/// A stream of `chunks`, each sent after its delay: a client or an origin that takes
+/// its time.
+fn paced(
+    chunks: Vec<(Duration, Vec<u8>)>,
+    sent: Arc<std::sync::Mutex<Vec<Instant>>>,
+) -> impl futures_util::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Send + 'static {
+    futures_util::stream::unfold(chunks.into_iter(), move |mut rest| {
+        let sent = sent.clone();
+        async move {
+            let (delay, chunk) = rest.next()?;
+            tokio::time::sleep(delay).await;
+            sent.lock().unwrap().push(Instant::now());
+            Some((Ok(bytes::Bytes::from(chunk)), rest))
+        }
+    })
+}
+
+/// What the edge does not guard it streams, both ways: a server-sent event reaches
+/// the client before the origin's answer ends, an upload reaches the origin before the
+/// client has sent all of it, and the answer to HEAD keeps its `Content-Length`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_streams_what_it_does_not_guard() {
+    use futures_util::StreamExt;
+    let origin_got: Arc<std::sync::Mutex<Vec<Instant>>> = Arc::default();
+    let got = origin_got.clone();
+    let app = axum::Router::new()
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .route(
+            "/events",
+            axum::routing::get(|| async {
+                let events = paced(
+                    vec![
+                        (Duration::ZERO, b"data: first\n\n".to_vec()),
+                        (Duration::from_secs(4), b"data: second\n\n".to_vec()),
+                    ],
+                    Arc::default(),
+                );
+                (
+                    [("content-type", "text/event-stream")],
+                    axum::body::Body::from_stream(events),
+                )
+            }),
+        )
+        .route(
+            "/upload",
+            axum::routing::post(move |req: axum::extract::Request| {
+                let got = got.clone();
+                async move {
+                    let mut chunks = req.into_body().into_data_stream();
+                    let mut len = 0;
+                    while let Some(chunk) = chunks.next().await {
+                        got.lock().unwrap().push(Instant::now());
+                        len += chunk.unwrap().len();
+                    }
+                    len.to_string()
+                }
+            }),
+        )
+        .route("/file", axum::routing::get(|| async { vec![b'x'; 12_345] }));
+    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let origin = TestOrigin::serve_router(app, store).await;
+    let edge = Edge::start(&origin.url(""), &[]).await;
+    let http = client();
+
+    let asked = Instant::now();
+    let mut events = http
+        .get(format!("{}/events", edge.base))
+        .send()
+        .await
+        .unwrap();
+    let first = events.chunk().await.unwrap().unwrap_or_default();
+    let first_after = asked.elapsed();
+    let mut rest = Vec::new();
+    while let Some(chunk) = events.chunk().await.unwrap() {
+        rest.extend_from_slice(&chunk);
+    }
+
+    let client_sent: Arc<std::sync::Mutex<Vec<Instant>>> = Arc::default();
+    let upload = paced(
+        vec![
+            (Duration::ZERO, vec![b'u'; 64 * 1024]),
+            (Duration::from_secs(4), vec![b'v'; 64 * 1024]),
+        ],
+        client_sent.clone(),
+    );
+    let uploaded = http
+        .post(format!("{}/upload", edge.base))
+        .body(reqwest::Body::wrap_stream(upload))
+        .send()
+        .await
+        .unwrap();
+    let edge_did = uploaded.headers()["idem-edge"].to_str().unwrap().to_owned();
+    let origin_counted = uploaded.text().await.unwrap();
+    let origin_first_byte = origin_got.lock().unwrap()[0];
+    let client_last_chunk = client_sent.lock().unwrap()[1];
+
+    let head = http
+        .head(format!("{}/file", edge.base))
+        .send()
+        .await
+        .unwrap();
+    let head_length = head
+        .headers()
+        .get("content-length")
+        .map(|v| v.to_str().unwrap().to_owned());
+
+    let upload_lead = client_last_chunk.saturating_duration_since(origin_first_byte);
+    report(
+        "edge",
+        &format!(
+            "pass-through: the first event after {first_after:?} (the next one 4 s later); \
+             the upload's first byte at the origin {upload_lead:?} before the client sent its last \
+             ({origin_counted} bytes, {edge_did}); HEAD's Content-Length {head_length:?}"
+        ),
+    );
+    assert_eq!(&first[..], b"data: first\n\n");
+    assert_eq!(&rest[..], b"data: second\n\n");
+    assert!(
+        first_after < Duration::from_secs(3),
+        "the first event came after {first_after:?}: the edge held the stream until it ended"
+    );
+    assert_eq!(origin_counted, (128 * 1024).to_string());
+    assert_eq!(edge_did, "passed");
+    assert!(
+        origin_first_byte < client_last_chunk,
+        "the origin saw nothing until the client had sent everything: the edge read the upload whole"
+    );
+    assert_eq!(
+        head_length.as_deref(),
+        Some("12345"),
+        "HEAD keeps its length"
+    );
+}
+
+/// A guarded body is read only up to the limit: one sent without a length is refused
+/// as soon as it passes the limit, not once the client is done sending; one that
+/// declares a huge length is refused before any of it is read. The origin sees
+/// neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_stops_reading_a_guarded_body_at_its_limit() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (origin, seen) = recording_origin().await;
+    let edge = Edge::start(&origin.url(""), &[("MAX_BODY_BYTES", "65536")]).await;
+    let unending = paced(
+        vec![
+            (Duration::ZERO, vec![b' '; 100 * 1024]),
+            (Duration::from_secs(10), b"{}".to_vec()),
+        ],
+        Arc::default(),
+    );
+    let asked = Instant::now();
+    let res = client()
+        .post(format!("{}/v1/charges", edge.base))
+        .header("idempotency-key", "too-big-1")
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(unending))
+        .send()
+        .await
+        .unwrap();
+    let took = asked.elapsed();
+    let status = res.status().as_u16();
+    let problem: serde_json::Value = res.json().await.unwrap_or_default();
+
+    // A huge body that declares its length: 8 MiB, all sent (the local runtime holds
+    // back any answer until a declared body has arrived). The edge may stop reading
+    // and close early, so a failed write is not the test's concern; the answer is.
+    let huge = 8 * 1024 * 1024;
+    let host = edge.base.trim_start_matches("http://");
+    let mut conn = tokio::net::TcpStream::connect(host).await.unwrap();
+    let mut request = format!(
+        "POST /v1/charges HTTP/1.1\r\nhost: {host}\r\nidempotency-key: too-big-2\r\n\
+         content-type: application/json\r\ncontent-length: {huge}\r\n\r\n"
+    )
+    .into_bytes();
+    request.resize(request.len() + huge, b' ');
+    let _ = conn.write_all(&request).await;
+    let mut head = vec![0; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut head))
+        .await
+        .expect("the edge answers a huge body")
+        .unwrap();
+    let declared = String::from_utf8_lossy(&head[..n]).into_owned();
+    let requests = seen.lock().unwrap().clone();
+    report(
+        "edge",
+        &format!(
+            "a guarded body past MAX_BODY_BYTES=65536, sent without a length and left open: \
+             {status} {} after {took:?}; a declared 8 MiB: {:?}; the origin saw {requests:?}",
+            problem["type"],
+            declared.lines().next()
+        ),
+    );
+    assert_eq!(status, 413, "{problem}");
+    assert_eq!(problem["type"], "urn:idem:problem:body-too-large");
+    assert!(
+        took < Duration::from_secs(6),
+        "refused after {took:?}: the edge waited for the whole body"
+    );
+    assert!(declared.starts_with("HTTP/1.1 413"), "{declared}");
+    assert!(requests.is_empty(), "{requests:?}");
+}
+
+/// An idem origin keeping its answers for `ttl`, whose charge answers 201 with a body
+/// of `body_len` bytes, counting its executions.
+async fn origin_with_large_answers(
+    ttl: Duration,
+    body_len: usize,
+) -> (TestOrigin, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
+        .require_key_on(["/v1/charges"])
+        .ttl(ttl);
+    let app = axum::Router::new()
+        .route(
+            "/v1/charges",
+            axum::routing::post(move || {
+                r.fetch_add(1, Ordering::SeqCst);
+                async move { (http::StatusCode::CREATED, vec![b'a'; body_len]) }
+            }),
+        )
+        .layer(layer)
+        .route("/healthz", axum::routing::get(|| async { "ok" }));
+    (TestOrigin::serve_router(app, store).await, runs)
+}
+
+/// The Durable Object's storage as workerd wrote it: the record is bytes (not hex, at
+/// twice the size), and its alarm deletes it once the origin's record has expired —
+/// not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_stores_records_as_bytes_and_its_alarm_deletes_them_at_expiry() {
+    let ttl = Duration::from_secs(8);
+    let body_len = 40 * 1024;
+    let (origin, runs) = origin_with_large_answers(ttl, body_len).await;
+    let edge = Edge::start(&origin.url(""), &[]).await;
+    let http = client();
+    let first = post(&http, &edge.base, "bytes-1", "{}".into(), false).await;
+    let stored_at = Instant::now();
+    assert_eq!(first.status(), 201);
+    assert_eq!(first.headers()["idem-edge"], "forwarded");
+    let records = edge.stored_records();
+    let retry = post(&http, &edge.base, "bytes-1", "{}".into(), false).await;
+    let retry_edge = retry.headers()["idem-edge"].to_str().unwrap().to_owned();
+    assert_eq!(retry.bytes().await.unwrap().len(), body_len);
+    // Half-way through the TTL it is still there; once past it (and the 1 s grace), the
+    // alarm has removed it.
+    tokio::time::sleep(ttl / 2).await;
+    let halfway = edge.stored_records().len();
+    let deadline = stored_at + ttl + Duration::from_secs(15);
+    let gone_after = loop {
+        if edge.stored_records().is_empty() {
+            break Some(stored_at.elapsed());
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    let sizes: Vec<usize> = records.iter().map(|(_, len, _)| *len).collect();
+    report(
+        "edge",
+        &format!(
+            "a {body_len}-byte answer kept at the edge: stored values of {sizes:?} bytes; \
+             the retry {retry_edge}; records half-way through the {ttl:?} TTL: {halfway}; \
+             deleted by the alarm after {gone_after:?}; {} execution",
+            runs.load(std::sync::atomic::Ordering::SeqCst)
+        ),
+    );
+    assert_eq!(sizes.len(), 1, "one record, in one object");
+    assert!(
+        sizes[0] > body_len && sizes[0] < body_len + 1024,
+        "stored as bytes: {} bytes for a {body_len}-byte body",
+        sizes[0]
+    );
+    assert_eq!(retry_edge, "replayed");
+    assert_eq!(halfway, 1, "not deleted before it expired");
+    let gone_after = gone_after.expect("the alarm deleted the expired record");
+    assert!(
+        gone_after >= ttl,
+        "deleted after {gone_after:?}, before the TTL"
+    );
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// A stored value the edge cannot decode (damaged, or a newer version's encoding) is
+/// not "no record": a retry goes to the origin (which replays), nothing overwrites it,
+/// and its alarm, fired, does not delete it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_the_edge_cannot_read_is_neither_overwritten_nor_deleted() {
+    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let (origin, ledger) = TestOrigin::demo_on(store).await;
+    let edge = Edge::start(&origin.url(""), &[]).await;
+    let http = client();
+    let body = charge_body("cus-damaged", 100, 0);
+    let first = post(&http, &edge.base, "damaged-1", body.clone(), false).await;
+    assert_eq!(first.status(), 201);
+    let records = edge.stored_records();
+    assert_eq!(records.len(), 1, "{records:?}");
+    let object = records[0].0.clone();
+    // Stopped, the value is replaced by a V8-serialised string that is no record
+    // ("zz"), and the object's alarm (kept in the object's own `_cf_METADATA`, row 1,
+    // in nanoseconds) is brought forward to now: it fires as soon as the edge is up
+    // again on the same storage.
+    let edge = {
+        let state = edge.state.clone();
+        drop(edge);
+        const DAMAGED: &str = "FF0F22027A7A";
+        sqlite(
+            &object,
+            &format!("UPDATE _cf_KV SET value = X'{DAMAGED}' WHERE key = 'record'"),
+        );
+        let alarm = sqlite(&object, "SELECT value FROM _cf_METADATA WHERE key = 1");
+        assert!(
+            alarm.trim().parse::<u64>().unwrap() > idem::now() * 1_000_000,
+            "the object's alarm is set, in ns: {alarm:?}"
+        );
+        let due = idem::now() * 1_000_000;
+        sqlite(
+            &object,
+            &format!("UPDATE _cf_METADATA SET value = {due} WHERE key = 1"),
+        );
+        sqlite(
+            &object.with_file_name("metadata.sqlite"),
+            &format!("UPDATE _cf_ALARM SET scheduled_time = {}", due / 1_000_000),
+        );
+        Edge::launch_in(state, &origin.url(""), &[], |status| status == 200).await
+    };
+    // The alarm fires at start-up; give it time to.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after_alarm: Vec<String> = edge.stored_records().into_iter().map(|r| r.2).collect();
+    let retry = post(&http, &edge.base, "damaged-1", body, false).await;
+    let retry_status = retry.status().as_u16();
+    let retry_edge = retry.headers()["idem-edge"].to_str().unwrap().to_owned();
+    let retry_replayed = retry.headers().get("idempotent-replayed").is_some();
+    let after: Vec<String> = edge.stored_records().into_iter().map(|r| r.2).collect();
+    let rearmed = edge
+        .stored_records()
+        .first()
+        .map(|(object, ..)| sqlite(object, "SELECT value FROM _cf_METADATA WHERE key = 1"));
+    let charges = ledger.len();
+    report(
+        "edge",
+        &format!(
+            "a damaged edge record: the stored value once its alarm fired: {after_alarm:?}; \
+             the retry {retry_status} {retry_edge} (replayed by the origin: {retry_replayed}); \
+             the value after it: {after:?}; the alarm now at {rearmed:?} ns; {charges} charge"
+        ),
+    );
+    assert_eq!(after_alarm, ["FF0F22027A7A"], "the alarm did not delete it");
+    let rearmed_ms = rearmed
+        .as_deref()
+        .and_then(|ns| ns.trim().parse::<u64>().ok())
+        .map(|ns| ns / 1_000_000)
+        .unwrap_or(0);
+    let now = idem::now();
+    assert!(
+        rearmed_ms > now + 30 * 60_000 && rearmed_ms < now + 2 * 3_600_000,
+        "the alarm fired and looks again in an hour: {rearmed:?}"
+    );
+    assert_eq!(
+        (retry_status, retry_edge.as_str(), retry_replayed),
+        (201, "degraded", true),
+        "the origin answers a key the edge cannot read"
+    );
+    assert_eq!(after, ["FF0F22027A7A"], "neither overwritten nor deleted");
+    assert_eq!(charges, 1);
+}
+
+/// An origin slower than the edge's lease: a retry past the lease takes the key over at
+/// the edge and reaches the origin, which refuses it (409, its own lease is live) and
+/// charges once; the first holder's late completion is fenced out at the edge, the key
+/// is freed, and the next retry is replayed — by the origin, then by the edge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_origin_past_the_edge_lease_still_charges_once() {
+    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let (origin, ledger) = TestOrigin::demo_on(store).await;
+    let edge = Edge::start(&origin.url(""), &[("LEASE_MS", "1000")]).await;
+    let http = client();
+    let body = charge_body("cus-slow", 100, 4_000);
+    let first = {
+        let (http, base, body) = (http.clone(), edge.base.clone(), body.clone());
+        tokio::spawn(async move { post(&http, &base, "slow-1", body, false).await })
+    };
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let mut answers = Vec::new();
+    let mut seen = |res: &reqwest::Response| {
+        answers.push(format!(
+            "{} {} {}",
+            res.status().as_u16(),
+            res.headers()["idem-edge"].to_str().unwrap(),
+            res.headers()
+                .get("idempotent-replayed")
+                .map_or("first", |_| "replayed")
+        ))
+    };
+    let past_lease = post(&http, &edge.base, "slow-1", body.clone(), false).await;
+    seen(&past_lease);
+    let first = first.await.unwrap();
+    seen(&first);
+    for _ in 0..2 {
+        let retry = post(&http, &edge.base, "slow-1", body.clone(), false).await;
+        seen(&retry);
+    }
+    let charges = ledger.len();
+    report(
+        "edge",
+        &format!("an origin taking 4 s behind a 1 s edge lease: {answers:?}; {charges} charge"),
+    );
+    assert_eq!(
+        answers,
+        [
+            "409 forwarded first",
+            "201 forwarded first",
+            "201 forwarded replayed",
+            "201 replayed replayed"
+        ]
+    );
+    assert_eq!(charges, 1);
 }

@@ -18,7 +18,9 @@ use idem::idempotency::{release, IdempotencyLayer};
 use idem::store::MemoryStore;
 use idem_core::RecordKey;
 use idem_edge::config::EdgeConfig;
-use idem_edge::flow::{self, Answer, EdgeRuntime, Handled, Head, Outbound, EDGE_HEADER};
+use idem_edge::flow::{
+    self, Answer, EdgeRuntime, Handled, Head, Outbound, Payload, ReadError, EDGE_HEADER,
+};
 use idem_edge::memory::{MemoryObject, MemoryObjects};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -264,16 +266,28 @@ impl EdgeChain {
                 .collect(),
             scheme: "http".into(),
         };
-        flow::handle(self, &self.config, head, req.body.clone()).await
+        flow::handle(self, &self.config, head, req.body.clone())
+            .await
+            .map_body(|body| match body {
+                Payload::Bytes(bytes) | Payload::Stream(bytes) => bytes,
+            })
     }
 }
 
 impl EdgeRuntime for EdgeChain {
     type Body = Vec<u8>;
+    type Stream = Vec<u8>;
     type Records = MemoryObject;
 
-    async fn read_body(&self, body: Vec<u8>) -> Result<Vec<u8>, String> {
+    async fn read_body(&self, body: Vec<u8>, limit: usize) -> Result<Vec<u8>, ReadError> {
+        if body.len() > limit {
+            return Err(ReadError::TooLarge);
+        }
         Ok(body)
+    }
+
+    async fn pass(&self, request: Outbound) -> Result<Answer, String> {
+        self.fetch(request).await
     }
 
     async fn fetch(&self, request: Outbound) -> Result<Answer, String> {
@@ -289,7 +303,7 @@ impl EdgeRuntime for EdgeChain {
             );
         }
         let http = http
-            .body(Body::from(request.body))
+            .body(Body::from(request.body.unwrap_or_default()))
             .map_err(|e| e.to_string())?;
         Ok(answer_of(self.origin.clone().oneshot(http).await.unwrap()).await)
     }

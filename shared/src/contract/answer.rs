@@ -156,14 +156,18 @@ pub fn forwarded_headers(
     out
 }
 
-/// The headers of the origin's answer that the client gets ([`relayed_answer_header`],
-/// and not one its `Connection` names).
-pub fn relayed_answer_headers(headers: &[(String, String)]) -> Vec<(String, String)> {
+/// The headers of the origin's answer to a `method` request that the client gets
+/// ([`relayed_answer_header`], and not one its `Connection` names). The answer to HEAD
+/// keeps its `Content-Length`: it has no body for the runtime to count, and the
+/// header is what the client asked for.
+pub fn relayed_answer_headers(method: &str, headers: &[(String, String)]) -> Vec<(String, String)> {
     let named = connection_named(headers);
+    let head = method.eq_ignore_ascii_case("HEAD");
     headers
         .iter()
         .filter(|(n, _)| {
-            relayed_answer_header(n) && !named.iter().any(|c| n.eq_ignore_ascii_case(c))
+            (relayed_answer_header(n) || (head && n.eq_ignore_ascii_case("content-length")))
+                && !named.iter().any(|c| n.eq_ignore_ascii_case(c))
         })
         .cloned()
         .collect()
@@ -316,7 +320,15 @@ mod tests {
             ("idem-disposition", "released"),
             ("Location", "/x"),
         ]);
-        assert_eq!(relayed_answer_headers(&answer), h(&[("Location", "/x")]));
+        assert_eq!(
+            relayed_answer_headers("POST", &answer),
+            h(&[("Location", "/x")])
+        );
+        assert_eq!(
+            relayed_answer_headers("HEAD", &answer),
+            h(&[("Content-Length", "3"), ("Location", "/x")]),
+            "HEAD keeps the length it has no body to show"
+        );
     }
 
     #[wasm_bindgen_test(unsupported = test)]
