@@ -23,7 +23,7 @@ pub struct EdgeConfig {
 /// clamped. A TTL past a year would make the Durable Object's alarm date invalid.
 const BOUNDS: [(&str, u64, u64); 5] = [
     ("LEASE_MS", 100, 3_600_000),
-    ("TTL_MS", 1_000, 365 * 24 * 3_600_000),
+    ("TTL_MS", 1_000, crate::records::MAX_TTL_MS),
     ("MAX_WAIT_MS", 0, 60_000),
     ("MAX_BODY_BYTES", 1, 100 * 1024 * 1024),
     // Sent to the Durable Object as hex (twice its size) and stored in one value (2 MB
@@ -90,6 +90,10 @@ impl EdgeConfig {
                     return Err("ORIGIN_URL must be an http:// or https:// URL".into())
                 }
                 Some(u) => match worker::Url::parse(&u) {
+                    // The request's path and query are appended to it.
+                    Ok(url) if url.query().is_some() || url.fragment().is_some() => {
+                        return Err("ORIGIN_URL must not have a query or a fragment".into())
+                    }
                     Ok(url) if url.host_str().is_some_and(|h| !h.is_empty()) => u,
                     // The parser's reason names what is wrong, not the value.
                     Ok(_) => return Err("ORIGIN_URL has no host".into()),
@@ -180,6 +184,9 @@ mod tests {
             "the value is not echoed: {bad_host}"
         );
         assert!(with("ORIGIN_URL", "https://api.example:8443/base").is_ok());
+        assert!(with("ORIGIN_URL", "https://api.example/?a=1")
+            .unwrap_err()
+            .contains("query"));
         for (name, value) in [
             ("TTL_MS", "junk"),
             ("TTL_MS", "99999999999999999"),

@@ -2,8 +2,8 @@
 //! [`apply`] between one storage read and one storage write — no outbound fetch ever
 //! happens inside it, so no other request for the key can interleave.
 
-use crate::records::{apply, stored, EdgeRecords, Op, Reply, Stored, Value};
-use idem_core::RecordKey;
+use crate::records::{apply, decode_value, EdgeRecords, Op, Reply, Stored, Value};
+use idem_core::{Millis, RecordKey};
 use worker::js_sys::{JsString, Uint8Array};
 use worker::wasm_bindgen::JsCast;
 use worker::wasm_bindgen_futures::JsFuture;
@@ -32,14 +32,14 @@ impl IdemRecord {
         let storage = self.state.storage();
         let value = JsFuture::from(storage.as_raw().get(RECORD)?).await?;
         if value.is_undefined() {
-            return Ok(stored(None));
+            return Ok(decode_value(None));
         }
         if let Some(bytes) = value.dyn_ref::<Uint8Array>() {
-            return Ok(stored(Some(Value::Binary(&bytes.to_vec()))));
+            return Ok(decode_value(Some(Value::Binary(&bytes.to_vec()))));
         }
         let text = value.dyn_ref::<JsString>().map(String::from);
-        Ok(stored(Some(
-            text.as_deref().map_or(Value::Other, Value::Hex),
+        Ok(decode_value(Some(
+            text.as_deref().map_or(Value::Other, Value::Text),
         )))
     }
 }
@@ -56,7 +56,7 @@ impl DurableObject for IdemRecord {
         };
         // Unreadable or undecodable: the edge answers nothing for this key and the
         // request goes to the origin, which is authoritative.
-        let stored = match self.load().await {
+        let record = match self.load().await {
             Ok(Stored::Absent) => None,
             Ok(Stored::Present(record)) => Some(record),
             Ok(Stored::Undecodable) => {
@@ -65,7 +65,7 @@ impl DurableObject for IdemRecord {
             Err(e) => return Response::error(format!("storage read failed: {e}"), 503),
         };
         let now = Date::now().as_millis();
-        let (reply, write) = match apply(&op, stored.as_ref(), now) {
+        let (reply, write) = match apply(&op, record.as_ref(), now) {
             Ok(done) => done,
             Err(e) => return Response::error(e, 400),
         };
@@ -75,9 +75,8 @@ impl DurableObject for IdemRecord {
             storage
                 .put_raw(RECORD, Uint8Array::from(record.encode().as_slice()))
                 .await?;
-            let expiry = record.delete_after();
             storage
-                .set_alarm(expiry.saturating_sub(now).max(1) as i64)
+                .set_alarm(alarm_in(record.delete_after(), now))
                 .await?;
         }
         Response::from_json(&reply)
@@ -89,8 +88,8 @@ impl DurableObject for IdemRecord {
         match self.load().await? {
             // Renewed or completed since the alarm was set: come back at the new expiry.
             Stored::Present(r) if r.delete_after() > now => {
-                let at = r.delete_after();
-                self.state.storage().set_alarm((at - now) as i64).await?;
+                let at = alarm_in(r.delete_after(), now);
+                self.state.storage().set_alarm(at).await?;
             }
             Stored::Present(_) | Stored::Absent => self.state.storage().delete_all().await?,
             // Not ours to judge (a newer version's encoding, say): its expiry is unknown,
@@ -104,6 +103,11 @@ impl DurableObject for IdemRecord {
         }
         Response::ok("")
     }
+}
+
+/// Milliseconds from `now` to `at`, at least one, as the alarm API takes them.
+fn alarm_in(at: Millis, now: Millis) -> i64 {
+    i64::try_from(at.saturating_sub(now).max(1)).unwrap_or(i64::MAX)
 }
 
 /// [`EdgeRecords`] on the Durable Object of one key.

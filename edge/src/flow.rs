@@ -3,7 +3,7 @@
 //! Workers runtime in production, plain Rust in host-side tests.
 
 use crate::config::EdgeConfig;
-use crate::records::{EdgeRecords, Op, Reply, WireResponse};
+use crate::records::{EdgeRecords, Op, Reply, WireResponse, MAX_TTL_MS};
 use idem_core::contract::{
     self, OriginDisposition, Problem, Rejection, Route, Waiting, DEFAULT_CACHED_HEADERS,
     DEFAULT_METHODS, IDEMPOTENCY_KEY, ORIGIN_DISPOSITION,
@@ -93,16 +93,6 @@ pub enum Payload<S> {
     Stream(S),
 }
 
-impl<S> Payload<S> {
-    /// The bytes, if the body was read.
-    pub fn bytes(&self) -> Option<&[u8]> {
-        match self {
-            Payload::Bytes(b) => Some(b),
-            Payload::Stream(_) => None,
-        }
-    }
-}
-
 /// Why a body was not read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ReadError {
@@ -153,10 +143,13 @@ pub trait EdgeRuntime {
     /// `limit` bytes have arrived.
     async fn read_body(&self, body: Self::Body, limit: usize) -> Result<Vec<u8>, ReadError>;
     /// Sends a request to the origin and reads its whole answer (one the edge may store).
-    async fn fetch(&self, request: Outbound) -> Result<Answer, String>;
+    async fn fetch_whole(&self, request: Outbound) -> Result<Answer, String>;
     /// Sends a request to the origin with its body streamed, and returns the answer
     /// with its body unread: pass-through, where nothing is stored.
-    async fn pass(&self, request: Outbound<Self::Body>) -> Result<Answer<Self::Stream>, String>;
+    async fn fetch_streamed(
+        &self,
+        request: Outbound<Self::Body>,
+    ) -> Result<Answer<Self::Stream>, String>;
     /// The records of `key`.
     fn records(&self, key: &RecordKey) -> Result<Self::Records, String>;
     /// Wall-clock milliseconds since the Unix epoch.
@@ -219,7 +212,7 @@ async fn guarded<R: EdgeRuntime>(
         fingerprint: fingerprint.clone(),
         token,
     };
-    let answer = match runtime.fetch(outbound(config, &head, body)).await {
+    let answer = match runtime.fetch_whole(outbound(config, &head, body)).await {
         Ok(answer) => answer,
         Err(e) => {
             // Nothing reached the origin, or its answer was lost: free the key.
@@ -246,7 +239,7 @@ async fn pass<R: EdgeRuntime>(
     head: &Head,
     body: R::Body,
 ) -> Answer<Payload<R::Stream>> {
-    match runtime.pass(outbound(config, head, body)).await {
+    match runtime.fetch_streamed(outbound(config, head, body)).await {
         Ok(answer) => relay(&head.method, answer, Handled::Passed).map_body(Payload::Stream),
         Err(e) => refused(&Rejection::origin_unreachable(&e)).map_body(Payload::Bytes),
     }
@@ -333,7 +326,10 @@ fn keep(
     let origin_said = answer
         .header(ORIGIN_DISPOSITION)
         .and_then(OriginDisposition::parse);
-    let ttl_ms = contract::edge_ttl_ms(origin_said, now)?;
+    contract::edge_ttl_ms(origin_said, now, MAX_TTL_MS)?;
+    let Some(OriginDisposition::Stored { expires_at }) = origin_said else {
+        return None;
+    };
     if answer.body.len() > config.max_stored_body_bytes {
         return None;
     }
@@ -351,7 +347,7 @@ fn keep(
         token,
         response: WireResponse::from(&stored),
         lease_ms: config.policy.lease_ms,
-        ttl_ms,
+        expires_at,
     })
 }
 
@@ -383,19 +379,8 @@ async fn degraded<R: EdgeRuntime>(
     runtime.warn(&format!(
         "edge records unavailable ({why}); forwarding to the origin"
     ));
-    forward(runtime, config, head, body, Handled::Degraded).await
-}
-
-/// Forwards a request the edge does not hold a claim for.
-async fn forward<R: EdgeRuntime>(
-    runtime: &R,
-    config: &EdgeConfig,
-    head: &Head,
-    body: Vec<u8>,
-    handled: Handled,
-) -> Answer {
-    match runtime.fetch(outbound(config, head, body)).await {
-        Ok(answer) => relay(&head.method, answer, handled),
+    match runtime.fetch_whole(outbound(config, head, body)).await {
+        Ok(answer) => relay(&head.method, answer, Handled::Degraded),
         Err(e) => refused(&Rejection::origin_unreachable(&e)),
     }
 }

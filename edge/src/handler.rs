@@ -98,7 +98,7 @@ impl EdgeRuntime for Workers {
         Ok(read)
     }
 
-    async fn fetch(&self, request: Outbound) -> std::result::Result<Answer, String> {
+    async fn fetch_whole(&self, request: Outbound) -> std::result::Result<Answer, String> {
         let body = request
             .body
             .as_ref()
@@ -109,7 +109,7 @@ impl EdgeRuntime for Workers {
         Ok(answer_of(&res, body))
     }
 
-    async fn pass(
+    async fn fetch_streamed(
         &self,
         request: Outbound<Request>,
     ) -> std::result::Result<Answer<Stream>, String> {

@@ -2,6 +2,7 @@
 //! Object protocol, and [`apply`], the pure function the Durable Object executes —
 //! the core decides, the object only stores the result.
 
+use idem_core::contract::{self, OriginDisposition};
 use idem_core::{
     complete, decide, release, Decision, Fingerprint, Holder, Millis, Policy, Record,
     StoredResponse,
@@ -18,13 +19,14 @@ pub enum Op {
         lease_ms: u64,
         ttl_ms: u64,
     },
-    /// Store the holder's response.
+    /// Store the holder's response until `expires_at`, when the origin's record of it
+    /// expires (the object counts the time left on its own clock).
     Complete {
         fingerprint: String,
         token: u64,
         response: WireResponse,
         lease_ms: u64,
-        ttl_ms: u64,
+        expires_at: Millis,
     },
     /// Free the key.
     Release { fingerprint: String, token: u64 },
@@ -128,21 +130,25 @@ pub enum Value<'a> {
     Binary(&'a [u8]),
     /// Text: the hex of [`Record::encode`], as records were written before they were
     /// binary (still read, so an upgrade keeps what the edge holds).
-    Hex(&'a str),
+    Text(&'a str),
     /// Anything else.
     Other,
 }
 
-/// Reads the stored value.
-pub fn stored(value: Option<Value<'_>>) -> Stored {
+/// Decodes the stored value.
+pub fn decode_value(value: Option<Value<'_>>) -> Stored {
     let decoded = match value {
         None => return Stored::Absent,
         Some(Value::Binary(bytes)) => Record::decode(bytes).ok(),
-        Some(Value::Hex(hex)) => unhex(hex).and_then(|b| Record::decode(&b).ok()),
+        Some(Value::Text(hex)) => unhex(hex).and_then(|b| Record::decode(&b).ok()),
         Some(Value::Other) => None,
     };
     decoded.map_or(Stored::Undecodable, Stored::Present)
 }
+
+/// The longest the edge keeps an answer (and the most `TTL_MS` may be): a year. An
+/// alarm date past it would be refused by the runtime.
+pub const MAX_TTL_MS: u64 = 365 * 24 * 3_600_000;
 
 /// The largest encoded record one Durable Object value holds: a SQLite-backed object
 /// takes 2 MB for a key and its value together; this leaves room for the key and
@@ -197,28 +203,36 @@ pub fn apply(
             token,
             response,
             lease_ms,
-            ttl_ms,
+            expires_at,
         } => {
             let holder = Holder {
                 fingerprint: fingerprint(fp)?,
                 token: *token,
             };
+            let stored_until = OriginDisposition::Stored {
+                expires_at: *expires_at,
+            };
+            let Some(ttl_ms) = contract::edge_ttl_ms(Some(stored_until), now, MAX_TTL_MS) else {
+                let reason = "the origin's record has expired".to_owned();
+                return Ok((Reply::Refused { reason }, None));
+            };
             let policy = Policy {
                 lease_ms: *lease_ms,
-                ttl_ms: *ttl_ms,
+                ttl_ms,
             };
             let response = response.to_stored().ok_or("bad response body")?;
             match complete(stored, &holder, response, now, &policy) {
-                Ok(record) if record.encode().len() > MAX_RECORD_BYTES => (
-                    Reply::Refused {
-                        reason: format!(
-                            "the record is {} bytes, more than one Durable Object value holds ({MAX_RECORD_BYTES})",
-                            record.encode().len()
-                        ),
-                    },
-                    None,
-                ),
-                Ok(record) => (Reply::Written, Some(record)),
+                Ok(record) => match record.encode().len() {
+                    len if len > MAX_RECORD_BYTES => (
+                        Reply::Refused {
+                            reason: format!(
+                                "the record is {len} bytes, more than one Durable Object value holds ({MAX_RECORD_BYTES})"
+                            ),
+                        },
+                        None,
+                    ),
+                    _ => (Reply::Written, Some(record)),
+                },
                 Err(refusal) => (
                     Reply::Refused {
                         reason: refusal.to_string(),
@@ -266,25 +280,67 @@ mod tests {
 
     #[wasm_bindgen_test(unsupported = test)]
     fn an_undecodable_record_is_not_an_absent_one() {
-        assert_eq!(stored(None), Stored::Absent);
+        assert_eq!(decode_value(None), Stored::Absent);
         let (_, Some(record)) = apply(&claim(FP), None, 1_000).unwrap() else {
             panic!("a claim writes a record")
         };
         let bytes = record.encode();
         assert_eq!(
-            stored(Some(Value::Binary(&bytes))),
+            decode_value(Some(Value::Binary(&bytes))),
             Stored::Present(record.clone())
         );
         let hex = idem_core::hex(&bytes);
         assert_eq!(
-            stored(Some(Value::Hex(&hex))),
+            decode_value(Some(Value::Text(&hex))),
             Stored::Present(record),
             "a record written as hex, before records were binary, still reads"
         );
-        assert_eq!(stored(Some(Value::Hex("zz"))), Stored::Undecodable);
-        assert_eq!(stored(Some(Value::Hex("ff00"))), Stored::Undecodable);
-        assert_eq!(stored(Some(Value::Binary(&[0xff, 0]))), Stored::Undecodable);
-        assert_eq!(stored(Some(Value::Other)), Stored::Undecodable);
+        assert_eq!(decode_value(Some(Value::Text("zz"))), Stored::Undecodable);
+        assert_eq!(decode_value(Some(Value::Text("ff00"))), Stored::Undecodable);
+        assert_eq!(
+            decode_value(Some(Value::Binary(&[0xff, 0]))),
+            Stored::Undecodable
+        );
+        assert_eq!(decode_value(Some(Value::Other)), Stored::Undecodable);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_copy_expires_with_the_origin_s_record_on_the_object_s_clock() {
+        let mut stored = None;
+        let Reply::Execute { token, .. } = run(&mut stored, &claim(FP), 0) else {
+            panic!()
+        };
+        let until = |expires_at| Op::Complete {
+            fingerprint: FP.into(),
+            token,
+            response: response(),
+            lease_ms: 1_000,
+            expires_at,
+        };
+        // Arriving at the object late: the time the message took is not added on top.
+        assert!(matches!(
+            run(&mut stored, &until(5_000), 5_000),
+            Reply::Refused { .. }
+        ));
+        assert_eq!(run(&mut stored, &until(9_000), 5_000), Reply::Written);
+        assert_eq!(stored.as_ref().map(Record::expires_at), Some(9_000));
+        let mut far = None;
+        let Reply::Execute { token, .. } = run(&mut far, &claim(FP), 0) else {
+            panic!()
+        };
+        let forever = Op::Complete {
+            fingerprint: FP.into(),
+            token,
+            response: response(),
+            lease_ms: 1_000,
+            expires_at: u64::MAX,
+        };
+        assert_eq!(run(&mut far, &forever, 10), Reply::Written);
+        assert_eq!(
+            far.as_ref().map(Record::expires_at),
+            Some(10 + MAX_TTL_MS),
+            "never past a year"
+        );
     }
 
     #[wasm_bindgen_test(unsupported = test)]
@@ -302,7 +358,7 @@ mod tests {
                 body_hex: idem_core::hex(&vec![7; MAX_RECORD_BYTES]),
             },
             lease_ms: 1_000,
-            ttl_ms: 10_000,
+            expires_at: 10_000,
         };
         let (reply, write) = apply(&huge, stored.as_ref(), 5).unwrap();
         let Reply::Refused { reason } = reply else {
@@ -318,7 +374,7 @@ mod tests {
             token,
             response: response(),
             lease_ms: 1_000,
-            ttl_ms: 10_000,
+            expires_at: 10_000,
         };
         assert_eq!(run(&mut stored, &fits, 6), Reply::Written);
     }
@@ -376,7 +432,7 @@ mod tests {
             token,
             response: response(),
             lease_ms: 1_000,
-            ttl_ms: 10_000,
+            expires_at: 10_000,
         };
         assert!(matches!(
             run(&mut stored, &late, 1_200),
@@ -387,7 +443,7 @@ mod tests {
             token: t2,
             response: response(),
             lease_ms: 1_000,
-            ttl_ms: 10_000,
+            expires_at: 10_000,
         };
         assert_eq!(run(&mut stored, &done, 1_200), Reply::Written);
         assert_eq!(
@@ -431,7 +487,7 @@ mod tests {
             token: 7,
             response: response(),
             lease_ms: 1,
-            ttl_ms: 2,
+            expires_at: 2,
         };
         let json = serde_json::to_string(&op).unwrap();
         assert_eq!(serde_json::from_str::<Op>(&json).unwrap(), op);

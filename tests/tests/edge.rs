@@ -62,18 +62,16 @@ impl Edge {
             if !name.ends_with(".sqlite") || name == "metadata.sqlite" {
                 continue;
             }
-            // An object that never stored a value has no key-value table.
-            let tables = sqlite(
-                &file,
-                "SELECT name FROM sqlite_master WHERE name = '_cf_KV'",
-            );
-            if tables.trim().is_empty() {
-                continue;
-            }
-            let row = sqlite(
+            // An object that never stored a value, or whose alarm just deleted
+            // everything, has no key-value table.
+            let row = match try_sqlite(
                 &file,
                 "SELECT length(value) || ' ' || hex(value) FROM _cf_KV WHERE key = 'record'",
-            );
+            ) {
+                Ok(row) => row,
+                Err(e) if e.contains("no such table") => continue,
+                Err(e) => panic!("{e}"),
+            };
             if let Some((len, hex)) = row.trim().split_once(' ') {
                 found.push((file, len.parse().unwrap(), hex.to_owned()));
             }
@@ -184,19 +182,25 @@ impl Edge {
 /// One query's output from the `sqlite3` shell (scripts/edge-toolchain installs it):
 /// how the tests read the Durable Objects' storage as workerd wrote it.
 fn sqlite(db: &Path, query: &str) -> String {
+    try_sqlite(db, query).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`sqlite`], its error as text.
+fn try_sqlite(db: &Path, query: &str) -> Result<String, String> {
     let out = Command::new("sqlite3")
         .args(["-cmd", ".timeout 5000"])
         .arg(db)
         .arg(query)
         .output()
         .expect("sqlite3 runs (scripts/edge-toolchain installs it)");
-    assert!(
-        out.status.success(),
-        "sqlite3 {} {query:?}: {}",
-        db.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    if !out.status.success() {
+        return Err(format!(
+            "sqlite3 {} {query:?}: {}",
+            db.display(),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8(out.stdout).unwrap())
 }
 
 impl Drop for Edge {
@@ -266,14 +270,22 @@ async fn the_edge_charges_once_replays_and_survives_losing_its_state() {
             let (http, base, barrier) = (http.clone(), edge.base.clone(), barrier.clone());
             tasks.push(tokio::spawn(async move {
                 barrier.wait().await;
-                let res = post(
-                    &http,
-                    &base,
-                    &format!("edge-{i}"),
-                    charge_body(&format!("cus-e{i}"), 100, 300),
-                    false,
-                )
-                .await;
+                let sent = http
+                    .post(format!("{base}/v1/charges"))
+                    .header("idempotency-key", format!("edge-{i}"))
+                    .header("content-type", "application/json")
+                    .body(charge_body(&format!("cus-e{i}"), 100, 300))
+                    .send()
+                    .await;
+                // The overloaded local runtime may drop a connection, as it may answer
+                // its own 503: no answer from the edge's code, counted with those.
+                let res = match sent {
+                    Ok(res) => res,
+                    Err(e) if e.is_request() || e.is_connect() => {
+                        return ("reset".to_owned(), "-".to_owned())
+                    }
+                    Err(e) => panic!("the edge answers: {e}"),
+                };
                 let edge = res
                     .headers()
                     .get("idem-edge")
@@ -284,7 +296,7 @@ async fn the_edge_charges_once_replays_and_survives_losing_its_state() {
                     res.headers().get("idem-disposition").is_none(),
                     "the origin's disposition is for the edge alone"
                 );
-                (res.status().as_u16(), edge)
+                (res.status().as_u16().to_string(), edge)
             }));
         }
     }
@@ -305,9 +317,9 @@ async fn the_edge_charges_once_replays_and_survives_losing_its_state() {
     let at_edge = race.get("409 refused").copied().unwrap_or(0)
         + race.get("201 replayed").copied().unwrap_or(0);
     // Answers that did not come from the edge's code at all (no `idem-edge`): the
-    // local runtime's own 503 when the machine is overloaded (a busy 2-core machine
-    // gave 0 to 50 of 700). Counted and reported; every key is still forwarded
-    // exactly once and charged once.
+    // local runtime's own 503, or a connection it dropped, when the machine is
+    // overloaded (a busy 2-core machine gave 0 to 50 of 700). Counted and reported;
+    // every key is still forwarded at most once and charged once.
     let runtime_own: usize = race
         .iter()
         .filter(|(k, _)| k.ends_with(" -"))
@@ -1029,8 +1041,9 @@ async fn the_edge_stores_records_as_bytes_and_its_alarm_deletes_them_at_expiry()
     let (origin, runs) = origin_with_large_answers(ttl, body_len).await;
     let edge = Edge::start(&origin.url(""), &[]).await;
     let http = client();
-    let first = post(&http, &edge.base, "bytes-1", "{}".into(), false).await;
+    // The origin's record expires `ttl` after its write, which comes after this.
     let stored_at = Instant::now();
+    let first = post(&http, &edge.base, "bytes-1", "{}".into(), false).await;
     assert_eq!(first.status(), 201);
     assert_eq!(first.headers()["idem-edge"], "forwarded");
     let records = edge.stored_records();
@@ -1096,6 +1109,7 @@ async fn a_record_the_edge_cannot_read_is_neither_overwritten_nor_deleted() {
     // ("zz"), and the object's alarm (kept in the object's own `_cf_METADATA`, row 1,
     // in nanoseconds) is brought forward to now: it fires as soon as the edge is up
     // again on the same storage.
+    let due;
     let edge = {
         let state = edge.state.clone();
         drop(edge);
@@ -1109,7 +1123,7 @@ async fn a_record_the_edge_cannot_read_is_neither_overwritten_nor_deleted() {
             alarm.trim().parse::<u64>().unwrap() > idem::now() * 1_000_000,
             "the object's alarm is set, in ns: {alarm:?}"
         );
-        let due = idem::now() * 1_000_000;
+        due = idem::now() * 1_000_000;
         sqlite(
             &object,
             &format!("UPDATE _cf_METADATA SET value = {due} WHERE key = 1"),
@@ -1120,8 +1134,18 @@ async fn a_record_the_edge_cannot_read_is_neither_overwritten_nor_deleted() {
         );
         Edge::launch_in(state, &origin.url(""), &[], |status| status == 200).await
     };
-    // The alarm fires at start-up; give it time to.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The alarm fires at start-up: wait until it has (the object's alarm moves on, or
+    // the record is gone).
+    let due_text = due.to_string();
+    let fired_by = Instant::now() + Duration::from_secs(20);
+    loop {
+        let alarm = try_sqlite(&object, "SELECT value FROM _cf_METADATA WHERE key = 1");
+        let moved = alarm.as_deref().map(str::trim).ok() != Some(due_text.as_str());
+        if moved || Instant::now() > fired_by {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let after_alarm: Vec<String> = edge.stored_records().into_iter().map(|r| r.2).collect();
     let retry = post(&http, &edge.base, "damaged-1", body, false).await;
     let retry_status = retry.status().as_u16();
@@ -1171,12 +1195,12 @@ async fn a_slow_origin_past_the_edge_lease_still_charges_once() {
     let (origin, ledger) = TestOrigin::demo_on(store).await;
     let edge = Edge::start(&origin.url(""), &[("LEASE_MS", "1000")]).await;
     let http = client();
-    let body = charge_body("cus-slow", 100, 4_000);
+    let body = charge_body("cus-slow", 100, 5_000);
     let first = {
         let (http, base, body) = (http.clone(), edge.base.clone(), body.clone());
         tokio::spawn(async move { post(&http, &base, "slow-1", body, false).await })
     };
-    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
     let mut answers = Vec::new();
     let mut seen = |res: &reqwest::Response| {
         answers.push(format!(
@@ -1199,7 +1223,7 @@ async fn a_slow_origin_past_the_edge_lease_still_charges_once() {
     let charges = ledger.len();
     report(
         "edge",
-        &format!("an origin taking 4 s behind a 1 s edge lease: {answers:?}; {charges} charge"),
+        &format!("an origin taking 5 s behind a 1 s edge lease: {answers:?}; {charges} charge"),
     );
     assert_eq!(
         answers,

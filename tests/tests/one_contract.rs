@@ -286,11 +286,11 @@ impl EdgeRuntime for EdgeChain {
         Ok(body)
     }
 
-    async fn pass(&self, request: Outbound) -> Result<Answer, String> {
-        self.fetch(request).await
+    async fn fetch_streamed(&self, request: Outbound) -> Result<Answer, String> {
+        self.fetch_whole(request).await
     }
 
-    async fn fetch(&self, request: Outbound) -> Result<Answer, String> {
+    async fn fetch_whole(&self, request: Outbound) -> Result<Answer, String> {
         let path = request
             .url
             .strip_prefix(&self.config.origin_url)

@@ -25,8 +25,8 @@ pub(crate) fn replay(stored: StoredResponse, expires_at: idem_core::Millis) -> R
         body,
     } = stored;
     let mut res = build(status, contract::replay_headers(&headers), body);
-    let stored = contract::OriginDisposition::Stored { expires_at };
-    if let Ok(v) = HeaderValue::from_str(&stored.header_value()) {
+    let disposition = contract::OriginDisposition::Stored { expires_at };
+    if let Ok(v) = HeaderValue::from_str(&disposition.header_value()) {
         res.headers_mut().insert(contract::ORIGIN_DISPOSITION, v);
     }
     res

@@ -162,7 +162,8 @@ pub fn forwarded_headers(
 /// header is what the client asked for.
 pub fn relayed_answer_headers(method: &str, headers: &[(String, String)]) -> Vec<(String, String)> {
     let named = connection_named(headers);
-    let head = method.eq_ignore_ascii_case("HEAD");
+    // Methods are case-sensitive (RFC 9110): `head` is not HEAD.
+    let head = method == "HEAD";
     headers
         .iter()
         .filter(|(n, _)| {
@@ -223,11 +224,18 @@ impl OriginDisposition {
 }
 
 /// How long the edge keeps an answer, given what the origin said about it and the
-/// edge's clock: only an answer the origin stored, only until the origin's record
-/// expires (a refill from a late replay never outlives it). `None`: keep nothing.
-pub fn edge_ttl_ms(origin: Option<OriginDisposition>, now: crate::Millis) -> Option<u64> {
+/// clock of whoever writes the copy: only an answer the origin stored, only until the
+/// origin's record expires (a refill from a late replay never outlives it), and never
+/// longer than `max_ttl_ms`. `None`: keep nothing.
+pub fn edge_ttl_ms(
+    origin: Option<OriginDisposition>,
+    now: crate::Millis,
+    max_ttl_ms: u64,
+) -> Option<u64> {
     match origin? {
-        OriginDisposition::Stored { expires_at } if expires_at > now => Some(expires_at - now),
+        OriginDisposition::Stored { expires_at } if expires_at > now => {
+            Some((expires_at - now).min(max_ttl_ms))
+        }
         _ => None,
     }
 }
@@ -356,16 +364,26 @@ mod tests {
     #[wasm_bindgen_test(unsupported = test)]
     fn the_edge_keeps_only_what_the_origin_stored_until_it_expires() {
         let stored = |expires_at| Some(OriginDisposition::Stored { expires_at });
-        assert_eq!(edge_ttl_ms(stored(1_500), 1_000), Some(500));
+        const MAX: u64 = 10_000;
+        assert_eq!(edge_ttl_ms(stored(1_500), 1_000, MAX), Some(500));
         assert_eq!(
-            edge_ttl_ms(stored(1_000), 1_000),
+            edge_ttl_ms(stored(1_000), 1_000, MAX),
             None,
             "expired at the edge"
         );
-        assert_eq!(edge_ttl_ms(stored(900), 1_000), None);
-        assert_eq!(edge_ttl_ms(Some(OriginDisposition::Released), 0), None);
-        assert_eq!(edge_ttl_ms(Some(OriginDisposition::Pending), 0), None);
-        assert_eq!(edge_ttl_ms(None, 0), None, "not an idem origin's answer");
+        assert_eq!(edge_ttl_ms(stored(900), 1_000, MAX), None);
+        assert_eq!(
+            edge_ttl_ms(stored(u64::MAX), 1_000, MAX),
+            Some(MAX),
+            "never past the edge's own bound"
+        );
+        assert_eq!(edge_ttl_ms(Some(OriginDisposition::Released), 0, MAX), None);
+        assert_eq!(edge_ttl_ms(Some(OriginDisposition::Pending), 0, MAX), None);
+        assert_eq!(
+            edge_ttl_ms(None, 0, MAX),
+            None,
+            "not an idem origin's answer"
+        );
     }
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""A payments API that knows nothing about idempotency: Python's standard library and
+SQLite, no Rust. The proxy tests put `idem-origin --upstream` in front of it and count
+its charges in its own database.
+
+    python3 payments.py --port 9000 --db /tmp/payments.sqlite
+
+POST /v1/charges   {"customer": str, "amount": int > 0, "currency": str,
+                    "simulate_latency_ms": int (optional)}
+                   -> 201 {"id", "customer", "amount", "currency"}, Location: /v1/charges/<id>
+                   -> 400 on a malformed charge
+POST /v1/fail/<status>   answers <status> without charging (a crashed or overloaded app)
+POST /v1/nothing         answers 409 with the private release header: nothing happened
+GET  /healthz            -> 200 ok
+Every charge row keeps the Idempotency-Key, the fencing token and the downstream key
+the proxy sent, so a test can see which request made which row.
+"""
+
+import argparse
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS charges (
+    id TEXT PRIMARY KEY,
+    customer TEXT NOT NULL,
+    amount INTEGER NOT NULL,
+    currency TEXT NOT NULL,
+    idempotency_key TEXT,
+    fencing_token TEXT,
+    downstream_key TEXT,
+    created REAL NOT NULL
+)
+"""
+
+
+class Payments(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    db_path = ""
+    release_header = "idem-release"
+    lock = threading.Lock()
+
+    def log_message(self, fmt, *args):  # quiet: the tests read the database
+        pass
+
+    def answer(self, status, body, headers=()):
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in headers:
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/healthz":
+            self.answer(200, {"ok": True})
+        else:
+            self.answer(404, {"error": "not found"})
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        if self.path.startswith("/v1/fail/"):
+            self.answer(int(self.path.rsplit("/", 1)[1]), {"error": "failed"})
+            return
+        if self.path == "/v1/nothing":
+            self.answer(409, {"error": "nothing happened"}, [(self.release_header, "1")])
+            return
+        if self.path != "/v1/charges":
+            self.answer(404, {"error": "not found"})
+            return
+        try:
+            charge = json.loads(raw or b"null")
+            customer, amount, currency = charge["customer"], charge["amount"], charge["currency"]
+            if not isinstance(amount, int) or amount <= 0:
+                raise ValueError("amount")
+        except (ValueError, KeyError, TypeError):
+            self.answer(400, {"error": "invalid charge"})
+            return
+        time.sleep(int(charge.get("simulate_latency_ms") or 0) / 1000)
+        charge_id = "ch_" + uuid.uuid4().hex[:24]
+        with self.lock, sqlite3.connect(self.db_path, timeout=30) as db:
+            db.execute(
+                "INSERT INTO charges VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    charge_id,
+                    customer,
+                    amount,
+                    currency,
+                    self.headers.get("Idempotency-Key"),
+                    self.headers.get("Idem-Fencing-Token"),
+                    self.headers.get("Idem-Downstream-Key"),
+                    time.time(),
+                ),
+            )
+        self.answer(
+            201,
+            {"id": charge_id, "customer": customer, "amount": amount, "currency": currency},
+            [("Location", "/v1/charges/" + charge_id), ("Set-Cookie", "seen=1"), ("Set-Cookie", "lang=en")],
+        )
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--db", required=True)
+    parser.add_argument("--release-header", default="idem-release")
+    args = parser.parse_args()
+    with sqlite3.connect(args.db) as db:
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute(SCHEMA)
+    Payments.db_path = args.db
+    Payments.release_header = args.release_header
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), Payments)
+    server.daemon_threads = True
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
