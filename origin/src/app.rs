@@ -2,6 +2,7 @@
 
 use crate::charges::{self, Ledger, MemoryLedger, PgLedger};
 use crate::config::{Config, DemoCompletion, DemoLedger, StoreKind};
+use crate::proxy::{Upstream, UpstreamOptions};
 use axum::extract::State;
 use axum::response::IntoResponse;
 use axum::routing::get;
@@ -13,6 +14,7 @@ use idem::store::{
     postgres::PgOptions, MemoryStore, PostgresStore, RedisOptions, RedisStore, ReplayCache, Store,
     TieredStore,
 };
+use idem_core::contract;
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::Arc;
 
@@ -99,13 +101,18 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
             .authority()
             .is_some_and(|a| a.unfenced_because().is_none());
     let (layer, transactional) = match config.demo_completion {
+        // The upstream commits on its own: nothing to share a transaction with.
+        _ if config.upstream.is_some() => (layer, false),
         DemoCompletion::Separate => (layer, false),
         DemoCompletion::Auto if !shared => (layer, false),
         DemoCompletion::Auto | DemoCompletion::Transactional => {
             (layer.transactional().map_err(|e| e.to_string())?, true)
         }
     };
-    if config.demo_completion == DemoCompletion::Transactional && !shared {
+    if config.demo_completion == DemoCompletion::Transactional
+        && !shared
+        && config.upstream.is_none()
+    {
         return Err("--demo-completion transactional needs the charges in the records' Postgres (--demo-ledger auto or postgres)".into());
     }
     let executions = layer.executions();
@@ -114,8 +121,20 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
         transactional,
         faults: config.demo_faults,
     };
+    let router = match &config.upstream {
+        Some(url) => {
+            let upstream = Upstream::new(UpstreamOptions {
+                url: url.clone(),
+                timeout: config.upstream_timeout,
+                release_header: config.release_header.clone(),
+                unknown_outcome: config.upstream_unknown_outcome,
+            })?;
+            proxy_router(layer, store.clone(), ledger.clone(), upstream)
+        }
+        None => router(layer, store.clone(), demo),
+    };
     Ok(Origin {
-        router: router(layer, store.clone(), demo),
+        router,
         store,
         ledger,
         executions,
@@ -138,8 +157,21 @@ async fn connect_postgres(config: &Config, url: &str) -> Result<PostgresStore, S
 
 /// The idempotency layer as configured.
 pub fn layer(config: &Config, store: Arc<dyn Store>) -> IdempotencyLayer {
+    let required: Vec<String> = match &config.require_key_on {
+        Some(paths) => paths.iter().map(|p| p.trim().to_owned()).collect(),
+        None if config.upstream.is_some() => Vec::new(),
+        None => vec!["/v1/charges".into()],
+    };
+    let mut cached: Vec<http::HeaderName> = contract::DEFAULT_CACHED_HEADERS
+        .iter()
+        .map(|h| http::HeaderName::from_static(h))
+        .collect();
+    if config.replay_set_cookie {
+        cached.push(http::header::SET_COOKIE);
+    }
     let layer = IdempotencyLayer::new(store)
-        .require_key_on(["/v1/charges"])
+        .require_key_on(required)
+        .cached_headers(cached)
         .ttl(config.ttl)
         .lease(config.lease)
         .max_wait(config.max_wait)
@@ -159,18 +191,36 @@ struct Health {
     metrics: PrometheusHandle,
 }
 
-/// The demo API behind `layer`, plus `/healthz`, `/readyz` and `/metrics`.
-pub fn router(layer: IdempotencyLayer, store: Arc<dyn Store>, demo: charges::Demo) -> Router {
+/// idem's own routes: `/healthz`, `/readyz` and `/metrics`.
+fn ops(store: Arc<dyn Store>, ledger: Arc<dyn Ledger>) -> Router {
     let health = Health {
         store,
-        ledger: demo.ledger.clone(),
+        ledger,
         metrics: crate::metrics::install(),
     };
-    let ops = Router::new()
+    Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .with_state(health);
+        .with_state(health)
+}
+
+/// Proxy mode: every request but idem's own routes goes to `upstream`, through `layer`.
+pub fn proxy_router(
+    layer: IdempotencyLayer,
+    store: Arc<dyn Store>,
+    ledger: Arc<dyn Ledger>,
+    upstream: Upstream,
+) -> Router {
+    Router::new()
+        .fallback_service(upstream)
+        .layer(layer)
+        .merge(ops(store, ledger))
+}
+
+/// The demo API behind `layer`, plus `/healthz`, `/readyz` and `/metrics`.
+pub fn router(layer: IdempotencyLayer, store: Arc<dyn Store>, demo: charges::Demo) -> Router {
+    let ops = ops(store, demo.ledger.clone());
     charges::routes(demo)
         .layer(layer)
         .merge(ops)

@@ -45,6 +45,18 @@ pub enum DemoCompletion {
     Separate,
 }
 
+/// What proxy mode does when the upstream's answer is lost after the request was sent
+/// (a timeout, a dropped connection): the upstream may have acted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum UnknownOutcome {
+    /// Store a 502 `upstream-outcome-unknown` problem: every retry gets it, nothing is
+    /// sent again (a payment API's choice).
+    Store,
+    /// Answer that problem but release the key: a retry sends the request again (for an
+    /// upstream that dedups by the downstream key it is sent).
+    Release,
+}
+
 /// Log line format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -180,6 +192,37 @@ pub struct Config {
     #[arg(long, env = "IDEM_REPLAY_CACHE_BYTES", default_value_t = 64 * 1024 * 1024)]
     pub replay_cache_bytes: u64,
 
+    /// Proxy mode: forward every request idem does not serve itself (/healthz, /readyz,
+    /// /metrics) to this http:// URL, through the idempotency layer, instead of serving
+    /// the demo API.
+    #[arg(long, env = "IDEM_UPSTREAM", hide_env_values = true)]
+    pub upstream: Option<String>,
+
+    /// Proxy mode: the longest wait for the upstream's answer to begin; past it the
+    /// outcome is unknown.
+    #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub upstream_timeout: Duration,
+
+    /// Proxy mode: what an upstream answer lost after the request was sent means.
+    #[arg(long, env = "IDEM_UPSTREAM_UNKNOWN_OUTCOME", value_enum, default_value_t = UnknownOutcome::Store)]
+    pub upstream_unknown_outcome: UnknownOutcome,
+
+    /// Proxy mode: the upstream's private response header meaning "nothing happened":
+    /// the key is released and the header never reaches the client.
+    #[arg(long, env = "IDEM_RELEASE_HEADER", default_value = "idem-release", value_parser = parse_header_name)]
+    pub release_header: http::HeaderName,
+
+    /// Paths on which POST and PATCH need an Idempotency-Key, comma-separated; a
+    /// trailing * matches a prefix (/v1/*). Without it: /v1/charges for the demo, none
+    /// in proxy mode.
+    #[arg(long, env = "IDEM_REQUIRE_KEY_ON", value_delimiter = ',')]
+    pub require_key_on: Option<Vec<String>>,
+
+    /// Replay an answer's Set-Cookie headers too (a cookie is usually meant for one
+    /// client, so they are not replayed unless asked).
+    #[arg(long, env = "IDEM_REPLAY_SET_COOKIE")]
+    pub replay_set_cookie: bool,
+
     /// Where the demo charges API keeps its charges.
     #[arg(long, env = "IDEM_DEMO_LEDGER", value_enum, default_value_t = DemoLedger::Auto)]
     pub demo_ledger: DemoLedger,
@@ -203,6 +246,9 @@ pub struct Config {
 impl Config {
     /// Checks the combinations clap can't; the message names the flag to fix.
     pub fn validate(&self) -> Result<(), String> {
+        if let Some(url) = &self.upstream {
+            crate::proxy::parse_upstream_url(url)?;
+        }
         if self.store == StoreKind::Postgres
             && self.database_url.as_deref().is_none_or(str::is_empty)
         {
@@ -263,6 +309,12 @@ impl Config {
 }
 
 /// Parses `500ms`, `30s`, `5m`, `24h`, `7d`, or a bare number of seconds.
+/// A header name, e.g. `idem-release`.
+pub fn parse_header_name(s: &str) -> Result<http::HeaderName, String> {
+    http::HeaderName::from_bytes(s.trim().as_bytes())
+        .map_err(|_| format!("{s:?} is not a header name"))
+}
+
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());

@@ -5,9 +5,11 @@
 //! * [`charges`] — the demo business API whose double charges are countable.
 //! * [`app`] and [`config`] — wiring, health and the command line.
 //! * [`metrics`] — the Prometheus exporter for what the library records.
+//! * [`proxy`] — proxy mode (`--upstream`): any HTTP service behind the layer.
 #![forbid(unsafe_code)]
 
 pub mod app;
 pub mod charges;
 pub mod config;
 pub mod metrics;
+pub mod proxy;

@@ -43,7 +43,11 @@ async fn main() -> ExitCode {
     };
     let sweeper = idem::store::spawn_sweeper(origin.store.clone(), config.sweep_interval);
     tracing::info!(listen = %config.listen, store = origin.store.name(), "idem-origin listening");
-    let served = axum::serve(listener, origin.router)
+    // The peer's address reaches handlers (proxy mode sends it on in X-Forwarded-For).
+    let app = origin
+        .router
+        .into_make_service_with_connect_info::<std::net::SocketAddr>();
+    let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await;
     sweeper.abort();

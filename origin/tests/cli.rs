@@ -128,3 +128,16 @@ fn the_naive_strategy_is_only_in_test_builds() {
         stderr(&o)
     );
 }
+
+#[test]
+fn an_upstream_that_is_not_an_http_url_is_refused() {
+    for (url, says) in [
+        ("ftp://payments:21", "must be an http:// URL"),
+        ("not a url", "is not a URL"),
+        ("http://127.0.0.1:9000/?a=1", "must not have a query"),
+    ] {
+        let o = run(&["--upstream", url], &[]);
+        assert_eq!(o.status.code(), Some(2), "{url}: {}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{url}: {}", stderr(&o));
+    }
+}

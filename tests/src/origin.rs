@@ -44,7 +44,8 @@ impl TestOrigin {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
-            axum::serve(listener, router).await.unwrap();
+            let app = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
+            axum::serve(listener, app).await.unwrap();
         });
         TestOrigin {
             addr,

@@ -11,8 +11,9 @@ POST /v1/charges   {"customer": str, "amount": int > 0, "currency": str,
                    -> 400 on a malformed charge
 POST /v1/fail/<status>   answers <status> without charging (a crashed or overloaded app)
 POST /v1/nothing         answers 409 with the private release header: nothing happened
+POST /v1/broken          promises a body and hangs up part-way
 GET  /healthz            -> 200 ok
-Every charge row keeps the Idempotency-Key, the fencing token and the downstream key
+Every POST is counted in `calls`. Every charge row keeps the Idempotency-Key, the fencing token and the downstream key
 the proxy sent, so a test can see which request made which row.
 """
 
@@ -34,7 +35,12 @@ CREATE TABLE IF NOT EXISTS charges (
     fencing_token TEXT,
     downstream_key TEXT,
     created REAL NOT NULL
-)
+);
+CREATE TABLE IF NOT EXISTS calls (
+    path TEXT NOT NULL,
+    idempotency_key TEXT,
+    at REAL NOT NULL
+);
 """
 
 
@@ -66,8 +72,23 @@ class Payments(BaseHTTPRequestHandler):
     def do_POST(self):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
+        with self.lock, sqlite3.connect(self.db_path, timeout=30) as db:
+            db.execute(
+                "INSERT INTO calls VALUES (?, ?, ?)",
+                (self.path, self.headers.get("Idempotency-Key"), time.time()),
+            )
         if self.path.startswith("/v1/fail/"):
             self.answer(int(self.path.rsplit("/", 1)[1]), {"error": "failed"})
+            return
+        if self.path == "/v1/broken":
+            # Promises 100 bytes, sends 10, hangs up: an answer that breaks off.
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b'{"partial"')
+            self.wfile.flush()
+            self.close_connection = True
             return
         if self.path == "/v1/nothing":
             self.answer(409, {"error": "nothing happened"}, [(self.release_header, "1")])
@@ -114,7 +135,7 @@ def main():
     args = parser.parse_args()
     with sqlite3.connect(args.db) as db:
         db.execute("PRAGMA journal_mode=WAL")
-        db.execute(SCHEMA)
+        db.executescript(SCHEMA)
     Payments.db_path = args.db
     Payments.release_header = args.release_header
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Payments)

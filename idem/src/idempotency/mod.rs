@@ -165,10 +165,11 @@ impl IdempotencyLayer {
         self.with(|c| c.methods = methods)
     }
 
-    /// Requires a key on these exact paths (a guarded request without one gets `400`).
+    /// Requires a key on these paths: exact, or a prefix ending in `*` (`/v1/*`) — a
+    /// guarded request without one gets `400`.
     pub fn require_key_on<P: Into<String>>(self, paths: impl IntoIterator<Item = P>) -> Self {
         let paths: Vec<String> = paths.into_iter().map(Into::into).collect();
-        self.require_key_when(move |parts| paths.iter().any(|p| p == parts.uri.path()))
+        self.require_key_when(move |parts| idem_core::contract::listed(&paths, parts.uri.path()))
     }
 
     /// Requires a key on every guarded request for which `required` returns true.

@@ -39,6 +39,14 @@ pub const DEFAULT_CACHED_HEADERS: [&str; 5] = [
 ];
 /// Media type of problem bodies.
 pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
+/// Request header by which proxy mode tells its upstream the claim's fencing token
+/// (it grows with every claim of a key: an upstream can refuse a write whose token is
+/// below one it has seen). Never taken from the client.
+pub const FENCING_TOKEN: &str = "idem-fencing-token";
+/// Request header by which proxy mode tells its upstream a key of its own for the
+/// request ([`crate::RecordKey::downstream_key`]): the same for every attempt at one
+/// request, different per scope and key. Never taken from the client.
+pub const DOWNSTREAM_KEY: &str = "idem-downstream-key";
 /// Response header by which the origin tells the edge what it did with an answer
 /// (the edge strips it): see [`OriginDisposition`].
 pub const ORIGIN_DISPOSITION: &str = "idem-disposition";

@@ -39,11 +39,18 @@ pub enum Problem {
     /// was paused or cut off) and its transaction was rolled back: nothing it did
     /// happened. Never stored; a retry gets the request's result.
     Fenced,
+    /// 502: proxy mode could not reach its upstream (connection refused, no such
+    /// host): nothing was sent, the key is released, a retry may run it.
+    UpstreamUnreachable,
+    /// 502: proxy mode sent the request to its upstream and lost the answer (a timeout,
+    /// a dropped connection): the upstream may have acted. Stored, and never sent again
+    /// for this key (unless configured otherwise).
+    UpstreamOutcomeUnknown,
 }
 
 impl Problem {
     /// All problems, for documentation and tests.
-    pub const ALL: [Problem; 12] = [
+    pub const ALL: [Problem; 14] = [
         Problem::KeyMissing,
         Problem::KeyMalformed,
         Problem::BodyTooLarge,
@@ -56,6 +63,8 @@ impl Problem {
         Problem::ResponseNotStored,
         Problem::Fenced,
         Problem::EdgeMisconfigured,
+        Problem::UpstreamUnreachable,
+        Problem::UpstreamOutcomeUnknown,
     ];
 
     /// The HTTP status.
@@ -67,7 +76,9 @@ impl Problem {
             Problem::Mismatch => 422,
             Problem::StoreUnavailable => 503,
             Problem::HandlerPanicked => 500,
-            Problem::HandlerFailed => 502,
+            Problem::HandlerFailed
+            | Problem::UpstreamUnreachable
+            | Problem::UpstreamOutcomeUnknown => 502,
             Problem::ResponseNotStored | Problem::EdgeMisconfigured => 500,
         }
     }
@@ -87,6 +98,8 @@ impl Problem {
             Problem::ResponseNotStored => "urn:idem:problem:response-not-stored",
             Problem::Fenced => "urn:idem:problem:fenced",
             Problem::EdgeMisconfigured => "urn:idem:problem:edge-misconfigured",
+            Problem::UpstreamUnreachable => "urn:idem:problem:upstream-unreachable",
+            Problem::UpstreamOutcomeUnknown => "urn:idem:problem:upstream-outcome-unknown",
         }
     }
 
@@ -107,6 +120,8 @@ impl Problem {
                 "This attempt lost its claim to a newer one; nothing it did was kept"
             }
             Problem::EdgeMisconfigured => "The edge is misconfigured",
+            Problem::UpstreamUnreachable => "The upstream could not be reached",
+            Problem::UpstreamOutcomeUnknown => "The upstream's outcome is unknown",
         }
     }
 
@@ -131,6 +146,8 @@ impl Problem {
             }
             Problem::Fenced => "another attempt took over this request; the transaction was rolled back",
             Problem::EdgeMisconfigured => "the edge's configuration is invalid; nothing was forwarded",
+            Problem::UpstreamUnreachable => "nothing was sent to the upstream; retry with the same key",
+            Problem::UpstreamOutcomeUnknown => "the request was sent to the upstream and its answer was lost; it will not be sent again for this key",
         }
     }
 

@@ -49,9 +49,13 @@ pub fn guards(methods: &[impl AsRef<str>], method: &str) -> bool {
     methods.iter().any(|m| m.as_ref() == method)
 }
 
-/// Whether `path` is one of `paths`, exactly.
+/// Whether `path` is one of `paths`: equal to one, or starting with one that ends in
+/// `*` (`/v1/*` lists `/v1/charges` and `/v1/refunds/7`; `/v1*` lists `/v10` too).
 pub fn listed(paths: &[impl AsRef<str>], path: &str) -> bool {
-    paths.iter().any(|p| p.as_ref() == path)
+    paths.iter().any(|p| match p.as_ref().strip_suffix('*') {
+        Some(prefix) => path.starts_with(prefix),
+        None => p.as_ref() == path,
+    })
 }
 
 /// Refuses a guarded request whose declared `Content-Length` is over `limit`
@@ -201,5 +205,20 @@ mod tests {
                 assert_ne!(x, y);
             }
         }
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn listed_paths_are_exact_or_a_prefix_ending_in_a_star() {
+        let paths = ["/v1/charges", "/v2/*"];
+        assert!(listed(&paths, "/v1/charges"));
+        assert!(
+            !listed(&paths, "/v1/charges/7"),
+            "exact unless it ends in *"
+        );
+        assert!(listed(&paths, "/v2/"));
+        assert!(listed(&paths, "/v2/refunds/7"));
+        assert!(!listed(&paths, "/v2"));
+        assert!(listed(&["*"], "/anything"));
+        assert!(!listed(&[] as &[&str], "/v1/charges"));
     }
 }

@@ -1,0 +1,267 @@
+//! Proxy mode (`--upstream`): the layer's inner service is any HTTP service, reached
+//! over a pooled connection. The layer guards (claim, fingerprint, replay, 409/422);
+//! this service forwards, and turns what the upstream did into the layer's terms:
+//!
+//! * never reached (refused, no such host) → [`release`]d 502 `upstream-unreachable`:
+//!   nothing was sent, so a retry may run it;
+//! * an answer, whatever its status → the answer (stored by the layer), unless it
+//!   carries the private release header, which is stripped and releases the key;
+//! * sent, then lost (a timeout, a dropped connection) → 502 `upstream-outcome-unknown`,
+//!   stored: the upstream may have acted, so it is never sent again — or released, when
+//!   `--upstream-unknown-outcome release` says the upstream is safe to retry.
+//!
+//! Headers go out as the edge sends them ([`contract::forwarded_headers`]), plus the
+//! claim's fencing token and a downstream key ([`contract::FENCING_TOKEN`],
+//! [`contract::DOWNSTREAM_KEY`]) so the upstream can fence its own writes.
+
+use crate::config::UnknownOutcome;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use futures_util::future::BoxFuture;
+use http::uri::{PathAndQuery, Uri};
+use http::{HeaderName, HeaderValue, Request, Response};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use idem::idempotency::{release, IdempotencyContext};
+use idem_core::contract::{self, Problem, Rejection};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// The purpose the downstream key is made for ([`idem_core::RecordKey::downstream_key`]).
+pub const DOWNSTREAM_PURPOSE: &str = "upstream";
+
+/// How proxy mode reaches its upstream.
+#[derive(Clone, Debug)]
+pub struct UpstreamOptions {
+    /// The upstream's base URL: `http://host:port`, with an optional path prefix.
+    pub url: String,
+    /// The longest wait for the upstream's answer to begin.
+    pub timeout: Duration,
+    /// The response header by which the upstream says "nothing happened".
+    pub release_header: HeaderName,
+    /// What a lost answer means.
+    pub unknown_outcome: UnknownOutcome,
+}
+
+/// The upstream as a tower service, for the layer to wrap. Cheap to clone: one
+/// connection pool.
+#[derive(Clone)]
+pub struct Upstream {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client<HttpConnector, Body>,
+    scheme: http::uri::Scheme,
+    authority: http::uri::Authority,
+    base_path: String,
+    options: UpstreamOptions,
+}
+
+/// Checks an `--upstream` URL: `http://host[:port][/prefix]`. The error names what is
+/// wrong with it.
+pub fn parse_upstream_url(url: &str) -> Result<Uri, String> {
+    let uri: Uri = url
+        .parse()
+        .map_err(|e| format!("--upstream is not a URL: {e}"))?;
+    if uri.scheme_str() != Some("http") {
+        return Err("--upstream must be an http:// URL (TLS to the upstream is not supported yet: keep it on a private network or loopback)".into());
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err("--upstream has no host".into());
+    }
+    if uri.query().is_some() {
+        return Err("--upstream must not have a query".into());
+    }
+    Ok(uri)
+}
+
+impl Upstream {
+    /// A pooled client for `options.url`; an error names what is wrong with the URL.
+    pub fn new(options: UpstreamOptions) -> Result<Self, String> {
+        let uri = parse_upstream_url(&options.url)?;
+        let scheme = uri.scheme().cloned();
+        let authority = uri.authority().cloned().ok_or("--upstream has no host")?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        // A connection not made within this is "never reached", released; past it,
+        // the request may have been sent.
+        connector.set_connect_timeout(Some(options.timeout.min(Duration::from_secs(10))));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build(connector);
+        Ok(Upstream {
+            inner: Arc::new(Inner {
+                client,
+                scheme: scheme.unwrap_or(http::uri::Scheme::HTTP),
+                authority,
+                base_path: uri.path().trim_end_matches('/').to_owned(),
+                options,
+            }),
+        })
+    }
+}
+
+impl tower::Service<Request<Body>> for Upstream {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let inner = self.inner.clone();
+        Box::pin(async move { Ok(inner.forward(req).await) })
+    }
+}
+
+impl Inner {
+    async fn forward(&self, req: Request<Body>) -> Response<Body> {
+        let method = req.method().clone();
+        let outbound = match self.outbound(req) {
+            Ok(outbound) => outbound,
+            Err(why) => return release(problem(Problem::UpstreamUnreachable, &why)),
+        };
+        let sent = tokio::time::timeout(self.options.timeout, self.client.request(outbound)).await;
+        let answer = match sent {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(e)) if e.is_connect() => {
+                return release(problem(
+                    Problem::UpstreamUnreachable,
+                    &format!(
+                        "nothing was sent to the upstream ({}); retry with the same key",
+                        root_cause(&e)
+                    ),
+                ))
+            }
+            Ok(Err(e)) => {
+                return self.unknown(&format!(
+                    "the upstream's answer was lost ({})",
+                    root_cause(&e)
+                ))
+            }
+            Err(_) => {
+                return self.unknown(&format!(
+                    "the upstream did not answer within {:?}",
+                    self.options.timeout
+                ))
+            }
+        };
+        let (mut parts, body) = answer.into_parts();
+        let released = parts.headers.remove(&self.options.release_header).is_some();
+        parts.headers = relayed(method.as_str(), &parts.headers);
+        let answer = Response::from_parts(parts, Body::new(body));
+        if released {
+            release(answer)
+        } else {
+            answer
+        }
+    }
+
+    /// The request as the upstream gets it.
+    fn outbound(&self, req: Request<Body>) -> Result<Request<Body>, String> {
+        let (parts, body) = req.into_parts();
+        let path = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
+        let uri = Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(format!("{}{path}", self.base_path))
+            .build()
+            .map_err(|e| format!("the request's path cannot be sent upstream: {e}"))?;
+        let client_ip = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.ip().to_string());
+        let headers: Vec<(String, String)> = parts
+            .headers
+            .iter()
+            .map(|(n, v)| {
+                (
+                    n.as_str().to_owned(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        let mut forwarded = contract::forwarded_headers(&headers, client_ip.as_deref(), "http");
+        if let Some(ctx) = parts.extensions.get::<IdempotencyContext>() {
+            forwarded.push((contract::FENCING_TOKEN.into(), ctx.token.to_string()));
+            forwarded.push((
+                contract::DOWNSTREAM_KEY.into(),
+                ctx.record_key.downstream_key(DOWNSTREAM_PURPOSE),
+            ));
+        }
+        let mut out = Request::builder().method(parts.method).uri(uri);
+        for (name, value) in forwarded {
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(&value),
+            ) {
+                out = out.header(name, value);
+            }
+        }
+        out.body(body).map_err(|e| e.to_string())
+    }
+
+    /// The answer for a request sent whose answer was lost.
+    fn unknown(&self, why: &str) -> Response<Body> {
+        let detail = format!("{why}; the upstream may have acted");
+        match self.options.unknown_outcome {
+            UnknownOutcome::Store => problem(
+                Problem::UpstreamOutcomeUnknown,
+                &format!("{detail}: it will not be sent again for this key"),
+            ),
+            UnknownOutcome::Release => release(problem(
+                Problem::UpstreamOutcomeUnknown,
+                &format!("{detail}; retry with the same key"),
+            )),
+        }
+    }
+}
+
+/// The upstream's answer headers the client gets ([`contract::relayed_answer_headers`]).
+fn relayed(method: &str, headers: &http::HeaderMap) -> http::HeaderMap {
+    let pairs: Vec<(String, String)> = headers
+        .iter()
+        .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+        .collect();
+    let keep = contract::relayed_answer_headers(method, &pairs);
+    let mut out = http::HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        // By name, so a value that is not text (allowed in a header) keeps its bytes.
+        if keep
+            .iter()
+            .any(|(n, _)| n.eq_ignore_ascii_case(name.as_str()))
+        {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    out
+}
+
+fn problem(problem: Problem, detail: &str) -> Response<Body> {
+    let rejection = Rejection::with_detail(problem, detail);
+    let mut res = Response::new(Body::from(rejection.body()));
+    *res.status_mut() =
+        http::StatusCode::from_u16(rejection.status()).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    for (name, value) in rejection.headers() {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            res.headers_mut().append(name, value);
+        }
+    }
+    res
+}
+
+/// The innermost error's text: hyper's outer errors say only "client error".
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = e;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
+}

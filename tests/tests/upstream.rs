@@ -1,0 +1,473 @@
+//! Proxy mode end to end: `idem-origin --upstream` in front of a payments API written
+//! in Python (standard library and SQLite: tests/upstream/payments.py) that knows
+//! nothing about idempotency. Every count is read from the upstream's own database.
+
+use idem_tests::{charge_body, client, report, TestOrigin};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Barrier;
+
+/// The Python payments API, on a port and a database of its own.
+struct Payments {
+    child: Option<Child>,
+    port: u16,
+    db: PathBuf,
+}
+
+impl Payments {
+    async fn start() -> Payments {
+        let port = idem_tests::procs::free_port();
+        let db = std::env::temp_dir().join(format!(
+            "idem-payments-{}-{port}.sqlite",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&db);
+        let mut payments = Payments {
+            child: None,
+            port,
+            db,
+        };
+        payments.spawn().await;
+        payments
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    async fn spawn(&mut self) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("upstream/payments.py");
+        let child = Command::new("python3")
+            .arg(&script)
+            .args(["--port", &self.port.to_string(), "--db"])
+            .arg(&self.db)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("python3 runs the payments API");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(r) = client().get(format!("{}/healthz", self.url())).send().await {
+                if r.status() == 200 {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "the payments API did not start");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Kills it at once (SIGKILL): requests in flight lose their connection.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// One number from its database.
+    fn count(&self, query: &str) -> i64 {
+        let out = Command::new("sqlite3")
+            .args(["-cmd", ".timeout 5000"])
+            .arg(&self.db)
+            .arg(query)
+            .output()
+            .expect("sqlite3 runs");
+        assert!(
+            out.status.success(),
+            "{query}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    }
+
+    fn charges_for(&self, key: &str) -> i64 {
+        self.count(&format!(
+            "SELECT count(*) FROM charges WHERE idempotency_key = '{key}'"
+        ))
+    }
+
+    fn calls_for(&self, key: &str) -> i64 {
+        self.count(&format!(
+            "SELECT count(*) FROM calls WHERE idempotency_key = '{key}'"
+        ))
+    }
+
+    fn text(&self, query: &str) -> String {
+        let out = Command::new("sqlite3")
+            .arg(&self.db)
+            .arg(query)
+            .output()
+            .expect("sqlite3 runs");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+}
+
+impl Drop for Payments {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_file(&self.db);
+    }
+}
+
+async fn proxy(payments: &Payments, extra: &[&str]) -> TestOrigin {
+    let url = payments.url();
+    let mut args = vec!["--upstream", url.as_str(), "--require-key-on", "/v1/*"];
+    args.extend_from_slice(extra);
+    TestOrigin::start(&args).await
+}
+
+async fn post(http: &reqwest::Client, url: &str, key: &str, body: String) -> reqwest::Response {
+    http.post(url)
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("the proxy answers")
+}
+
+fn problem_type(body: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(body).unwrap_or_default()["type"]
+        .as_str()
+        .unwrap_or("")
+        .to_owned()
+}
+
+const KEYS: usize = 200;
+const RETRIES: usize = 16;
+
+/// 200 keys × 16 concurrent retries through the proxy: 200 charges in the upstream's
+/// own database, every retry refused in flight or replayed, and each charge carrying
+/// the claim's fencing token and downstream key — never the client's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_proxy_charges_once_per_key_in_the_upstream_s_own_database() {
+    let payments = Payments::start().await;
+    let origin = proxy(&payments, &[]).await;
+    let url = origin.url("/v1/charges");
+    let http = client();
+    let barrier = Arc::new(Barrier::new(KEYS * RETRIES));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..KEYS {
+        for _ in 0..RETRIES {
+            let (http, url, barrier) = (http.clone(), url.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let res = http
+                    .post(&url)
+                    .header("idempotency-key", format!("px-{i}"))
+                    .header("content-type", "application/json")
+                    // Forged: the upstream must get idem's token, not this.
+                    .header("idem-fencing-token", "1")
+                    .body(charge_body(&format!("cus-p{i}"), 100, 200))
+                    .send()
+                    .await
+                    .expect("the proxy answers");
+                let replayed = res.headers().contains_key("idempotent-replayed");
+                format!(
+                    "{} {}",
+                    res.status().as_u16(),
+                    if replayed { "replayed" } else { "first" }
+                )
+            }));
+        }
+    }
+    let mut answers = BTreeMap::new();
+    for t in tasks {
+        *answers.entry(t.await.unwrap()).or_insert(0) += 1;
+    }
+    let race_time = started.elapsed();
+    let charges = payments.count("SELECT count(*) FROM charges");
+    let keys = payments.count("SELECT count(DISTINCT idempotency_key) FROM charges");
+    let forged = payments.count("SELECT count(*) FROM charges WHERE fencing_token = '1'");
+    let fenced = payments.count(
+        "SELECT count(*) FROM charges WHERE CAST(fencing_token AS INTEGER) > 1000 AND downstream_key LIKE 'idem_%'",
+    );
+
+    // Every retry now replays the first answer, Location included, Set-Cookie not.
+    let mut replays = 0;
+    let mut cookies = 0;
+    for i in (0..KEYS).step_by(20) {
+        let res = post(
+            &http,
+            &url,
+            &format!("px-{i}"),
+            charge_body(&format!("cus-p{i}"), 100, 200),
+        )
+        .await;
+        assert_eq!(res.status(), 201);
+        replays += usize::from(res.headers().contains_key("idempotent-replayed"));
+        cookies += res.headers().get_all("set-cookie").iter().count();
+        let location = res.headers()["location"].to_str().unwrap().to_owned();
+        let id = serde_json::from_str::<serde_json::Value>(&res.text().await.unwrap()).unwrap()
+            ["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert_eq!(location, format!("/v1/charges/{id}"));
+    }
+    report(
+        "upstream",
+        &format!(
+            "{KEYS} keys x {RETRIES} retries through idem-origin --upstream (Python + SQLite) in {race_time:?}: \
+             answers {answers:?}; the upstream's database: {charges} charges for {keys} keys, \
+             {fenced} with idem's fencing token and downstream key, {forged} with the client's forged token; \
+             later retries: {replays}/10 replayed, {cookies} Set-Cookie replayed"
+        ),
+    );
+    assert_eq!(charges, KEYS as i64, "one charge per key: {answers:?}");
+    assert_eq!(keys, KEYS as i64);
+    assert_eq!(forged, 0);
+    assert_eq!(fenced, KEYS as i64);
+    let first = answers.get("201 first").copied().unwrap_or(0);
+    let refused = answers.get("409 first").copied().unwrap_or(0);
+    let replayed = answers.get("201 replayed").copied().unwrap_or(0);
+    assert_eq!(first, KEYS, "{answers:?}");
+    assert_eq!(first + refused + replayed, KEYS * RETRIES, "{answers:?}");
+    assert_eq!(replays, 10);
+    assert_eq!(cookies, 0, "Set-Cookie is not replayed unless configured");
+}
+
+/// What the upstream did, and what the client and its retry see: a 5xx is the answer
+/// (stored); the private release header frees the key (and never reaches the client);
+/// an upstream that cannot be reached releases the key; one that took the request
+/// and then went silent (killed, or slower than --upstream-timeout) is stored as an
+/// unknown outcome and never sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_proxy_stores_what_the_upstream_did_and_never_resends_an_unknown_outcome() {
+    let mut payments = Payments::start().await;
+    let origin = proxy(&payments, &["--upstream-timeout", "1500ms"]).await;
+    let http = client();
+    let mut seen = Vec::new();
+
+    // A 503 from the upstream is its answer.
+    for _ in 0..2 {
+        let res = post(&http, &origin.url("/v1/fail/503"), "fail-1", "{}".into()).await;
+        seen.push(format!(
+            "503 route: {} {}",
+            res.status().as_u16(),
+            res.headers().contains_key("idempotent-replayed")
+        ));
+    }
+    let fail_calls = payments.calls_for("fail-1");
+
+    // "Nothing happened": released, the header stripped, the retry reaches it again.
+    let mut leaked = false;
+    for _ in 0..2 {
+        let res = post(&http, &origin.url("/v1/nothing"), "nothing-1", "{}".into()).await;
+        leaked |= res.headers().contains_key("idem-release");
+        seen.push(format!("release header: {}", res.status().as_u16()));
+    }
+    let nothing_calls = payments.calls_for("nothing-1");
+
+    // An answer that breaks off part-way: its outcome is unknown, stored as such.
+    let mut broken = Vec::new();
+    for _ in 0..2 {
+        let res = post(&http, &origin.url("/v1/broken"), "broken-1", "{}".into()).await;
+        let replayed = res.headers().contains_key("idempotent-replayed");
+        let status = res.status().as_u16();
+        let text = res.text().await.unwrap_or_default();
+        broken.push(format!("{status} {} {replayed}", problem_type(&text)));
+    }
+    let broken_calls = payments.calls_for("broken-1");
+
+    // Slower than --upstream-timeout: the charge happens, its answer is lost.
+    let slow = post(
+        &http,
+        &origin.url("/v1/charges"),
+        "slow-1",
+        charge_body("c-slow", 100, 2_500),
+    )
+    .await;
+    let slow_status = slow.status().as_u16();
+    let slow_type = problem_type(&slow.text().await.unwrap());
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let slow_retry = post(
+        &http,
+        &origin.url("/v1/charges"),
+        "slow-1",
+        charge_body("c-slow", 100, 2_500),
+    )
+    .await;
+    let slow_retry_replayed = slow_retry.headers().contains_key("idempotent-replayed");
+    let slow_retry_type = problem_type(&slow_retry.text().await.unwrap());
+    let slow_charges = payments.charges_for("slow-1");
+
+    // Killed while it holds the request: the answer is lost mid-way.
+    let killed = {
+        let (http, url) = (http.clone(), origin.url("/v1/charges"));
+        tokio::spawn(async move {
+            post(&http, &url, "killed-1", charge_body("c-killed", 100, 1_000)).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    payments.kill();
+    let killed = killed.await.unwrap();
+    let killed_status = killed.status().as_u16();
+    let killed_type = problem_type(&killed.text().await.unwrap());
+
+    // Down: nothing is sent, the key is released.
+    let down = post(
+        &http,
+        &origin.url("/v1/charges"),
+        "down-1",
+        charge_body("c-down", 100, 0),
+    )
+    .await;
+    let down_status = down.status().as_u16();
+    let down_type = problem_type(&down.text().await.unwrap());
+
+    payments.spawn().await;
+    let killed_retry = post(
+        &http,
+        &origin.url("/v1/charges"),
+        "killed-1",
+        charge_body("c-killed", 100, 1_000),
+    )
+    .await;
+    let killed_retry_replayed = killed_retry.headers().contains_key("idempotent-replayed");
+    let killed_retry_type = problem_type(&killed_retry.text().await.unwrap());
+    let killed_calls = payments.calls_for("killed-1");
+    let down_retry = post(
+        &http,
+        &origin.url("/v1/charges"),
+        "down-1",
+        charge_body("c-down", 100, 0),
+    )
+    .await;
+    let down_retry_status = down_retry.status().as_u16();
+    let down_charges = payments.charges_for("down-1");
+
+    report(
+        "upstream",
+        &format!(
+            "outcomes: {seen:?} (upstream calls: 503 route {fail_calls}, release route {nothing_calls}); \
+             an answer broken off: {broken:?} ({broken_calls} call); slower than the 1.5 s timeout: {slow_status} {slow_type}, its retry {slow_retry_type} replayed={slow_retry_replayed}, \
+             {slow_charges} charge; killed mid-request: {killed_status} {killed_type}, its retry {killed_retry_type} \
+             replayed={killed_retry_replayed}, {killed_calls} call; down: {down_status} {down_type}, \
+             the retry once up {down_retry_status} with {down_charges} charge"
+        ),
+    );
+    assert_eq!(seen[..2], ["503 route: 503 false", "503 route: 503 true"]);
+    assert_eq!(fail_calls, 1, "a 503 is an answer, replayed");
+    assert_eq!(seen[2..], ["release header: 409", "release header: 409"]);
+    assert_eq!(nothing_calls, 2, "released: the retry reached the upstream");
+    assert!(!leaked, "the release header stays private");
+    assert_eq!(
+        broken[1], "502 urn:idem:problem:handler-failed true",
+        "a broken answer is stored as unknown: {broken:?}"
+    );
+    assert_eq!(broken_calls, 1, "never sent again");
+
+    assert_eq!(slow_status, 502);
+    assert_eq!(slow_type, "urn:idem:problem:upstream-outcome-unknown");
+    assert!(slow_retry_replayed);
+    assert_eq!(slow_retry_type, slow_type);
+    assert_eq!(slow_charges, 1, "charged once, and never sent again");
+
+    assert_eq!(killed_status, 502);
+    assert_eq!(killed_type, "urn:idem:problem:upstream-outcome-unknown");
+    assert!(killed_retry_replayed);
+    assert_eq!(killed_retry_type, killed_type);
+    assert_eq!(killed_calls, 1, "never sent again");
+
+    assert_eq!(down_status, 502);
+    assert_eq!(down_type, "urn:idem:problem:upstream-unreachable");
+    assert_eq!(down_retry_status, 201, "released: the retry ran");
+    assert_eq!(down_charges, 1);
+}
+
+/// With `--upstream-unknown-outcome release`, a lost answer frees the key: the retry
+/// is sent again, with the same downstream key — what an upstream that dedups by it
+/// needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_unknown_outcome_is_resent_with_the_same_downstream_key() {
+    let payments = Payments::start().await;
+    let origin = proxy(
+        &payments,
+        &[
+            "--upstream-timeout",
+            "1s",
+            "--upstream-unknown-outcome",
+            "release",
+        ],
+    )
+    .await;
+    let http = client();
+    let first = post(
+        &http,
+        &origin.url("/v1/charges"),
+        "resend-1",
+        charge_body("c-r", 100, 2_000),
+    )
+    .await;
+    let first_status = first.status().as_u16();
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let retry = post(
+        &http,
+        &origin.url("/v1/charges"),
+        "resend-1",
+        charge_body("c-r", 100, 0),
+    )
+    .await;
+    let retry_status = retry.status().as_u16();
+    let charges = payments.charges_for("resend-1");
+    let keys = payments.text(
+        "SELECT group_concat(DISTINCT downstream_key) FROM charges WHERE idempotency_key = 'resend-1'",
+    );
+    report(
+        "upstream",
+        &format!(
+            "unknown outcome released: {first_status}, then the retry {retry_status}; {charges} charges, downstream keys {keys:?}"
+        ),
+    );
+    assert_eq!((first_status, retry_status), (502, 201));
+    assert_eq!(charges, 2, "released: sent again");
+    assert!(
+        keys.starts_with("idem_") && !keys.contains(','),
+        "one downstream key for both: {keys}"
+    );
+}
+
+/// Requests idem does not guard pass through, and idem's own routes stay its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_passes_through_what_it_does_not_guard() {
+    let payments = Payments::start().await;
+    let origin = proxy(&payments, &[]).await;
+    let http = client();
+    let health = http.get(origin.url("/healthz")).send().await.unwrap();
+    let health_body = health.text().await.unwrap();
+    let upstream_health = http
+        .get(origin.url("/v1/../healthz"))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    let missing = http.get(origin.url("/v1/nowhere")).send().await.unwrap();
+    let missing_status = missing.status().as_u16();
+    let no_key = http
+        .post(origin.url("/v1/charges"))
+        .header("content-type", "application/json")
+        .body(charge_body("c", 1, 0))
+        .send()
+        .await
+        .unwrap();
+    let no_key_status = no_key.status().as_u16();
+    let no_key_type = problem_type(&no_key.text().await.unwrap());
+    report(
+        "upstream",
+        &format!(
+            "pass-through: /healthz {health_body:?} (idem's), GET /v1/nowhere {missing_status} (the upstream's), \
+             POST /v1/charges without a key {no_key_status} {no_key_type}; upstream /healthz {upstream_health}"
+        ),
+    );
+    assert_eq!(health_body, "ok\n", "idem's own /healthz");
+    assert_eq!(missing_status, 404, "the upstream's 404");
+    assert_eq!(no_key_status, 400);
+    assert_eq!(no_key_type, "urn:idem:problem:idempotency-key-missing");
+    assert_eq!(payments.count("SELECT count(*) FROM charges"), 0);
+}
