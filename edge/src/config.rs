@@ -36,7 +36,13 @@ impl Default for EdgeConfig {
     fn default() -> Self {
         EdgeConfig {
             origin_url: String::new(),
-            policy: Policy::default(),
+            // Short: the origin is the authority. A claim orphaned by an invocation
+            // that was cut off frees itself soon, and a forward slower than this is
+            // answered by the origin (409 or its replay).
+            policy: Policy {
+                lease_ms: 10_000,
+                ..Policy::default()
+            },
             max_wait_ms: 10_000,
             max_body_bytes: 1024 * 1024,
             max_stored_body_bytes: 64 * 1024,

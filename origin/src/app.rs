@@ -17,6 +17,7 @@ use idem::store::{
 use idem_core::contract;
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A built origin: its router and what it runs on.
 pub struct Origin {
@@ -126,6 +127,7 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
             let upstream = Upstream::new(UpstreamOptions {
                 url: url.clone(),
                 timeout: config.upstream_timeout,
+                idle_timeout: config.upstream_idle_timeout,
                 release_header: config.release_header.clone(),
                 unknown_outcome: config.upstream_unknown_outcome,
             })?;
@@ -177,10 +179,13 @@ pub fn layer(config: &Config, store: Arc<dyn Store>) -> IdempotencyLayer {
         .max_wait(config.max_wait)
         .max_body_bytes(config.max_body_bytes)
         .max_stored_body_bytes(config.max_stored_body_bytes);
-    if config.max_execution.is_zero() {
-        layer
-    } else {
-        layer.max_execution(config.max_execution)
+    match (config.max_execution.is_zero(), &config.upstream) {
+        (false, _) => layer.max_execution(config.max_execution),
+        // An upstream that stalls mid-answer must not hold its key for ever.
+        (true, Some(_)) => {
+            layer.max_execution((config.upstream_timeout * 2).max(Duration::from_secs(60)))
+        }
+        (true, None) => layer,
     }
 }
 

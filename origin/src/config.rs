@@ -153,7 +153,9 @@ pub struct Config {
     pub lease: Duration,
 
     /// Longest a handler may run; after it its outcome is stored as a 502 problem and
-    /// the lease is no longer renewed. 0 = unbounded.
+    /// the lease is no longer renewed. 0 = unbounded (in proxy mode: twice
+    /// --upstream-timeout, at least 60 s, so an upstream that stalls mid-answer can't
+    /// hold a key for ever).
     #[arg(long, env = "IDEM_MAX_EXECUTION", default_value = "0", value_parser = parse_duration)]
     pub max_execution: Duration,
 
@@ -203,6 +205,11 @@ pub struct Config {
     #[arg(long, env = "IDEM_UPSTREAM_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub upstream_timeout: Duration,
 
+    /// Proxy mode: how long an idle pooled connection to the upstream is kept; keep it
+    /// below the upstream's own keep-alive timeout (Node's is 5 s).
+    #[arg(long, env = "IDEM_UPSTREAM_IDLE_TIMEOUT", default_value = "4s", value_parser = parse_duration)]
+    pub upstream_idle_timeout: Duration,
+
     /// Proxy mode: what an upstream answer lost after the request was sent means.
     #[arg(long, env = "IDEM_UPSTREAM_UNKNOWN_OUTCOME", value_enum, default_value_t = UnknownOutcome::Store)]
     pub upstream_unknown_outcome: UnknownOutcome,
@@ -248,6 +255,9 @@ impl Config {
     pub fn validate(&self) -> Result<(), String> {
         if let Some(url) = &self.upstream {
             crate::proxy::parse_upstream_url(url)?;
+            if self.upstream_timeout.is_zero() {
+                return Err("--upstream-timeout must be more than 0".into());
+            }
         }
         if self.store == StoreKind::Postgres
             && self.database_url.as_deref().is_none_or(str::is_empty)
@@ -309,12 +319,6 @@ impl Config {
 }
 
 /// Parses `500ms`, `30s`, `5m`, `24h`, `7d`, or a bare number of seconds.
-/// A header name, e.g. `idem-release`.
-pub fn parse_header_name(s: &str) -> Result<http::HeaderName, String> {
-    http::HeaderName::from_bytes(s.trim().as_bytes())
-        .map_err(|_| format!("{s:?} is not a header name"))
-}
-
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
@@ -337,6 +341,12 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     n.checked_mul(ms_per)
         .map(Duration::from_millis)
         .ok_or_else(|| format!("{s:?} is too long"))
+}
+
+/// A header name, e.g. `idem-release`.
+pub fn parse_header_name(s: &str) -> Result<http::HeaderName, String> {
+    http::HeaderName::from_bytes(s.trim().as_bytes())
+        .map_err(|_| format!("{s:?} is not a header name"))
 }
 
 /// `--durability`: [`Durability`] on the command line.

@@ -20,7 +20,7 @@ use axum::extract::ConnectInfo;
 use futures_util::future::BoxFuture;
 use http::uri::{PathAndQuery, Uri};
 use http::{HeaderName, HeaderValue, Request, Response};
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{capture_connection, HttpConnector};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use idem::idempotency::{release, IdempotencyContext};
@@ -41,6 +41,10 @@ pub struct UpstreamOptions {
     pub url: String,
     /// The longest wait for the upstream's answer to begin.
     pub timeout: Duration,
+    /// How long an idle pooled connection is kept: below the upstream's own keep-alive,
+    /// or a request may be written onto a connection the upstream is closing (its
+    /// outcome then unknown, and stored so).
+    pub idle_timeout: Duration,
     /// The response header by which the upstream says "nothing happened".
     pub release_header: HeaderName,
     /// What a lost answer means.
@@ -92,7 +96,7 @@ impl Upstream {
         // the request may have been sent.
         connector.set_connect_timeout(Some(options.timeout.min(Duration::from_secs(10))));
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_idle_timeout(options.idle_timeout)
             .build(connector);
         Ok(Upstream {
             inner: Arc::new(Inner {
@@ -124,13 +128,47 @@ impl tower::Service<Request<Body>> for Upstream {
 impl Inner {
     async fn forward(&self, req: Request<Body>) -> Response<Body> {
         let method = req.method().clone();
-        let outbound = match self.outbound(req) {
+        if method == http::Method::CONNECT {
+            let mut res = problem(Problem::UpstreamUnreachable, "CONNECT is not forwarded");
+            *res.status_mut() = http::StatusCode::METHOD_NOT_ALLOWED;
+            return res;
+        }
+        if let Some(ctx) = req.extensions().get::<IdempotencyContext>() {
+            if ctx.took_over && self.options.unknown_outcome == UnknownOutcome::Store {
+                // The previous holder of this claim is gone (crashed, or paused past its
+                // lease) and may have sent the request: sending it again could act
+                // twice.
+                return problem(
+                    Problem::UpstreamOutcomeUnknown,
+                    "an earlier attempt may have sent this request to the upstream and was lost before its answer was stored; it will not be sent again for this key",
+                );
+            }
+            if ctx.lease_lost.is_cancelled() {
+                // Another attempt may own the key now: it sends, not this one.
+                return release(problem(
+                    Problem::UpstreamUnreachable,
+                    "this attempt lost its claim before sending; nothing was sent",
+                ));
+            }
+        }
+        let mut outbound = match self.outbound(req) {
             Ok(outbound) => outbound,
             Err(why) => return release(problem(Problem::UpstreamUnreachable, &why)),
         };
+        let connection = capture_connection(&mut outbound);
         let sent = tokio::time::timeout(self.options.timeout, self.client.request(outbound)).await;
         let answer = match sent {
             Ok(Ok(answer)) => answer,
+            // Timed out before any connection was made: nothing was sent.
+            Err(_) if connection.connection_metadata().is_none() => {
+                return release(problem(
+                    Problem::UpstreamUnreachable,
+                    &format!(
+                        "no connection to the upstream within {:?}; nothing was sent, retry with the same key",
+                        self.options.timeout
+                    ),
+                ))
+            }
             Ok(Err(e)) if e.is_connect() => {
                 return release(problem(
                     Problem::UpstreamUnreachable,
@@ -178,34 +216,45 @@ impl Inner {
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
             .map(|c| c.0.ip().to_string());
-        let headers: Vec<(String, String)> = parts
-            .headers
+        // The core decides which headers go (by name); the client's go with their bytes
+        // as sent, idem's own after them.
+        let decided =
+            contract::forwarded_headers(&as_text(&parts.headers), client_ip.as_deref(), "http");
+        let mut headers = http::HeaderMap::with_capacity(decided.len() + 2);
+        for (name, value) in &parts.headers {
+            if decided
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case(name.as_str()))
+                && !SET_BY_IDEM.contains(&name.as_str())
+            {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+        let mut set: Vec<(&str, String)> = decided
             .iter()
-            .map(|(n, v)| {
-                (
-                    n.as_str().to_owned(),
-                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                )
-            })
+            .filter(|(n, _)| SET_BY_IDEM.contains(&n.as_str()))
+            .map(|(n, v)| (n.as_str(), v.clone()))
             .collect();
-        let mut forwarded = contract::forwarded_headers(&headers, client_ip.as_deref(), "http");
         if let Some(ctx) = parts.extensions.get::<IdempotencyContext>() {
-            forwarded.push((contract::FENCING_TOKEN.into(), ctx.token.to_string()));
-            forwarded.push((
-                contract::DOWNSTREAM_KEY.into(),
+            set.push((contract::FENCING_TOKEN, ctx.token.to_string()));
+            set.push((
+                contract::DOWNSTREAM_KEY,
                 ctx.record_key.downstream_key(DOWNSTREAM_PURPOSE),
             ));
         }
-        let mut out = Request::builder().method(parts.method).uri(uri);
-        for (name, value) in forwarded {
+        for (name, value) in set {
             if let (Ok(name), Ok(value)) = (
                 HeaderName::from_bytes(name.as_bytes()),
                 HeaderValue::from_str(&value),
             ) {
-                out = out.header(name, value);
+                headers.append(name, value);
             }
         }
-        out.body(body).map_err(|e| e.to_string())
+        let mut out = Request::new(body);
+        *out.method_mut() = parts.method;
+        *out.uri_mut() = uri;
+        *out.headers_mut() = headers;
+        Ok(out)
     }
 
     /// The answer for a request sent whose answer was lost.
@@ -224,13 +273,26 @@ impl Inner {
     }
 }
 
+/// The headers idem sets for the upstream from what it knows of the client.
+const SET_BY_IDEM: [&str; 3] = ["x-forwarded-for", "x-forwarded-host", "x-forwarded-proto"];
+
+/// Headers as text, for the core's decisions by name (a value that is not text is
+/// shown with replacement characters; its bytes are kept where it is passed on).
+fn as_text(headers: &http::HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .map(|(n, v)| {
+            (
+                n.as_str().to_owned(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect()
+}
+
 /// The upstream's answer headers the client gets ([`contract::relayed_answer_headers`]).
 fn relayed(method: &str, headers: &http::HeaderMap) -> http::HeaderMap {
-    let pairs: Vec<(String, String)> = headers
-        .iter()
-        .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
-        .collect();
-    let keep = contract::relayed_answer_headers(method, &pairs);
+    let keep = contract::relayed_answer_headers(method, &as_text(headers));
     let mut out = http::HeaderMap::with_capacity(headers.len());
     for (name, value) in headers {
         // By name, so a value that is not text (allowed in a header) keeps its bytes.

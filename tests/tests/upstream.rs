@@ -98,10 +98,16 @@ impl Payments {
 
     fn text(&self, query: &str) -> String {
         let out = Command::new("sqlite3")
+            .args(["-cmd", ".timeout 5000"])
             .arg(&self.db)
             .arg(query)
             .output()
             .expect("sqlite3 runs");
+        assert!(
+            out.status.success(),
+            "{query}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 }
@@ -296,6 +302,7 @@ async fn the_proxy_stores_what_the_upstream_did_and_never_resends_an_unknown_out
     let slow_retry_replayed = slow_retry.headers().contains_key("idempotent-replayed");
     let slow_retry_type = problem_type(&slow_retry.text().await.unwrap());
     let slow_charges = payments.charges_for("slow-1");
+    let slow_calls = payments.calls_for("slow-1");
 
     // Killed while it holds the request: the answer is lost mid-way.
     let killed = {
@@ -304,7 +311,15 @@ async fn the_proxy_stores_what_the_upstream_did_and_never_resends_an_unknown_out
             post(&http, &url, "killed-1", charge_body("c-killed", 100, 1_000)).await
         })
     };
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Killed once it has the request.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while payments.calls_for("killed-1") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the request never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     payments.kill();
     let killed = killed.await.unwrap();
     let killed_status = killed.status().as_u16();
@@ -367,7 +382,8 @@ async fn the_proxy_stores_what_the_upstream_did_and_never_resends_an_unknown_out
     assert_eq!(slow_type, "urn:idem:problem:upstream-outcome-unknown");
     assert!(slow_retry_replayed);
     assert_eq!(slow_retry_type, slow_type);
-    assert_eq!(slow_charges, 1, "charged once, and never sent again");
+    assert_eq!(slow_charges, 1, "charged once");
+    assert_eq!(slow_calls, 1, "never sent again");
 
     assert_eq!(killed_status, 502);
     assert_eq!(killed_type, "urn:idem:problem:upstream-outcome-unknown");
@@ -441,12 +457,6 @@ async fn the_proxy_passes_through_what_it_does_not_guard() {
     let http = client();
     let health = http.get(origin.url("/healthz")).send().await.unwrap();
     let health_body = health.text().await.unwrap();
-    let upstream_health = http
-        .get(origin.url("/v1/../healthz"))
-        .send()
-        .await
-        .unwrap()
-        .status();
     let missing = http.get(origin.url("/v1/nowhere")).send().await.unwrap();
     let missing_status = missing.status().as_u16();
     let no_key = http
@@ -462,7 +472,7 @@ async fn the_proxy_passes_through_what_it_does_not_guard() {
         "upstream",
         &format!(
             "pass-through: /healthz {health_body:?} (idem's), GET /v1/nowhere {missing_status} (the upstream's), \
-             POST /v1/charges without a key {no_key_status} {no_key_type}; upstream /healthz {upstream_health}"
+             POST /v1/charges without a key {no_key_status} {no_key_type}"
         ),
     );
     assert_eq!(health_body, "ok\n", "idem's own /healthz");
@@ -470,4 +480,89 @@ async fn the_proxy_passes_through_what_it_does_not_guard() {
     assert_eq!(no_key_status, 400);
     assert_eq!(no_key_type, "urn:idem:problem:idempotency-key-missing");
     assert_eq!(payments.count("SELECT count(*) FROM charges"), 0);
+}
+
+/// idem killed (SIGKILL) after sending a charge to the upstream, before it could store
+/// the answer; restarted, its lease run out: the retry takes the claim over, and must
+/// not send the charge again — the upstream may have acted, and this one did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_after_idem_died_mid_request_does_not_send_again() {
+    let payments = Payments::start().await;
+    let db = idem_tests::TestDb::new("proxy_takeover").await;
+    let upstream = payments.url();
+    let args = [
+        "--upstream",
+        upstream.as_str(),
+        "--require-key-on",
+        "/v1/*",
+        "--store",
+        "postgres",
+        "--database-url",
+        db.url.as_str(),
+        "--lease",
+        "2s",
+    ];
+    let (mut first, base) = idem_tests::OriginProcess::spawn(&args).await;
+    let url = format!("{base}/v1/charges");
+    let http = client();
+    let sent = {
+        let (http, url) = (http.clone(), url.clone());
+        tokio::spawn(async move {
+            http.post(&url)
+                .header("idempotency-key", "died-1")
+                .header("content-type", "application/json")
+                .body(charge_body("c-died", 100, 2_000))
+                .send()
+                .await
+        })
+    };
+    // Killed once the upstream has the request.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while payments.calls_for("died-1") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the request never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = first.kill();
+    let _ = first.wait();
+    assert!(sent.await.unwrap().is_err(), "the client lost its answer");
+    let (mut second, base) = idem_tests::OriginProcess::spawn(&args).await;
+    // Past the dead holder's lease, and past the upstream finishing the charge.
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    let retry = post(
+        &http,
+        &format!("{base}/v1/charges"),
+        "died-1",
+        charge_body("c-died", 100, 2_000),
+    )
+    .await;
+    let status = retry.status().as_u16();
+    let kind = problem_type(&retry.text().await.unwrap());
+    let again = post(
+        &http,
+        &format!("{base}/v1/charges"),
+        "died-1",
+        charge_body("c-died", 100, 2_000),
+    )
+    .await;
+    let again_replayed = again.headers().contains_key("idempotent-replayed");
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let calls = payments.calls_for("died-1");
+    let charges = payments.charges_for("died-1");
+    let _ = second.kill();
+    let _ = second.wait();
+    report(
+        "upstream",
+        &format!(
+            "idem killed after sending, restarted, lease run out: the retry {status} {kind}, the next replayed={again_replayed}; \
+             the upstream got {calls} call, made {charges} charge"
+        ),
+    );
+    assert_eq!(calls, 1, "sent once: a takeover does not send again");
+    assert_eq!(charges, 1);
+    assert_eq!(status, 502);
+    assert_eq!(kind, "urn:idem:problem:upstream-outcome-unknown");
+    assert!(again_replayed, "stored");
 }

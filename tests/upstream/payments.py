@@ -138,6 +138,8 @@ def main():
         db.executescript(SCHEMA)
     Payments.db_path = args.db
     Payments.release_header = args.release_header
+    # A deep accept queue: the tests open hundreds of connections at once.
+    ThreadingHTTPServer.request_queue_size = 1024
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Payments)
     server.daemon_threads = True
     server.serve_forever()

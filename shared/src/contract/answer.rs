@@ -56,6 +56,8 @@ fn hop_by_hop(name: &str) -> bool {
     [
         "connection",
         "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
         "proxy-connection",
         "te",
         "transfer-encoding",
@@ -105,19 +107,25 @@ fn connection_named(headers: &[(String, String)]) -> Vec<String> {
 /// origin: they are dropped, and the edge sets its own. (Other `cf-*` headers — Access
 /// tokens, Turnstile responses — are the client's and pass.)
 fn forgeable(name: &str) -> bool {
-    [
-        "x-forwarded-for",
-        "x-forwarded-host",
-        "x-forwarded-proto",
-        "x-real-ip",
-        "forwarded",
-        "true-client-ip",
-        "cf-connecting-ipv6",
-        "cf-pseudo-ipv4",
-        "cf-ipcountry",
-    ]
-    .iter()
-    .any(|h| name.eq_ignore_ascii_case(h))
+    // Every X-Forwarded-* (-For, -Host, -Proto, -Port, -Prefix, -Server…); by bytes,
+    // so a name that is not ASCII can't split a character.
+    let prefix = b"x-forwarded-";
+    let x_forwarded = name
+        .as_bytes()
+        .get(..prefix.len())
+        .is_some_and(|p| p.eq_ignore_ascii_case(prefix));
+    x_forwarded
+        || [
+            "x-real-ip",
+            "x-client-ip",
+            "forwarded",
+            "true-client-ip",
+            "cf-connecting-ipv6",
+            "cf-pseudo-ipv4",
+            "cf-ipcountry",
+        ]
+        .iter()
+        .any(|h| name.eq_ignore_ascii_case(h))
 }
 
 /// The request headers the edge sends the origin: the client's, less those that are
@@ -351,9 +359,19 @@ mod tests {
             "x-real-ip",
             "Idem-Fencing-Token",
             "idem-downstream-key",
+            "Proxy-Authorization",
         ] {
             assert!(!forwarded_request_header(name), "{name}");
         }
+        for name in [
+            "X-Forwarded-Port",
+            "x-forwarded-prefix",
+            "X-Client-IP",
+            "forwarded",
+        ] {
+            assert!(forgeable(name), "{name}");
+        }
+        assert!(!forgeable("x-forwarde"));
         for name in ["authorization", "Idempotency-Key", "content-type", "prefer"] {
             assert!(forwarded_request_header(name), "{name}");
         }
