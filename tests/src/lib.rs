@@ -13,11 +13,13 @@ pub mod procs;
 pub mod proof;
 pub mod proxy;
 pub mod redis;
+pub mod upstream;
 
 pub use origin::{charge_body, client, faketime_lib, post_charge, OriginProcess, TestOrigin};
 pub use postgres::{connect, database_url, pg_addr, via, with_search_path, TestDb};
 pub use proxy::Proxy;
 pub use redis::{redis_cluster_urls, redis_store, redis_url, unique_namespace};
+pub use upstream::Payments;
 
 /// Appends a line to `target/idem-reports/<name>.txt`; `scripts/test` prints these at
 /// the end, so the figures behind each claim are visible without `--nocapture`.

@@ -1236,3 +1236,99 @@ async fn a_slow_origin_past_the_edge_lease_still_charges_once() {
     );
     assert_eq!(charges, 1);
 }
+
+/// The whole chain, in front of an API that knows nothing about idempotency: the
+/// worker under workerd → `idem-origin --upstream` → the Python payments API. 100 keys
+/// × 8 concurrent retries through the edge: 100 rows in the upstream's own database,
+/// every retry answered at the edge, then replayed there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_edge_and_the_proxy_charge_once_in_front_of_any_api() {
+    let payments = idem_tests::Payments::start().await;
+    let upstream = payments.url();
+    let origin = TestOrigin::start(&["--upstream", &upstream, "--require-key-on", "/v1/*"]).await;
+    let edge = Edge::start(&origin.url(""), &[("LEASE_MS", "60000")]).await;
+    let http = client();
+    let barrier = Arc::new(Barrier::new(KEYS * RETRIES));
+    let mut tasks = Vec::new();
+    for i in 0..KEYS {
+        for _ in 0..RETRIES {
+            let (http, base, barrier) = (http.clone(), edge.base.clone(), barrier.clone());
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let sent = http
+                    .post(format!("{base}/v1/charges"))
+                    .header("idempotency-key", format!("chain-{i}"))
+                    .header("content-type", "application/json")
+                    .body(charge_body(&format!("cus-c{i}"), 100, 200))
+                    .send()
+                    .await;
+                match sent {
+                    Ok(res) => {
+                        let edge = res
+                            .headers()
+                            .get("idem-edge")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("-")
+                            .to_owned();
+                        format!("{} {edge}", res.status().as_u16())
+                    }
+                    // The overloaded local runtime's own failure, not the edge's.
+                    Err(e) if e.is_request() || e.is_connect() => "reset -".to_owned(),
+                    Err(e) => panic!("the edge answers: {e}"),
+                }
+            }));
+        }
+    }
+    let mut race = BTreeMap::new();
+    for t in tasks {
+        *race.entry(t.await.unwrap()).or_insert(0) += 1;
+    }
+    let charges = payments.count("SELECT count(*) FROM charges");
+    let keys = payments.count("SELECT count(DISTINCT idempotency_key) FROM charges");
+    let calls = payments.count("SELECT count(*) FROM calls");
+    let mut replays = BTreeMap::new();
+    for i in 0..KEYS {
+        let res = post(
+            &http,
+            &edge.base,
+            &format!("chain-{i}"),
+            charge_body(&format!("cus-c{i}"), 100, 200),
+            false,
+        )
+        .await;
+        tally(&mut replays, &res);
+    }
+    let calls_after = payments.count("SELECT count(*) FROM calls");
+    report(
+        "edge",
+        &format!(
+            "edge -> idem-origin --upstream -> Python payments API, {KEYS} keys x {RETRIES} retries: \
+             answers {race:?}; the upstream's database: {charges} charges for {keys} keys, {calls} calls; \
+             retries after: {replays:?}, calls then {calls_after}"
+        ),
+    );
+    assert_eq!(charges, KEYS as i64, "one charge per key: {race:?}");
+    assert_eq!(keys, KEYS as i64);
+    assert_eq!(calls, KEYS as i64, "the upstream saw each key once");
+    let forwarded = race.get("201 forwarded").copied().unwrap_or(0);
+    let at_edge = race.get("409 refused").copied().unwrap_or(0)
+        + race.get("201 replayed").copied().unwrap_or(0);
+    let runtime_own: usize = race
+        .iter()
+        .filter(|(k, _)| k.ends_with(" -"))
+        .map(|(_, n)| *n)
+        .sum();
+    assert!(forwarded <= KEYS, "{race:?}");
+    assert_eq!(
+        forwarded + at_edge + runtime_own,
+        KEYS * RETRIES,
+        "{race:?}"
+    );
+    assert!(at_edge >= KEYS * (RETRIES - 1) / 2, "{race:?}");
+    assert_eq!(
+        replays.get("201 replayed").copied(),
+        Some(KEYS),
+        "every retry replayed by the edge: {replays:?}"
+    );
+    assert_eq!(calls_after, calls, "replays never reach the upstream");
+}

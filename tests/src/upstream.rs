@@ -1,0 +1,118 @@
+//! The payments API in Python (tests/upstream/payments.py): an upstream that knows
+//! nothing about idempotency, for proxy mode's tests. Counts come from its own SQLite
+//! database.
+
+use crate::client;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The Python payments API, on a port and a database of its own (both removed when
+/// dropped).
+pub struct Payments {
+    child: Option<Child>,
+    port: u16,
+    db: PathBuf,
+}
+
+impl Payments {
+    pub async fn start() -> Payments {
+        let port = crate::procs::free_port();
+        let db = std::env::temp_dir().join(format!(
+            "idem-payments-{}-{port}.sqlite",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&db);
+        let mut payments = Payments {
+            child: None,
+            port,
+            db,
+        };
+        payments.spawn().await;
+        payments
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub async fn spawn(&mut self) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("upstream/payments.py");
+        let child = Command::new("python3")
+            .arg(&script)
+            .args(["--port", &self.port.to_string(), "--db"])
+            .arg(&self.db)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("python3 runs the payments API");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(r) = client().get(format!("{}/healthz", self.url())).send().await {
+                if r.status() == 200 {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "the payments API did not start");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Kills it at once (SIGKILL): requests in flight lose their connection.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// One number from its database.
+    pub fn count(&self, query: &str) -> i64 {
+        let out = Command::new("sqlite3")
+            .args(["-cmd", ".timeout 5000"])
+            .arg(&self.db)
+            .arg(query)
+            .output()
+            .expect("sqlite3 runs");
+        assert!(
+            out.status.success(),
+            "{query}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    }
+
+    pub fn charges_for(&self, key: &str) -> i64 {
+        self.count(&format!(
+            "SELECT count(*) FROM charges WHERE idempotency_key = '{key}'"
+        ))
+    }
+
+    pub fn calls_for(&self, key: &str) -> i64 {
+        self.count(&format!(
+            "SELECT count(*) FROM calls WHERE idempotency_key = '{key}'"
+        ))
+    }
+
+    pub fn text(&self, query: &str) -> String {
+        let out = Command::new("sqlite3")
+            .args(["-cmd", ".timeout 5000"])
+            .arg(&self.db)
+            .arg(query)
+            .output()
+            .expect("sqlite3 runs");
+        assert!(
+            out.status.success(),
+            "{query}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+}
+
+impl Drop for Payments {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_file(&self.db);
+    }
+}
