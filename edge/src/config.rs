@@ -1,6 +1,28 @@
 //! The edge's settings, read from the worker's vars.
 
+use idem_core::contract::{Anonymous, ScopeRule, ScopeSource};
 use idem_core::Policy;
+
+/// `SCOPE_FROM` (`authorization`, `header:<name>`, `jwt:<claim>`), `JWT_SECRET` (a
+/// Worker secret) and `ANONYMOUS` (`scoped`, `refused`), as the origin's flags.
+fn scope_rule(var: &impl Fn(&str) -> Option<String>) -> Result<ScopeRule, String> {
+    let secret = var("JWT_SECRET").map(String::into_bytes);
+    let source = match var("SCOPE_FROM") {
+        None => ScopeSource::Authorization,
+        Some(spec) => ScopeSource::parse(&spec, secret)
+            .map_err(|e| format!("SCOPE_FROM: {e} (JWT_SECRET gives the secret)"))?,
+    };
+    let anonymous = match var("ANONYMOUS").as_deref().map(str::trim) {
+        None | Some("scoped") => Anonymous::Scoped,
+        Some("refused") => Anonymous::Refused,
+        Some(other) => {
+            return Err(format!(
+                "ANONYMOUS must be scoped or refused, got {other:?}"
+            ))
+        }
+    };
+    Ok(ScopeRule { source, anonymous })
+}
 
 /// The edge's settings (from the worker's vars).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -17,6 +39,9 @@ pub struct EdgeConfig {
     pub max_stored_body_bytes: usize,
     /// Paths on which a key is required.
     pub require_key_paths: Vec<String>,
+    /// Who a key belongs to (`SCOPE_FROM`, `JWT_SECRET`, `ANONYMOUS`): it must be the
+    /// origin's rule, or the two name different records for one request.
+    pub scope: ScopeRule,
 }
 
 /// Bounds of each number, as (least, most): a value outside them is refused, never
@@ -47,6 +72,7 @@ impl Default for EdgeConfig {
             max_body_bytes: 1024 * 1024,
             max_stored_body_bytes: 64 * 1024,
             require_key_paths: vec!["/v1/charges".into()],
+            scope: ScopeRule::default(),
         }
     }
 }
@@ -131,6 +157,7 @@ impl EdgeConfig {
                         .collect()
                 })
                 .unwrap_or(d.require_key_paths),
+            scope: scope_rule(&var)?,
         })
     }
 }

@@ -8,7 +8,7 @@ use idem_core::contract::{
     self, OriginDisposition, Problem, Rejection, Route, Waiting, DEFAULT_CACHED_HEADERS,
     DEFAULT_METHODS, IDEMPOTENCY_KEY, ORIGIN_DISPOSITION,
 };
-use idem_core::{Millis, RecordKey, Scope, StoredResponse};
+use idem_core::{Millis, RecordKey, StoredResponse};
 
 /// Diagnostic response header: what the edge did ([`Handled`]).
 pub const EDGE_HEADER: &str = "idem-edge";
@@ -190,7 +190,18 @@ async fn guarded<R: EdgeRuntime>(
     key: idem_core::IdempotencyKey,
     body: Vec<u8>,
 ) -> Answer {
-    let scope = Scope::from_authorization(head.header("authorization"));
+    let scope = match config.scope.scope(
+        |name: &str| {
+            head.headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_bytes())
+        },
+        runtime.now() / 1_000,
+    ) {
+        Ok(scope) => scope,
+        Err(rejection) => return refused(&rejection),
+    };
     let record_key = RecordKey::new(&scope, &key);
     let fingerprint = contract::fingerprint(
         &head.method,

@@ -94,7 +94,7 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
         _ if config.replay_cache_bytes == 0 => store,
         _ => Arc::new(ReplayCache::new(store, config.replay_cache_bytes)),
     };
-    let layer = layer(config, store.clone());
+    let layer = layer(config, store.clone())?;
     // The charges commit with their records when both are in one Postgres: the store's
     // authority, which the Postgres ledger shares its pool with.
     let shared = ledger_in_authority
@@ -158,7 +158,7 @@ async fn connect_postgres(config: &Config, url: &str) -> Result<PostgresStore, S
 }
 
 /// The idempotency layer as configured.
-pub fn layer(config: &Config, store: Arc<dyn Store>) -> IdempotencyLayer {
+pub fn layer(config: &Config, store: Arc<dyn Store>) -> Result<IdempotencyLayer, String> {
     let required: Vec<String> = match &config.require_key_on {
         Some(paths) => paths.iter().map(|p| p.trim().to_owned()).collect(),
         None if config.upstream.is_some() => Vec::new(),
@@ -172,6 +172,7 @@ pub fn layer(config: &Config, store: Arc<dyn Store>) -> IdempotencyLayer {
         cached.push(http::header::SET_COOKIE);
     }
     let layer = IdempotencyLayer::new(store)
+        .scope_rule(config.scope_rule()?)
         .require_key_on(required)
         .cached_headers(cached)
         .ttl(config.ttl)
@@ -179,14 +180,14 @@ pub fn layer(config: &Config, store: Arc<dyn Store>) -> IdempotencyLayer {
         .max_wait(config.max_wait)
         .max_body_bytes(config.max_body_bytes)
         .max_stored_body_bytes(config.max_stored_body_bytes);
-    match (config.max_execution.is_zero(), &config.upstream) {
+    Ok(match (config.max_execution.is_zero(), &config.upstream) {
         (false, _) => layer.max_execution(config.max_execution),
         // An upstream that stalls mid-answer must not hold its key for ever.
         (true, Some(_)) => {
             layer.max_execution((config.upstream_timeout * 2).max(Duration::from_secs(60)))
         }
         (true, None) => layer,
-    }
+    })
 }
 
 #[derive(Clone)]

@@ -2,6 +2,7 @@
 
 use clap::{Parser, ValueEnum};
 use idem::store::{Durability, PgStrategy};
+use idem_core::contract::{Anonymous, ScopeRule, ScopeSource};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -55,6 +56,16 @@ pub enum UnknownOutcome {
     /// Answer that problem but release the key: a retry sends the request again (for an
     /// upstream that dedups by the downstream key it is sent).
     Release,
+}
+
+/// What a guarded request that says nowhere who it is gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum AnonymousCallers {
+    /// All such callers share the `anonymous` scope: one caller's key, with the same
+    /// request, replays another's answer.
+    Scoped,
+    /// A 401 problem; nothing is claimed.
+    Refused,
 }
 
 /// Log line format.
@@ -230,6 +241,23 @@ pub struct Config {
     #[arg(long, env = "IDEM_REPLAY_SET_COOKIE")]
     pub replay_set_cookie: bool,
 
+    /// Who a key belongs to: `authorization` (the bearer token, hashed: a refreshed
+    /// token is a new caller), `header:<name>` (a header's value: an API key, or a
+    /// principal a trusted gateway sets), or `jwt:<claim>` (a claim of the bearer JWT,
+    /// verified with HS256 and --jwt-secret-file: a refreshed token keeps its scope).
+    #[arg(long, env = "IDEM_SCOPE_FROM", default_value = "authorization")]
+    pub scope_from: String,
+
+    /// The HS256 key for --scope-from jwt:<claim>, read from this file (a trailing
+    /// newline is not part of it).
+    #[arg(long, env = "IDEM_JWT_SECRET_FILE")]
+    pub jwt_secret_file: Option<std::path::PathBuf>,
+
+    /// A guarded request that says nowhere who it is. Without it: scoped for the demo,
+    /// refused in proxy mode (idem can't tell an upstream's callers apart by itself).
+    #[arg(long, env = "IDEM_ANONYMOUS", value_enum)]
+    pub anonymous: Option<AnonymousCallers>,
+
     /// Where the demo charges API keeps its charges.
     #[arg(long, env = "IDEM_DEMO_LEDGER", value_enum, default_value_t = DemoLedger::Auto)]
     pub demo_ledger: DemoLedger,
@@ -251,8 +279,35 @@ pub struct Config {
 }
 
 impl Config {
+    /// How a guarded request's scope is found (--scope-from, --jwt-secret-file,
+    /// --anonymous); the error names the flag to fix.
+    pub fn scope_rule(&self) -> Result<ScopeRule, String> {
+        let secret = match &self.jwt_secret_file {
+            None => None,
+            Some(path) => {
+                let mut bytes = std::fs::read(path).map_err(|e| {
+                    format!("--jwt-secret-file {}: cannot read it: {e}", path.display())
+                })?;
+                while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+                    bytes.pop();
+                }
+                Some(bytes)
+            }
+        };
+        let source = ScopeSource::parse(&self.scope_from, secret)
+            .map_err(|e| format!("--scope-from: {e} (--jwt-secret-file gives the secret)"))?;
+        let anonymous = match self.anonymous {
+            Some(AnonymousCallers::Scoped) => Anonymous::Scoped,
+            Some(AnonymousCallers::Refused) => Anonymous::Refused,
+            None if self.upstream.is_some() => Anonymous::Refused,
+            None => Anonymous::Scoped,
+        };
+        Ok(ScopeRule { source, anonymous })
+    }
+
     /// Checks the combinations clap can't; the message names the flag to fix.
     pub fn validate(&self) -> Result<(), String> {
+        self.scope_rule()?;
         if let Some(url) = &self.upstream {
             crate::proxy::parse_upstream_url(url)?;
             if self.upstream_timeout.is_zero() {

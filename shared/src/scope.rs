@@ -22,6 +22,24 @@ impl Scope {
         Scope(tagged_hash(b"idem/scope/tenant/v1", &[tenant.as_bytes()]))
     }
 
+    /// The scope of a caller named by a header: a principal a trusted gateway sets, or
+    /// an API key (hashed, never stored).
+    pub fn from_header(name: &str, value: &[u8]) -> Self {
+        Scope(tagged_hash(
+            b"idem/scope/header/v1",
+            &[name.as_bytes(), value],
+        ))
+    }
+
+    /// The scope of a verified JWT's `claim`, by the claim's canonical JSON value: every
+    /// token of one principal, refreshed or not, has it.
+    pub fn from_claim(claim: &str, canonical_value: &[u8]) -> Self {
+        Scope(tagged_hash(
+            b"idem/scope/jwt-claim/v1",
+            &[claim.as_bytes(), canonical_value],
+        ))
+    }
+
     /// The shared scope of unauthenticated callers.
     pub fn anonymous() -> Self {
         Scope(tagged_hash(b"idem/scope/anonymous/v1", &[]))

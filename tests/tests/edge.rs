@@ -112,7 +112,12 @@ impl Edge {
             .copied()
             .chain([("ORIGIN_URL", origin), ("LEASE_MS", "5000")])
             .collect();
-        let toml: String = toml
+        let line = |name: &str, value: &str| match value.strip_prefix(UNQUOTED) {
+            Some(raw) => format!("{name} = {raw}"),
+            None => format!("{name} = {value:?}"),
+        };
+        let mut written = Vec::new();
+        let mut lines: Vec<String> = toml
             .lines()
             .filter(|l| !l.starts_with("[build]") && !l.starts_with("command ="))
             .map(|l| {
@@ -123,15 +128,23 @@ impl Edge {
                     .iter()
                     .find(|(name, _)| l.starts_with(&format!("{name} =")))
                 {
-                    Some((name, value)) => match value.strip_prefix(UNQUOTED) {
-                        Some(raw) => format!("{name} = {raw}"),
-                        None => format!("{name} = {value:?}"),
-                    },
+                    Some((name, value)) => {
+                        written.push(*name);
+                        line(name, value)
+                    }
                     None => l.to_owned(),
                 }
             })
-            .collect::<Vec<_>>()
-            .join("\n");
+            .collect();
+        // Vars wrangler.toml does not set (SCOPE_FROM, JWT_SECRET…) go under [vars].
+        let vars_at = lines.iter().position(|l| l == "[vars]").unwrap() + 1;
+        for (name, value) in &overrides {
+            if !written.contains(name) {
+                written.push(name);
+                lines.insert(vars_at, line(name, value));
+            }
+        }
+        let toml = lines.join("\n");
         std::fs::write(&config, toml).unwrap();
         let logs = repo().join("target/idem-reports");
         std::fs::create_dir_all(&logs).unwrap();
@@ -1245,7 +1258,15 @@ async fn a_slow_origin_past_the_edge_lease_still_charges_once() {
 async fn the_edge_and_the_proxy_charge_once_in_front_of_any_api() {
     let payments = idem_tests::Payments::start().await;
     let upstream = payments.url();
-    let origin = TestOrigin::start(&["--upstream", &upstream, "--require-key-on", "/v1/*"]).await;
+    let origin = TestOrigin::start(&[
+        "--upstream",
+        &upstream,
+        "--require-key-on",
+        "/v1/*",
+        "--anonymous",
+        "scoped",
+    ])
+    .await;
     let edge = Edge::start(&origin.url(""), &[("LEASE_MS", "60000")]).await;
     let http = client();
     let barrier = Arc::new(Barrier::new(KEYS * RETRIES));
@@ -1331,4 +1352,69 @@ async fn the_edge_and_the_proxy_charge_once_in_front_of_any_api() {
         "every retry replayed by the edge: {replays:?}"
     );
     assert_eq!(calls_after, calls, "replays never reach the upstream");
+}
+
+/// The edge scopes as the origin does (the same core rule): by a verified JWT's `sub`,
+/// a refreshed token's retry is replayed at the edge — behind an origin that scopes by
+/// the token's value, where it would charge again; no identity, or a token that does
+/// not verify, is refused there and never reaches the origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_scopes_by_a_verified_jwt_claim() {
+    use idem_core::contract::scope::sign_hs256;
+    const SECRET: &str = "the gateway's HS256 secret";
+    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let (origin, ledger) = TestOrigin::demo_on(store).await;
+    let edge = Edge::start(
+        &origin.url(""),
+        &[
+            ("SCOPE_FROM", "jwt:sub"),
+            ("JWT_SECRET", SECRET),
+            ("ANONYMOUS", "refused"),
+        ],
+    )
+    .await;
+    let http = client();
+    let send = |auth: Option<String>| {
+        let (http, base) = (http.clone(), edge.base.clone());
+        async move {
+            let mut req = http
+                .post(format!("{base}/v1/charges"))
+                .header("idempotency-key", "jwt-edge-1")
+                .header("content-type", "application/json")
+                .body(charge_body("cus_1", 100, 0));
+            if let Some(auth) = auth {
+                req = req.header("authorization", auth);
+            }
+            let res = req.send().await.unwrap();
+            let edge_did = res.headers()["idem-edge"].to_str().unwrap().to_owned();
+            format!("{} {edge_did}", res.status().as_u16())
+        }
+    };
+    let token = |iat: u64| {
+        format!(
+            "Bearer {}",
+            sign_hs256(
+                &format!(r#"{{"sub":"cus_1","iat":{iat},"exp":4102444800}}"#),
+                SECRET.as_bytes()
+            )
+        )
+    };
+    let first = send(Some(token(1))).await;
+    let refreshed = send(Some(token(2))).await;
+    let forged = send(Some(format!(
+        "Bearer {}",
+        sign_hs256(r#"{"sub":"cus_1"}"#, b"not the secret")
+    )))
+    .await;
+    let nobody = send(None).await;
+    let charges = ledger.len();
+    report(
+        "edge",
+        &format!("SCOPE_FROM=jwt:sub at the edge: first {first}, refreshed token {refreshed}, forged {forged}, none {nobody}; {charges} charge"),
+    );
+    assert_eq!(first, "201 forwarded");
+    assert_eq!(refreshed, "201 replayed", "the same caller at the edge");
+    assert_eq!(forged, "401 refused");
+    assert_eq!(nobody, "401 refused");
+    assert_eq!(charges, 1);
 }

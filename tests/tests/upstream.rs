@@ -8,9 +8,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Barrier;
 
+/// idem in front of `payments`, a key required on `/v1/*`. Its callers send no
+/// identity, so they share the anonymous scope unless `extra` says otherwise.
 async fn proxy(payments: &Payments, extra: &[&str]) -> TestOrigin {
     let url = payments.url();
     let mut args = vec!["--upstream", url.as_str(), "--require-key-on", "/v1/*"];
+    if !extra
+        .iter()
+        .any(|a| *a == "--anonymous" || *a == "--scope-from")
+    {
+        args.extend_from_slice(&["--anonymous", "scoped"]);
+    }
     args.extend_from_slice(extra);
     TestOrigin::start(&args).await
 }
@@ -390,6 +398,8 @@ async fn a_takeover_after_idem_died_mid_request_does_not_send_again() {
         db.url.as_str(),
         "--lease",
         "2s",
+        "--anonymous",
+        "scoped",
     ];
     let (mut first, base) = idem_tests::OriginProcess::spawn(&args).await;
     let url = format!("{base}/v1/charges");
@@ -454,4 +464,127 @@ async fn a_takeover_after_idem_died_mid_request_does_not_send_again() {
     assert_eq!(status, 502);
     assert_eq!(kind, "urn:idem:problem:upstream-outcome-unknown");
     assert!(again_replayed, "stored");
+}
+
+/// Who a key belongs to, in proxy mode. By the `Authorization` value, a refreshed token
+/// of the same principal is a new caller: its retry charges again. By the JWT's `sub`
+/// (verified), it keeps its scope: one charge. By an API-key header, two callers with
+/// the same key are two scopes; a request with no identity is refused (401) before
+/// anything is claimed, and a token that does not verify is never anonymous.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scopes_follow_the_caller_not_the_token() {
+    use idem_core::contract::scope::sign_hs256;
+    const SECRET: &str = "the gateway's HS256 secret";
+    let payments = Payments::start().await;
+    let secret_file = std::env::temp_dir().join(format!("idem-jwt-{}", std::process::id()));
+    std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();
+    let http = client();
+    let token = |iat: u64| {
+        format!(
+            "Bearer {}",
+            sign_hs256(
+                &format!(r#"{{"sub":"cus_1","iat":{iat},"exp":4102444800}}"#),
+                SECRET.as_bytes()
+            )
+        )
+    };
+    let charge =
+        |url: String, key: &'static str, auth: Option<String>, api_key: Option<&'static str>| {
+            let http = http.clone();
+            async move {
+                let mut req = http
+                    .post(url)
+                    .header("idempotency-key", key)
+                    .header("content-type", "application/json")
+                    .body(charge_body("cus_1", 100, 0));
+                if let Some(auth) = auth {
+                    req = req.header("authorization", auth);
+                }
+                if let Some(api_key) = api_key {
+                    req = req.header("x-api-key", api_key);
+                }
+                let res = req.send().await.unwrap();
+                let status = res.status().as_u16();
+                (status, problem_type(&res.text().await.unwrap()))
+            }
+        };
+
+    // By the Authorization value (the default before this option): a refreshed token.
+    let by_value = proxy(&payments, &["--scope-from", "authorization"]).await;
+    charge(
+        by_value.url("/v1/charges"),
+        "refresh-value",
+        Some(token(1)),
+        None,
+    )
+    .await;
+    charge(
+        by_value.url("/v1/charges"),
+        "refresh-value",
+        Some(token(2)),
+        None,
+    )
+    .await;
+    let value_charges = payments.charges_for("refresh-value");
+
+    // By the verified JWT's sub.
+    let secret_path = secret_file.to_str().unwrap();
+    let by_sub = proxy(
+        &payments,
+        &["--scope-from", "jwt:sub", "--jwt-secret-file", secret_path],
+    )
+    .await;
+    let first = charge(
+        by_sub.url("/v1/charges"),
+        "refresh-sub",
+        Some(token(1)),
+        None,
+    )
+    .await;
+    let refreshed = charge(
+        by_sub.url("/v1/charges"),
+        "refresh-sub",
+        Some(token(2)),
+        None,
+    )
+    .await;
+    let forged = format!(
+        "Bearer {}",
+        sign_hs256(r#"{"sub":"cus_1","exp":4102444800}"#, b"not the secret")
+    );
+    let forged = charge(by_sub.url("/v1/charges"), "refresh-sub", Some(forged), None).await;
+    let sub_charges = payments.charges_for("refresh-sub");
+
+    // By an API-key header, anonymous refused.
+    let by_key = proxy(
+        &payments,
+        &["--scope-from", "header:x-api-key", "--anonymous", "refused"],
+    )
+    .await;
+    let a = charge(by_key.url("/v1/charges"), "api-1", None, Some("key-a")).await;
+    let b = charge(by_key.url("/v1/charges"), "api-1", None, Some("key-b")).await;
+    let a_again = charge(by_key.url("/v1/charges"), "api-1", None, Some("key-a")).await;
+    let nobody = charge(by_key.url("/v1/charges"), "api-2", None, None).await;
+    let api_charges = payments.charges_for("api-1");
+    let nobody_calls = payments.calls_for("api-2");
+    let _ = std::fs::remove_file(&secret_file);
+    report(
+        "upstream",
+        &format!(
+            "one principal's refreshed JWT, same key and request: {value_charges} charges scoped by the Authorization value, \
+             {sub_charges} by the verified sub ({first:?}, refreshed {refreshed:?}, forged {forged:?}); \
+             x-api-key: {a:?}, {b:?}, again {a_again:?} -> {api_charges} charges; no identity {nobody:?}, {nobody_calls} calls"
+        ),
+    );
+    assert_eq!(
+        value_charges, 2,
+        "by value, a refreshed token is a new caller"
+    );
+    assert_eq!(sub_charges, 1, "by the verified sub, the same caller");
+    assert_eq!((first.0, refreshed.0), (201, 201));
+    assert_eq!(forged, (401, "urn:idem:problem:identity-invalid".into()));
+    assert_eq!(api_charges, 2, "two API keys, two callers");
+    assert_eq!((a.0, b.0, a_again.0), (201, 201, 201));
+    assert_eq!(nobody, (401, "urn:idem:problem:identity-missing".into()));
+    assert_eq!(nobody_calls, 0);
 }

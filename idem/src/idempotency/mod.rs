@@ -100,7 +100,7 @@ pub fn release<B>(mut response: http::Response<B>) -> http::Response<B> {
     response
 }
 
-type ScopeFn = dyn Fn(&Parts) -> Scope + Send + Sync;
+type ScopeFn = dyn Fn(&Parts) -> Result<Scope, contract::Rejection> + Send + Sync;
 type RequireFn = dyn Fn(&Parts) -> bool + Send + Sync;
 
 #[derive(Clone)]
@@ -139,7 +139,7 @@ impl IdempotencyLayer {
                 key_required: Arc::new(|_| false),
                 policy: Policy::default(),
                 max_wait: Duration::from_secs(10),
-                scope: Arc::new(bearer_scope),
+                scope: Arc::new(|parts| Ok(bearer_scope(parts))),
                 cached_headers: contract::DEFAULT_CACHED_HEADERS
                     .iter()
                     .map(|h| HeaderName::from_static(h))
@@ -198,7 +198,25 @@ impl IdempotencyLayer {
     /// Who a key belongs to. The default hashes the `Authorization` header's bearer
     /// token (see [`bearer_scope`]).
     pub fn scope(self, scope: impl Fn(&Parts) -> Scope + Send + Sync + 'static) -> Self {
-        self.with(|c| c.scope = Arc::new(scope))
+        self.with(|c| c.scope = Arc::new(move |parts| Ok(scope(parts))))
+    }
+
+    /// Who a key belongs to, by a rule of the contract — the same the edge applies:
+    /// the `Authorization` value, a header (`x-api-key`, a gateway's principal), or a
+    /// claim of a verified HS256 JWT (a refreshed token keeps its scope). A request
+    /// the rule can't place is refused with `401` before anything is claimed.
+    pub fn scope_rule(self, rule: contract::ScopeRule) -> Self {
+        self.with(|c| {
+            c.scope = Arc::new(move |parts| {
+                let now_secs = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                rule.scope(
+                    |name| parts.headers.get(name).map(|v| v.as_bytes()),
+                    now_secs,
+                )
+            })
+        })
     }
 
     /// The response headers stored and replayed besides status and body.

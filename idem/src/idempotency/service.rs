@@ -82,6 +82,11 @@ where
         Route::PassThrough => return pass_through(inner, Request::from_parts(parts, body)).await,
         Route::Reject(rejection) => return invalid(&rejection),
     };
+    // Who is asking, before a byte of the body is read.
+    let scope = match (config.scope)(&parts) {
+        Ok(scope) => scope,
+        Err(rejection) => return invalid(&rejection),
+    };
     let body = match read_body(&parts, body, config.max_body_bytes).await {
         Ok(body) => body,
         Err(rejection) => return invalid(&rejection),
@@ -96,7 +101,7 @@ where
             .map(|v| v.as_bytes()),
         &body,
     );
-    let record_key = RecordKey::new(&(config.scope)(&parts), &key);
+    let record_key = RecordKey::new(&scope, &key);
     let prefer = parts.headers.get_all("prefer").iter();
     let wait_ms = contract::wait_ms(prefer.map(|v| v.as_bytes()), super::millis(config.max_wait));
     // The wait is measured on the runtime's monotonic clock, from here.

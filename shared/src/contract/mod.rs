@@ -6,6 +6,8 @@
 //! * [`answer`] — what is stored of an answer, what a replay carries, and the origin's
 //!   disposition header that tells the edge what it may keep.
 //! * [`problem`] — the RFC 9457 problems idem answers with: types, titles, details.
+//! * [`scope`] — who a key belongs to: the `Authorization` value, a header, or a claim
+//!   of a verified JWT.
 //!
 //! The runtimes only move bytes: the origin's tower layer and the edge's worker read
 //! their requests into these values and write these answers out.
@@ -13,6 +15,7 @@
 pub mod answer;
 pub mod problem;
 pub mod request;
+pub mod scope;
 pub mod wait;
 
 pub use answer::{
@@ -21,6 +24,7 @@ pub use answer::{
 };
 pub use problem::{Problem, Rejection};
 pub use request::{check_declared_length, fingerprint, guards, listed, route, Route};
+pub use scope::{Anonymous, ScopeRule, ScopeSource};
 pub use wait::{prefer_wait, wait_ms, Waiting};
 
 /// Request header carrying the key.

@@ -46,11 +46,17 @@ pub enum Problem {
     /// a dropped connection): the upstream may have acted. Stored, and never sent again
     /// for this key (unless configured otherwise).
     UpstreamOutcomeUnknown,
+    /// 401: keys are kept per caller, and this request says who it is nowhere the
+    /// configuration looks (`--anonymous refused`). Nothing was claimed.
+    IdentityMissing,
+    /// 401: the bearer JWT did not verify (signature, algorithm, `exp`, `nbf`, the
+    /// claim). Never taken for anonymous. Nothing was claimed.
+    IdentityInvalid,
 }
 
 impl Problem {
     /// All problems, for documentation and tests.
-    pub const ALL: [Problem; 14] = [
+    pub const ALL: [Problem; 16] = [
         Problem::KeyMissing,
         Problem::KeyMalformed,
         Problem::BodyTooLarge,
@@ -65,6 +71,8 @@ impl Problem {
         Problem::EdgeMisconfigured,
         Problem::UpstreamUnreachable,
         Problem::UpstreamOutcomeUnknown,
+        Problem::IdentityMissing,
+        Problem::IdentityInvalid,
     ];
 
     /// The HTTP status.
@@ -72,6 +80,7 @@ impl Problem {
         match self {
             Problem::KeyMissing | Problem::KeyMalformed | Problem::BodyUnreadable => 400,
             Problem::BodyTooLarge => 413,
+            Problem::IdentityMissing | Problem::IdentityInvalid => 401,
             Problem::InFlight | Problem::Fenced => 409,
             Problem::Mismatch => 422,
             Problem::StoreUnavailable => 503,
@@ -100,6 +109,8 @@ impl Problem {
             Problem::EdgeMisconfigured => "urn:idem:problem:edge-misconfigured",
             Problem::UpstreamUnreachable => "urn:idem:problem:upstream-unreachable",
             Problem::UpstreamOutcomeUnknown => "urn:idem:problem:upstream-outcome-unknown",
+            Problem::IdentityMissing => "urn:idem:problem:identity-missing",
+            Problem::IdentityInvalid => "urn:idem:problem:identity-invalid",
         }
     }
 
@@ -122,6 +133,8 @@ impl Problem {
             Problem::EdgeMisconfigured => "The edge is misconfigured",
             Problem::UpstreamUnreachable => "The upstream could not be reached",
             Problem::UpstreamOutcomeUnknown => "The upstream's outcome is unknown",
+            Problem::IdentityMissing => "Who is asking is needed to keep the key apart",
+            Problem::IdentityInvalid => "The caller's token was not accepted",
         }
     }
 
@@ -148,6 +161,8 @@ impl Problem {
             Problem::EdgeMisconfigured => "the edge's configuration is invalid; nothing was forwarded",
             Problem::UpstreamUnreachable => "nothing was sent to the upstream; retry with the same key",
             Problem::UpstreamOutcomeUnknown => "the request was sent to the upstream and its answer was lost; it will not be sent again for this key",
+            Problem::IdentityMissing => "send the identity this API scopes keys by",
+            Problem::IdentityInvalid => "the bearer token was not accepted",
         }
     }
 
@@ -284,6 +299,9 @@ impl Rejection {
         ];
         if let Some(secs) = self.problem.retry_after_secs() {
             headers.push(("retry-after", secs.to_string()));
+        }
+        if self.status() == 401 {
+            headers.push(("www-authenticate", String::from("Bearer")));
         }
         headers
     }

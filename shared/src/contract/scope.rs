@@ -1,0 +1,540 @@
+//! Who a key belongs to, read from the request — the same way at the edge and the
+//! origin, so both name the same record:
+//!
+//! * `authorization` — the bearer token (or the whole `Authorization` value), hashed:
+//!   a refreshed token is a new caller;
+//! * `header:<name>` — a header's value, hashed: a principal id set by a trusted
+//!   gateway, or an API key;
+//! * `jwt:<claim>` — a claim of the bearer JWT, once its HS256 signature, `exp` and
+//!   `nbf` are checked: a refreshed token of the same principal keeps its scope.
+//!
+//! A request with no identity is scoped `anonymous` or refused (401), as configured; a
+//! JWT that does not verify is always refused, never taken for anonymous.
+
+use super::{Problem, Rejection};
+use crate::json;
+use crate::Scope;
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+use sha2::{Digest, Sha256};
+
+/// Where the scope comes from.
+#[derive(Clone, PartialEq, Eq)]
+pub enum ScopeSource {
+    /// The `Authorization` value (its bearer token), hashed.
+    Authorization,
+    /// This header's value (a lower-case name), hashed.
+    Header(String),
+    /// This claim of the bearer JWT, verified with HS256 and `secret`.
+    JwtClaim {
+        /// The claim, e.g. `sub`.
+        claim: String,
+        /// The HS256 key.
+        secret: Vec<u8>,
+    },
+}
+
+impl core::fmt::Debug for ScopeSource {
+    /// Never shows the secret.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            ScopeSource::Authorization => f.write_str("authorization"),
+            ScopeSource::Header(name) => write!(f, "header:{name}"),
+            ScopeSource::JwtClaim { claim, .. } => write!(f, "jwt:{claim}"),
+        }
+    }
+}
+
+/// What a request without an identity gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Anonymous {
+    /// The shared `anonymous` scope.
+    Scoped,
+    /// A 401 problem; nothing is claimed or stored.
+    Refused,
+}
+
+/// How a request's scope is found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScopeRule {
+    /// Where the identity is read.
+    pub source: ScopeSource,
+    /// A request without one.
+    pub anonymous: Anonymous,
+}
+
+impl Default for ScopeRule {
+    /// Today's: the `Authorization` value, anonymous callers sharing one scope.
+    fn default() -> Self {
+        ScopeRule {
+            source: ScopeSource::Authorization,
+            anonymous: Anonymous::Scoped,
+        }
+    }
+}
+
+impl ScopeSource {
+    /// Parses `authorization`, `header:<name>` or `jwt:<claim>`; a JWT needs `secret`.
+    /// The error names what is wrong.
+    pub fn parse(spec: &str, secret: Option<Vec<u8>>) -> Result<ScopeSource, String> {
+        let spec = spec.trim();
+        if spec.eq_ignore_ascii_case("authorization") {
+            return Ok(ScopeSource::Authorization);
+        }
+        if let Some(name) = spec.strip_prefix("header:") {
+            let name = name.trim();
+            let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+            if name.is_empty() || !name.bytes().all(token) {
+                return Err(format!("{name:?} is not a header name"));
+            }
+            return Ok(ScopeSource::Header(name.to_ascii_lowercase()));
+        }
+        if let Some(claim) = spec.strip_prefix("jwt:") {
+            let claim = claim.trim();
+            if claim.is_empty() {
+                return Err("jwt: needs a claim, e.g. jwt:sub".into());
+            }
+            return match secret {
+                Some(secret) if !secret.is_empty() => Ok(ScopeSource::JwtClaim {
+                    claim: claim.into(),
+                    secret,
+                }),
+                _ => Err("jwt:<claim> needs the HS256 secret".into()),
+            };
+        }
+        Err(format!(
+            "{spec:?}: use authorization, header:<name> or jwt:<claim>"
+        ))
+    }
+}
+
+impl ScopeRule {
+    /// The scope of a request whose headers `header(name)` gives (first value, name in
+    /// lower case), at `now_secs` (Unix seconds, for the JWT's `exp` and `nbf`).
+    pub fn scope<'a>(
+        &self,
+        header: impl Fn(&str) -> Option<&'a [u8]>,
+        now_secs: u64,
+    ) -> Result<Scope, Rejection> {
+        match &self.source {
+            ScopeSource::Authorization => match header("authorization") {
+                Some(value) => Ok(Scope::from_authorization(Some(value))),
+                None => self.anonymous("send an Authorization header"),
+            },
+            ScopeSource::Header(name) => match header(name).map(<[u8]>::trim_ascii) {
+                Some(value) if !value.is_empty() => Ok(Scope::from_header(name, value)),
+                _ => self.anonymous(&format!("send the {name} header")),
+            },
+            ScopeSource::JwtClaim { claim, secret } => {
+                let Some(value) = header("authorization") else {
+                    return self.anonymous("send Authorization: Bearer <JWT>");
+                };
+                let token = bearer(value).ok_or_else(|| invalid("not a bearer token"))?;
+                let payload = verify_hs256(token, secret, now_secs).map_err(invalid)?;
+                match member(&payload, claim) {
+                    Some(v) if v != b"null" => Ok(Scope::from_claim(claim, v)),
+                    _ => Err(invalid(&format!("the token has no {claim} claim"))),
+                }
+            }
+        }
+    }
+
+    fn anonymous(&self, what: &str) -> Result<Scope, Rejection> {
+        match self.anonymous {
+            Anonymous::Scoped => Ok(Scope::anonymous()),
+            Anonymous::Refused => Err(Rejection::with_detail(
+                Problem::IdentityMissing,
+                format!("{what}: keys are kept per caller"),
+            )),
+        }
+    }
+}
+
+fn invalid(why: &str) -> Rejection {
+    Rejection::with_detail(
+        Problem::IdentityInvalid,
+        format!("the bearer token was not accepted: {why}"),
+    )
+}
+
+/// The token of `Bearer <token>`.
+fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let scheme = value.get(..7)?;
+    scheme
+        .eq_ignore_ascii_case(b"bearer ")
+        .then(|| value[7..].trim_ascii())
+}
+
+/// The canonical JSON payload of an HS256 JWT whose signature, `exp` and `nbf` hold.
+pub fn verify_hs256(token: &[u8], secret: &[u8], now_secs: u64) -> Result<Vec<u8>, &'static str> {
+    let mut parts = token.split(|b| *b == b'.');
+    let (Some(head), Some(body), Some(sig), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err("not a JWT");
+    };
+    let header = b64url(head)
+        .and_then(|h| json::canonicalize(&h).ok())
+        .ok_or("its header is not JSON")?;
+    // Only HS256: "none" and every other algorithm are refused, whatever the token says.
+    if member(&header, "alg") != Some(b"\"HS256\"") {
+        return Err("only HS256 tokens are accepted");
+    }
+    let signature = b64url(sig).ok_or("its signature is not base64url")?;
+    let signed = &token[..head.len() + 1 + body.len()];
+    if !same(&signature, &hmac_sha256(secret, signed)) {
+        return Err("its signature does not verify");
+    }
+    let payload = b64url(body)
+        .and_then(|p| json::canonicalize(&p).ok())
+        .filter(|p| p.first() == Some(&b'{'))
+        .ok_or("its payload is not a JSON object")?;
+    if let Some(exp) = member(&payload, "exp") {
+        if seconds(exp).ok_or("its exp is not a number")? <= now_secs {
+            return Err("it has expired");
+        }
+    }
+    if let Some(nbf) = member(&payload, "nbf") {
+        if seconds(nbf).ok_or("its nbf is not a number")? > now_secs {
+            return Err("it is not valid yet");
+        }
+    }
+    Ok(payload)
+}
+
+/// The whole seconds of a JSON number (`1700000000`, `1700000000.5`).
+fn seconds(number: &[u8]) -> Option<u64> {
+    let whole = number.split(|b| *b == b'.').next()?;
+    if whole.is_empty() || !whole.iter().all(u8::is_ascii_digit) || whole.len() > 19 {
+        return None;
+    }
+    core::str::from_utf8(whole).ok()?.parse().ok()
+}
+
+/// The canonical bytes of the value of the top-level member `name` of a canonical JSON
+/// object ([`json::canonicalize`]: no whitespace, minimal escapes).
+pub fn member<'a>(canonical: &'a [u8], name: &str) -> Option<&'a [u8]> {
+    let mut i = 1;
+    if canonical.first() != Some(&b'{') {
+        return None;
+    }
+    while canonical.get(i) == Some(&b'"') {
+        let key_end = string_end(canonical, i)?;
+        let key = &canonical[i + 1..key_end];
+        let value_start = key_end + 2; // past `":`
+        let value_end = value_end(canonical, value_start)?;
+        if key == name.as_bytes() {
+            return canonical.get(value_start..value_end);
+        }
+        i = value_end + 1; // past `,` (or `}`, and the loop ends)
+    }
+    None
+}
+
+/// The index of the `"` that closes the string opening at `start`.
+fn string_end(s: &[u8], start: usize) -> Option<usize> {
+    let mut i = start + 1;
+    while i < s.len() {
+        match s[i] {
+            b'\\' => i += 2,
+            b'"' => return Some(i),
+            _ => i += 1,
+        }
+    }
+    None
+}
+
+/// The index just past the value starting at `start`: its `,` or closing `}`.
+fn value_end(s: &[u8], start: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut i = start;
+    while i < s.len() {
+        match s[i] {
+            b'"' => i = string_end(s, i)?,
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' if depth == 0 => return Some(i),
+            b'}' | b']' => depth -= 1,
+            b',' if depth == 0 => return Some(i),
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+/// Base64url without padding (RFC 7515), strictly: no padding, no stray bits.
+fn b64url(s: &[u8]) -> Option<Vec<u8>> {
+    let digit = |c: u8| match c {
+        b'A'..=b'Z' => Some(c - b'A'),
+        b'a'..=b'z' => Some(c - b'a' + 26),
+        b'0'..=b'9' => Some(c - b'0' + 52),
+        b'-' => Some(62),
+        b'_' => Some(63),
+        _ => None,
+    };
+    if s.len() % 4 == 1 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for &c in s {
+        acc = (acc << 6) | u32::from(digit(c)?);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    (acc == 0).then_some(out)
+}
+
+/// HMAC-SHA256 (RFC 2104).
+pub fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
+    let mut block = [0u8; 64];
+    if key.len() > 64 {
+        block[..32].copy_from_slice(&Sha256::digest(key));
+    } else {
+        block[..key.len()].copy_from_slice(key);
+    }
+    let pad = |byte: u8| {
+        let mut p = block;
+        p.iter_mut().for_each(|b| *b ^= byte);
+        p
+    };
+    let inner = Sha256::new()
+        .chain_update(pad(0x36))
+        .chain_update(message)
+        .finalize();
+    Sha256::new()
+        .chain_update(pad(0x5c))
+        .chain_update(inner)
+        .finalize()
+        .into()
+}
+
+/// Equal, in time that does not depend on where they differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl core::fmt::Display for ScopeSource {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        core::fmt::Debug::fmt(self, f)
+    }
+}
+
+/// For tests and tools: an HS256 JWT of `payload` (JSON) signed with `secret`.
+pub fn sign_hs256(payload: &str, secret: &[u8]) -> String {
+    let enc = |bytes: &[u8]| b64url_encode(bytes);
+    let head = enc(br#"{"alg":"HS256","typ":"JWT"}"#);
+    let body = enc(payload.as_bytes());
+    let signed = format!("{head}.{body}");
+    let sig = enc(&hmac_sha256(secret, signed.as_bytes()));
+    format!("{signed}.{sig}")
+}
+
+fn b64url_encode(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::with_capacity(bytes.len() * 4 / 3 + 2);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |acc, (i, b)| acc | (u32::from(*b) << (16 - 8 * i)));
+        for i in 0..=chunk.len() {
+            out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    const SECRET: &[u8] = b"a secret of the gateway";
+
+    fn rule(source: ScopeSource, anonymous: Anonymous) -> ScopeRule {
+        ScopeRule { source, anonymous }
+    }
+
+    fn jwt() -> ScopeSource {
+        ScopeSource::JwtClaim {
+            claim: "sub".into(),
+            secret: SECRET.to_vec(),
+        }
+    }
+
+    fn with<'a>(headers: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<&'a [u8]> + 'a {
+        move |name| {
+            headers
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.as_bytes())
+        }
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_refreshed_token_of_the_same_principal_keeps_its_scope() {
+        let r = rule(jwt(), Anonymous::Refused);
+        let first = format!(
+            "Bearer {}",
+            sign_hs256(r#"{"sub":"cus_1","exp":2000,"iat":1}"#, SECRET)
+        );
+        let refreshed = format!(
+            "Bearer {}",
+            sign_hs256(r#"{"iat":900,"exp":3000, "sub":"cus_1"}"#, SECRET)
+        );
+        let other = format!(
+            "Bearer {}",
+            sign_hs256(r#"{"sub":"cus_2","exp":2000}"#, SECRET)
+        );
+        let a = r.scope(with(&[("authorization", &first)]), 1_000).unwrap();
+        let b = r
+            .scope(with(&[("authorization", &refreshed)]), 1_000)
+            .unwrap();
+        let c = r.scope(with(&[("authorization", &other)]), 1_000).unwrap();
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        // By the Authorization value, the refreshed token is someone else.
+        let by_value = ScopeRule::default();
+        assert_ne!(
+            by_value
+                .scope(with(&[("authorization", &first)]), 0)
+                .unwrap(),
+            by_value
+                .scope(with(&[("authorization", &refreshed)]), 0)
+                .unwrap()
+        );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_token_that_does_not_verify_is_refused_never_anonymous() {
+        let r = rule(jwt(), Anonymous::Scoped);
+        let refused = |token: String| {
+            r.scope(
+                with(&[("authorization", &format!("Bearer {token}"))]),
+                1_000,
+            )
+            .unwrap_err()
+            .problem
+        };
+        let good = sign_hs256(r#"{"sub":"u","exp":2000}"#, SECRET);
+        assert_eq!(
+            refused(sign_hs256(r#"{"sub":"u"}"#, b"another key")),
+            Problem::IdentityInvalid
+        );
+        assert_eq!(
+            refused(sign_hs256(r#"{"sub":"u","exp":1000}"#, SECRET)),
+            Problem::IdentityInvalid,
+            "expired"
+        );
+        assert_eq!(
+            refused(sign_hs256(r#"{"sub":"u","nbf":1001}"#, SECRET)),
+            Problem::IdentityInvalid,
+            "not yet"
+        );
+        assert_eq!(
+            refused(sign_hs256(r#"{"name":"u"}"#, SECRET)),
+            Problem::IdentityInvalid,
+            "no sub"
+        );
+        assert_eq!(
+            refused(sign_hs256(r#"{"sub":null}"#, SECRET)),
+            Problem::IdentityInvalid
+        );
+        // alg none, with the same payload and no signature.
+        let body = good.split('.').nth(1).unwrap();
+        let none = format!("{}.{body}.", b64url_encode(br#"{"alg":"none"}"#));
+        assert_eq!(refused(none), Problem::IdentityInvalid);
+        // A flipped byte of the payload.
+        let mut tampered = good.clone().into_bytes();
+        let i = tampered.iter().position(|b| *b == b'.').unwrap() + 3;
+        tampered[i] = if tampered[i] == b'A' { b'B' } else { b'A' };
+        assert_eq!(
+            refused(String::from_utf8(tampered).unwrap()),
+            Problem::IdentityInvalid
+        );
+        for junk in ["", "a.b", "a.b.c.d", "!!!.???.###"] {
+            assert_eq!(refused(junk.into()), Problem::IdentityInvalid, "{junk:?}");
+        }
+        assert!(r
+            .scope(with(&[("authorization", &format!("Bearer {good}"))]), 1_000)
+            .is_ok());
+        // No token at all: anonymous, as configured.
+        assert_eq!(r.scope(with(&[]), 0), Ok(Scope::anonymous()));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_header_scope_and_anonymous_callers() {
+        let r = rule(ScopeSource::Header("x-api-key".into()), Anonymous::Refused);
+        let a = r.scope(with(&[("x-api-key", "key-a")]), 0).unwrap();
+        let b = r.scope(with(&[("x-api-key", "key-b")]), 0).unwrap();
+        assert_ne!(a, b);
+        assert_ne!(
+            a,
+            Scope::from_authorization(Some(b"key-a")),
+            "a header is not a token"
+        );
+        let missing = r
+            .scope(with(&[("authorization", "Bearer x")]), 0)
+            .unwrap_err();
+        assert_eq!(missing.problem, Problem::IdentityMissing);
+        assert_eq!(missing.status(), 401);
+        assert!(
+            r.scope(with(&[("x-api-key", "  ")]), 0).is_err(),
+            "blank is none"
+        );
+        let open = rule(ScopeSource::Header("x-api-key".into()), Anonymous::Scoped);
+        assert_eq!(open.scope(with(&[]), 0), Ok(Scope::anonymous()));
+        assert_eq!(
+            ScopeRule::default().scope(with(&[]), 0),
+            Ok(Scope::anonymous())
+        );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn sources_parse_and_never_show_the_secret() {
+        assert_eq!(
+            ScopeSource::parse("authorization", None),
+            Ok(ScopeSource::Authorization)
+        );
+        assert_eq!(
+            ScopeSource::parse("header:X-Api-Key", None),
+            Ok(ScopeSource::Header("x-api-key".into()))
+        );
+        let jwt = ScopeSource::parse("jwt:sub", Some(b"s3cret".to_vec())).unwrap();
+        assert!(!format!("{jwt:?}").contains("s3cret"));
+        assert!(ScopeSource::parse("jwt:sub", None)
+            .unwrap_err()
+            .contains("secret"));
+        assert!(ScopeSource::parse("header:bad name", None).is_err());
+        assert!(ScopeSource::parse("cookie", None)
+            .unwrap_err()
+            .contains("header:<name>"));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn members_and_base64url_are_read_strictly() {
+        let doc =
+            json::canonicalize(br#"{"b":{"sub":"inner"},"a":[1,{"x":"]"}],"sub":"u\"1","n":12}"#)
+                .unwrap();
+        assert_eq!(member(&doc, "sub"), Some(&br#""u\"1""#[..]));
+        assert_eq!(member(&doc, "n"), Some(&b"12"[..]));
+        assert_eq!(member(&doc, "b"), Some(&br#"{"sub":"inner"}"#[..]));
+        assert_eq!(member(&doc, "x"), None, "top level only");
+        assert_eq!(member(b"[1]", "a"), None);
+        assert_eq!(b64url(b"aGk"), Some(b"hi".to_vec()));
+        assert_eq!(b64url(b"aGl"), None, "stray bits");
+        assert_eq!(b64url(b"aGk="), None, "padding");
+        assert_eq!(b64url_encode(b"hi"), "aGk");
+        // RFC 4231, test case 2.
+        assert_eq!(
+            crate::hex(&hmac_sha256(b"Jefe", b"what do ya want for nothing?")),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+}

@@ -1,0 +1,53 @@
+//! The shared scope test vectors (`testdata/scope-vectors.json`, produced by an
+//! independent Python implementation, `testdata/scopes.py`): the origin's layer and
+//! the edge's worker both scope with this code, here checked on the host and in WASM.
+
+use idem_core::contract::{Anonymous, ScopeRule, ScopeSource};
+use wasm_bindgen_test::wasm_bindgen_test;
+
+const VECTORS: &str = include_str!("../testdata/scope-vectors.json");
+
+#[wasm_bindgen_test(unsupported = test)]
+fn scopes_match_the_shared_vectors() {
+    let doc: serde_json::Value = serde_json::from_str(VECTORS).unwrap();
+    let secret = doc["secret"].as_str().unwrap().as_bytes().to_vec();
+    let now = doc["now"].as_u64().unwrap();
+    let vectors = doc["vectors"].as_array().unwrap();
+    assert!(vectors.len() >= 20, "only {} vectors", vectors.len());
+    let mut failures = Vec::new();
+    for v in vectors {
+        let rule = ScopeRule {
+            source: ScopeSource::parse(v["scope_from"].as_str().unwrap(), Some(secret.clone()))
+                .unwrap(),
+            anonymous: match v["anonymous"].as_str().unwrap() {
+                "scoped" => Anonymous::Scoped,
+                _ => Anonymous::Refused,
+            },
+        };
+        let headers = v["headers"].as_object().unwrap();
+        let got = match rule.scope(
+            |name| {
+                headers
+                    .get(name)
+                    .and_then(|h| h.as_str())
+                    .map(str::as_bytes)
+            },
+            now,
+        ) {
+            Ok(scope) => idem_core::hex(scope.as_bytes()),
+            Err(rejection) => rejection
+                .problem
+                .type_uri()
+                .trim_start_matches("urn:idem:problem:")
+                .to_owned(),
+        };
+        if got != v["expect"].as_str().unwrap() {
+            failures.push(format!("{}: got {got}, want {}", v["name"], v["expect"]));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "scope mismatches:\n{}",
+        failures.join("\n")
+    );
+}
