@@ -6,7 +6,8 @@ use idem_core::Policy;
 /// `SCOPE_FROM` (`authorization`, `header:<name>`, `jwt:<claim>`), `JWT_SECRET` (a
 /// Worker secret) and `ANONYMOUS` (`scoped`, `refused`), as the origin's flags.
 fn scope_rule(var: &impl Fn(&str) -> Option<String>) -> Result<ScopeRule, String> {
-    let secret = var("JWT_SECRET").map(String::into_bytes);
+    // As the origin reads its secret file: a trailing newline is not part of it.
+    let secret = var("JWT_SECRET").map(|s| s.trim_end_matches(['\r', '\n']).as_bytes().to_vec());
     let source = match var("SCOPE_FROM") {
         None => ScopeSource::Authorization,
         Some(spec) => ScopeSource::parse(&spec, secret)

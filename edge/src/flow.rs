@@ -190,15 +190,14 @@ async fn guarded<R: EdgeRuntime>(
     key: idem_core::IdempotencyKey,
     body: Vec<u8>,
 ) -> Answer {
-    let scope = match config.scope.scope(
-        |name: &str| {
-            head.headers
-                .iter()
-                .find(|(n, _)| n.eq_ignore_ascii_case(name))
-                .map(|(_, v)| v.as_bytes())
-        },
-        runtime.now() / 1_000,
-    ) {
+    let values = |name: &str| -> Vec<&[u8]> {
+        head.headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_bytes())
+            .collect()
+    };
+    let scope = match config.scope.scope(values, runtime.now() / 1_000) {
         Ok(scope) => scope,
         Err(rejection) => return refused(&rejection),
     };

@@ -24,7 +24,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fingerprints import canonical_json  # noqa: E402  the same canonical JSON
+from fingerprints import RawNumber, canonical_json  # noqa: E402  the same canonical JSON
 
 SECRET = b"a secret of the gateway"
 NOW = 1_800_000_000
@@ -57,17 +57,26 @@ def unb64(s):
     return raw
 
 
+def strict_json(raw):
+    """The value, numbers kept as written; None unless it is valid JSON without
+    duplicate keys (what the canonical form accepts)."""
+    if canonical_json(raw) is None:
+        return None
+    return json.loads(raw, parse_int=RawNumber, parse_float=RawNumber)
+
+
 def claim_value(token, claim, secret):
     """The canonical bytes of the claim, or None when the token is not accepted."""
     try:
         head, body, sig = token.split(".")
-        header = json.loads(unb64(head))
-        if header.get("alg") != "HS256":
+        header = strict_json(unb64(head))
+        if not isinstance(header, dict) or header.get("alg") != "HS256":
             return None
         expected = hmac.new(secret, (head + "." + body).encode(), hashlib.sha256).digest()
         if not hmac.compare_digest(unb64(sig), expected):
             return None
-        payload = json.loads(unb64(body))
+        raw = unb64(body)
+        payload = strict_json(raw)
     except ValueError:
         return None
     if not isinstance(payload, dict):
@@ -75,13 +84,20 @@ def claim_value(token, claim, secret):
     for name, late in (("exp", False), ("nbf", True)):
         if name in payload:
             v = payload[name]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            # Whole seconds of a number as written; no sign, no exponent.
+            if not isinstance(v, RawNumber) or any(c in v for c in "eE-"):
                 return None
-            if (int(v) > NOW) if late else (int(v) <= NOW):
+            whole = int(v.split(".")[0])
+            if (whole > NOW) if late else (whole <= NOW):
                 return None
-    if payload.get(claim) is None:
+    v = payload.get(claim)
+    names_someone = (isinstance(v, str) and not isinstance(v, RawNumber) and v != "") or (
+        isinstance(v, RawNumber) and v.lstrip("-").isdigit())
+    if not names_someone:
         return None
-    return canonical_json(json.dumps(payload[claim]).encode())
+    if isinstance(v, RawNumber):
+        return v.encode()
+    return canonical_json(json.dumps(v).encode())
 
 
 def scope(source, anonymous, headers):
@@ -91,19 +107,34 @@ def scope(source, anonymous, headers):
 
     if source == "authorization":
         v = headers.get("authorization")
+        if isinstance(v, list):
+            v = v[0] if v else None
         if v is None:
             return missing()
         raw = v.encode()
         cred = raw[7:].strip() if raw[:7].lower() == b"bearer " else raw
         return tagged(b"idem/scope/credential/v1", [cred])
+    def single(name):
+        v = headers.get(name)
+        if isinstance(v, list):
+            return "identity-invalid" if len(v) > 1 else (v[0] if v else None)
+        if v is not None and "," in v:
+            return "identity-invalid"
+        return v
+
     if source.startswith("header:"):
         name = source[len("header:"):].lower()
-        v = (headers.get(name) or "").strip()
+        v = single(name)
+        if v == "identity-invalid":
+            return v
+        v = (v or "").strip()
         if not v:
             return missing()
         return tagged(b"idem/scope/header/v1", [name.encode(), v.encode()])
     claim = source[len("jwt:"):]
-    v = headers.get("authorization")
+    v = single("authorization")
+    if v == "identity-invalid":
+        return v
     if v is None:
         return missing()
     if v[:7].lower() != "bearer ":
@@ -141,6 +172,24 @@ def cases():
         ("jwt basic scheme", "jwt:sub", "scoped", {"authorization": "Basic dTpw"}),
         ("jwt missing, scoped", "jwt:sub", "scoped", {}),
         ("jwt missing, refused", "jwt:sub", "refused", {}),
+        ("jwt alg none, signature valid", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"u"}', header=b'{"alg":"none"}')}),
+        ("jwt alg hs256", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"u"}', header=b'{"alg":"hs256"}')}),
+        ("jwt alg escaped", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"u"}', header=b'{"alg":"HS\\u0032\\u0035\\u0036"}')}),
+        ("jwt header with two algs", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"u"}', header=b'{"alg":"HS256","alg":"none"}')}),
+        ("jwt empty sub", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":""}')}),
+        ("jwt boolean sub", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":false}')}),
+        ("jwt fractional sub", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":1.50}')}),
+        ("jwt string 42", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"42"}')}),
+        ("jwt number 42", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":42}')}),
+        ("jwt escaped sub", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"\\u0063us_1","exp":1900000000}')}),
+        ("jwt duplicate sub", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"a","sub":"b"}')}),
+        ("jwt exp with exponent", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"u","exp":1e10}')}),
+        ("jwt nbf with exponent", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"u","nbf":1.9e9}')}),
+        ("jwt fractional exp", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"u","exp":1800000000.5}')}),
+        ("jwt sent twice", "jwt:sub", "scoped", {"authorization": ["Bearer " + t1, "Bearer " + t1]}),
+        ("api key sent twice", "header:x-api-key", "scoped", {"x-api-key": ["key-a", "key-b"]}),
+        ("api key joined by a runtime", "header:x-api-key", "scoped", {"x-api-key": "key-a, key-b"}),
+        ("authorization sent twice, first wins", "authorization", "scoped", {"authorization": ["Bearer sk_live_1", "Bearer other"]}),
     ]
 
 

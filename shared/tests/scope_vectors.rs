@@ -25,15 +25,17 @@ fn scopes_match_the_shared_vectors() {
             },
         };
         let headers = v["headers"].as_object().unwrap();
-        let got = match rule.scope(
-            |name| {
-                headers
-                    .get(name)
-                    .and_then(|h| h.as_str())
-                    .map(str::as_bytes)
-            },
-            now,
-        ) {
+        // A header's value, or its values when it is sent more than once.
+        let values = |name: &str| -> Vec<&[u8]> {
+            match headers.get(name) {
+                Some(serde_json::Value::String(v)) => vec![v.as_bytes()],
+                Some(serde_json::Value::Array(vs)) => {
+                    vs.iter().map(|v| v.as_str().unwrap().as_bytes()).collect()
+                }
+                _ => Vec::new(),
+            }
+        };
+        let got = match rule.scope(values, now) {
             Ok(scope) => idem_core::hex(scope.as_bytes()),
             Err(rejection) => rejection
                 .problem

@@ -211,10 +211,8 @@ impl IdempotencyLayer {
                 let now_secs = std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_secs());
-                rule.scope(
-                    |name| parts.headers.get(name).map(|v| v.as_bytes()),
-                    now_secs,
-                )
+                let values = |name: &str| parts.headers.get_all(name).iter().map(|v| v.as_bytes());
+                rule.scope(values, now_secs)
             })
         })
     }

@@ -110,31 +110,49 @@ impl ScopeSource {
 }
 
 impl ScopeRule {
-    /// The scope of a request whose headers `header(name)` gives (first value, name in
-    /// lower case), at `now_secs` (Unix seconds, for the JWT's `exp` and `nbf`).
-    pub fn scope<'a>(
+    /// The scope of a request whose headers `values(name)` gives (every value, in
+    /// order; the name in lower case), at `now_secs` (Unix seconds, for the JWT's `exp`
+    /// and `nbf`).
+    pub fn scope<'a, V: IntoIterator<Item = &'a [u8]>>(
         &self,
-        header: impl Fn(&str) -> Option<&'a [u8]>,
+        values: impl Fn(&str) -> V,
         now_secs: u64,
     ) -> Result<Scope, Rejection> {
+        // An identity sent twice is refused: a gateway that appends its header after
+        // the client's would otherwise let the client's win. (A runtime that joins
+        // repeated values with a comma shows the same thing, as a comma.)
+        let single = |name: &str| -> Result<Option<&'a [u8]>, Rejection> {
+            let mut all = values(name).into_iter();
+            let first = all.next();
+            match (first, all.next()) {
+                (_, Some(_)) => Err(invalid(&format!("{name} is sent more than once"))),
+                (Some(v), None) if v.contains(&b',') => {
+                    Err(invalid(&format!("{name} holds more than one value")))
+                }
+                (first, None) => Ok(first),
+            }
+        };
         match &self.source {
-            ScopeSource::Authorization => match header("authorization") {
+            // As it always was: the first value.
+            ScopeSource::Authorization => match values("authorization").into_iter().next() {
                 Some(value) => Ok(Scope::from_authorization(Some(value))),
                 None => self.anonymous("send an Authorization header"),
             },
-            ScopeSource::Header(name) => match header(name).map(<[u8]>::trim_ascii) {
+            ScopeSource::Header(name) => match single(name)?.map(<[u8]>::trim_ascii) {
                 Some(value) if !value.is_empty() => Ok(Scope::from_header(name, value)),
                 _ => self.anonymous(&format!("send the {name} header")),
             },
             ScopeSource::JwtClaim { claim, secret } => {
-                let Some(value) = header("authorization") else {
+                let Some(value) = single("authorization")? else {
                     return self.anonymous("send Authorization: Bearer <JWT>");
                 };
                 let token = bearer(value).ok_or_else(|| invalid("not a bearer token"))?;
                 let payload = verify_hs256(token, secret, now_secs).map_err(invalid)?;
                 match member(&payload, claim) {
-                    Some(v) if v != b"null" => Ok(Scope::from_claim(claim, v)),
-                    _ => Err(invalid(&format!("the token has no {claim} claim"))),
+                    Some(v) if identity(v) => Ok(Scope::from_claim(claim, v)),
+                    _ => Err(invalid(&format!(
+                        "the token has no {claim} claim that names someone (a non-empty string or an integer)"
+                    ))),
                 }
             }
         }
@@ -203,8 +221,19 @@ pub fn verify_hs256(token: &[u8], secret: &[u8], now_secs: u64) -> Result<Vec<u8
     Ok(payload)
 }
 
-/// The whole seconds of a JSON number (`1700000000`, `1700000000.5`).
+/// Whether a claim's canonical value names someone: a non-empty string, or an integer.
+fn identity(value: &[u8]) -> bool {
+    let digits = value.strip_prefix(b"-").unwrap_or(value);
+    (value.len() > 2 && value[0] == b'"')
+        || (!digits.is_empty() && digits.iter().all(u8::is_ascii_digit))
+}
+
+/// The whole seconds of a JSON number (`1700000000`, `1700000000.5`); `None` for a
+/// negative one or one with an exponent (read as written, `1.9e9` would be 1).
 fn seconds(number: &[u8]) -> Option<u64> {
+    if number.iter().any(|b| matches!(b, b'e' | b'E' | b'-')) {
+        return None;
+    }
     let whole = number.split(|b| *b == b'.').next()?;
     if whole.is_empty() || !whole.iter().all(u8::is_ascii_digit) || whole.len() > 19 {
         return None;
@@ -214,7 +243,7 @@ fn seconds(number: &[u8]) -> Option<u64> {
 
 /// The canonical bytes of the value of the top-level member `name` of a canonical JSON
 /// object ([`json::canonicalize`]: no whitespace, minimal escapes).
-pub fn member<'a>(canonical: &'a [u8], name: &str) -> Option<&'a [u8]> {
+pub(crate) fn member<'a>(canonical: &'a [u8], name: &str) -> Option<&'a [u8]> {
     let mut i = 1;
     if canonical.first() != Some(&b'{') {
         return None;
@@ -353,6 +382,7 @@ fn b64url_encode(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use alloc::vec;
     use wasm_bindgen_test::wasm_bindgen_test;
 
     const SECRET: &[u8] = b"a secret of the gateway";
@@ -536,5 +566,112 @@ mod tests {
             crate::hex(&hmac_sha256(b"Jefe", b"what do ya want for nothing?")),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
         );
+    }
+
+    fn signed_with_header(header: &str, payload: &str) -> String {
+        let signed = format!(
+            "{}.{}",
+            b64url_encode(header.as_bytes()),
+            b64url_encode(payload.as_bytes())
+        );
+        let sig = b64url_encode(&hmac_sha256(SECRET, signed.as_bytes()));
+        format!("Bearer {signed}.{sig}")
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn only_hs256_by_its_exact_name_even_when_the_signature_holds() {
+        let r = rule(jwt(), Anonymous::Scoped);
+        let payload = r#"{"sub":"u","exp":2000}"#;
+        for header in [
+            r#"{"alg":"none"}"#,
+            r#"{"alg":"hs256"}"#,
+            r#"{"alg":"HS512"}"#,
+            r#"{"typ":"JWT"}"#,
+            r#"{"alg":"HS256","alg":"none"}"#,
+            r#"[1]"#,
+        ] {
+            let auth = signed_with_header(header, payload);
+            let got = r.scope(with(&[("authorization", &auth)]), 1_000);
+            assert_eq!(
+                got.map_err(|e| e.problem),
+                Err(Problem::IdentityInvalid),
+                "{header}"
+            );
+        }
+        let ok = signed_with_header(r#"{"alg":"HS\u0032\u0035\u0036"}"#, payload);
+        assert!(
+            r.scope(with(&[("authorization", &ok)]), 1_000).is_ok(),
+            "escapes decode"
+        );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn claims_and_times_are_read_as_written_or_refused() {
+        let r = rule(jwt(), Anonymous::Scoped);
+        let scope = |payload: &str| {
+            let auth = format!("Bearer {}", sign_hs256(payload, SECRET));
+            r.scope(with(&[("authorization", &auth)]), 1_000)
+                .map_err(|e| e.problem)
+        };
+        for bad in [
+            r#"{"sub":""}"#,
+            r#"{"sub":false}"#,
+            r#"{"sub":{}}"#,
+            r#"{"sub":[]}"#,
+            r#"{"sub":1.5}"#,
+            r#"{"sub":1e2}"#,
+            r#"{"sub":"u","nbf":1.9e9}"#,
+            r#"{"sub":"u","exp":1e10}"#,
+            r#"{"sub":"u","exp":-1}"#,
+            r#"{"sub":"u","exp":true}"#,
+            r#"{"sub":"u","exp":99999999999999999999}"#,
+            r#"{"sub":"a","sub":"b"}"#,
+        ] {
+            assert_eq!(scope(bad), Err(Problem::IdentityInvalid), "{bad}");
+        }
+        assert_ne!(scope(r#"{"sub":"42"}"#), scope(r#"{"sub":42}"#));
+        assert_eq!(
+            scope(r#"{"sub":"\u0063us_1"}"#),
+            scope(r#"{"sub":"cus_1"}"#)
+        );
+        assert!(
+            scope(r#"{"sub":-7,"exp":1000.5}"#).is_err(),
+            "expired at 1000"
+        );
+        assert!(scope(r#"{"sub":-7,"exp":1001.5}"#).is_ok());
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn an_identity_sent_twice_is_refused() {
+        let key = rule(ScopeSource::Header("x-user".into()), Anonymous::Scoped);
+        let twice = |name: &str| -> Vec<&[u8]> {
+            if name == "x-user" {
+                vec![b"client-says", b"gateway-says"]
+            } else {
+                vec![]
+            }
+        };
+        assert_eq!(
+            key.scope(twice, 0).map_err(|e| e.problem),
+            Err(Problem::IdentityInvalid)
+        );
+        let joined = |name: &str| -> Option<&[u8]> {
+            (name == "x-user").then_some(&b"client-says, gateway-says"[..])
+        };
+        assert_eq!(
+            key.scope(joined, 0).map_err(|e| e.problem),
+            Err(Problem::IdentityInvalid)
+        );
+        let token = format!("Bearer {}", sign_hs256(r#"{"sub":"u"}"#, SECRET));
+        let two_tokens = |name: &str| -> Vec<&[u8]> {
+            if name == "authorization" {
+                vec![token.as_bytes(), token.as_bytes()]
+            } else {
+                vec![]
+            }
+        };
+        assert!(rule(jwt(), Anonymous::Scoped).scope(two_tokens, 0).is_err());
+        // The default keeps its old reading: the first value.
+        assert!(ScopeRule::default().scope(two_tokens, 0).is_ok());
     }
 }
