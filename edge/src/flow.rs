@@ -172,11 +172,23 @@ pub async fn handle<R: EdgeRuntime>(
         Route::Reject(rejection) => return refused(&rejection).map_body(Payload::Bytes),
         Route::PassThrough => return pass(runtime, config, &head, body).await,
     };
+    // Who is asking, before a byte of the body is read (as the origin's layer does).
+    let values = |name: &str| -> Vec<&[u8]> {
+        head.headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_bytes())
+            .collect()
+    };
+    let scope = match config.scope.scope(values, runtime.now() / 1_000) {
+        Ok(scope) => scope,
+        Err(rejection) => return refused(&rejection).map_body(Payload::Bytes),
+    };
     let body = match read_guarded_body(runtime, config, &head, body).await {
         Ok(body) => body,
         Err(rejection) => return refused(&rejection).map_body(Payload::Bytes),
     };
-    guarded(runtime, config, head, key, body)
+    guarded(runtime, config, head, RecordKey::new(&scope, &key), body)
         .await
         .map_body(Payload::Bytes)
 }
@@ -187,21 +199,9 @@ async fn guarded<R: EdgeRuntime>(
     runtime: &R,
     config: &EdgeConfig,
     head: Head,
-    key: idem_core::IdempotencyKey,
+    record_key: RecordKey,
     body: Vec<u8>,
 ) -> Answer {
-    let values = |name: &str| -> Vec<&[u8]> {
-        head.headers
-            .iter()
-            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_bytes())
-            .collect()
-    };
-    let scope = match config.scope.scope(values, runtime.now() / 1_000) {
-        Ok(scope) => scope,
-        Err(rejection) => return refused(&rejection),
-    };
-    let record_key = RecordKey::new(&scope, &key);
     let fingerprint = contract::fingerprint(
         &head.method,
         &head.path_and_query,

@@ -56,11 +56,16 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
         }
         _ => None,
     };
-    // The demo's charges live in Postgres whenever there is one, unless told otherwise.
+    // The demo's charges live in Postgres whenever there is one, unless told otherwise —
+    // and never in proxy mode: the database is the user's, the demo's table no business
+    // of theirs.
+    let proxy_mode = config.upstream.is_some();
     let ledger_in_authority = pg.is_some()
+        && !proxy_mode
         && matches!(config.demo_ledger, DemoLedger::Auto | DemoLedger::Postgres)
         && matches!(config.store, StoreKind::Postgres | StoreKind::Tiered);
     let ledger: Arc<dyn Ledger> = match (&pg, config.demo_ledger) {
+        _ if proxy_mode => Arc::new(MemoryLedger::default()),
         (Some(pg), DemoLedger::Auto | DemoLedger::Postgres) => Arc::new(
             PgLedger::new(pg.pool().clone())
                 .await
@@ -131,7 +136,7 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
                 release_header: config.release_header.clone(),
                 unknown_outcome: config.upstream_unknown_outcome,
             })?;
-            proxy_router(layer, store.clone(), ledger.clone(), upstream)
+            proxy_router(layer, store.clone(), upstream)
         }
         None => router(layer, store.clone(), demo),
     };
@@ -193,12 +198,14 @@ pub fn layer(config: &Config, store: Arc<dyn Store>) -> Result<IdempotencyLayer,
 #[derive(Clone)]
 struct Health {
     store: Arc<dyn Store>,
-    ledger: Arc<dyn Ledger>,
+    /// The demo's ledger; none in proxy mode.
+    ledger: Option<Arc<dyn Ledger>>,
     metrics: PrometheusHandle,
 }
 
-/// idem's own routes: `/healthz`, `/readyz` and `/metrics`.
-fn ops(store: Arc<dyn Store>, ledger: Arc<dyn Ledger>) -> Router {
+/// idem's own routes: `/healthz`, `/readyz` (the store, and the demo's ledger when
+/// there is a demo) and `/metrics`.
+fn ops(store: Arc<dyn Store>, ledger: Option<Arc<dyn Ledger>>) -> Router {
     let health = Health {
         store,
         ledger,
@@ -212,21 +219,16 @@ fn ops(store: Arc<dyn Store>, ledger: Arc<dyn Ledger>) -> Router {
 }
 
 /// Proxy mode: every request but idem's own routes goes to `upstream`, through `layer`.
-pub fn proxy_router(
-    layer: IdempotencyLayer,
-    store: Arc<dyn Store>,
-    ledger: Arc<dyn Ledger>,
-    upstream: Upstream,
-) -> Router {
+pub fn proxy_router(layer: IdempotencyLayer, store: Arc<dyn Store>, upstream: Upstream) -> Router {
     Router::new()
         .fallback_service(upstream)
         .layer(layer)
-        .merge(ops(store, ledger))
+        .merge(ops(store, None))
 }
 
 /// The demo API behind `layer`, plus `/healthz`, `/readyz` and `/metrics`.
 pub fn router(layer: IdempotencyLayer, store: Arc<dyn Store>, demo: charges::Demo) -> Router {
-    let ops = ops(store, demo.ledger.clone());
+    let ops = ops(store, Some(demo.ledger.clone()));
     charges::routes(demo)
         .layer(layer)
         .merge(ops)
@@ -260,16 +262,22 @@ async fn readyz(State(h): State<Health>) -> impl IntoResponse {
             idem::store::StoreError::Unsafe(_) => "unsafe configuration",
         }
     });
-    let ledger = h.ledger.ping().await.map_err(|e| {
-        tracing::warn!(error = %e, "readiness: the ledger is not ready");
-        "unreachable"
-    });
-    let ready = store.is_ok() && ledger.is_ok();
-    let body = serde_json::json!({
+    let ledger = match &h.ledger {
+        Some(ledger) => Some(ledger.ping().await.map_err(|e| {
+            tracing::warn!(error = %e, "readiness: the ledger is not ready");
+            "unreachable"
+        })),
+        None => None,
+    };
+    let ledger_ok = ledger.as_ref().is_none_or(Result::is_ok);
+    let ready = store.is_ok() && ledger_ok;
+    let mut body = serde_json::json!({
         "ready": ready,
         "store": { "name": h.store.name(), "ok": store.is_ok(), "error": store.err() },
-        "ledger": { "ok": ledger.is_ok(), "error": ledger.err() },
     });
+    if let Some(ledger) = ledger {
+        body["ledger"] = serde_json::json!({ "ok": ledger.is_ok(), "error": ledger.err() });
+    }
     let status = if ready {
         StatusCode::OK
     } else {

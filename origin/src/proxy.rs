@@ -129,8 +129,13 @@ impl Inner {
     async fn forward(&self, req: Request<Body>) -> Response<Body> {
         let method = req.method().clone();
         if method == http::Method::CONNECT {
-            let mut res = problem(Problem::UpstreamUnreachable, "CONNECT is not forwarded");
+            // A reverse proxy has no tunnel to open.
+            let mut res = Response::new(Body::from("CONNECT is not forwarded\n"));
             *res.status_mut() = http::StatusCode::METHOD_NOT_ALLOWED;
+            res.headers_mut().insert(
+                http::header::ALLOW,
+                HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+            );
             return res;
         }
         if let Some(ctx) = req.extensions().get::<IdempotencyContext>() {

@@ -588,3 +588,37 @@ async fn scopes_follow_the_caller_not_the_token() {
     assert_eq!(nobody, (401, "urn:idem:problem:identity-missing".into()));
     assert_eq!(nobody_calls, 0);
 }
+
+/// Proxy mode keeps to its own tables: the database is the user's, and the demo's
+/// `charges` table (and its readiness check) has no place in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_mode_leaves_the_user_s_database_alone() {
+    let payments = Payments::start().await;
+    let db = idem_tests::TestDb::new("proxy_tables").await;
+    let origin = proxy(
+        &payments,
+        &["--store", "postgres", "--database-url", &db.url],
+    )
+    .await;
+    let ready: serde_json::Value = client()
+        .get(origin.url("/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let tables = db
+        .count(&format!(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = '{}' AND table_name = 'charges'",
+            db.schema
+        ))
+        .await;
+    report(
+        "upstream",
+        &format!("proxy mode on Postgres: a charges table in the user's schema: {tables}; /readyz {ready}"),
+    );
+    assert_eq!(tables, 0, "no demo table in the user's database");
+    assert!(ready.get("ledger").is_none(), "{ready}");
+    assert_eq!(ready["ready"], true);
+}

@@ -300,6 +300,7 @@ impl Rejection {
         if let Some(secs) = self.problem.retry_after_secs() {
             headers.push(("retry-after", secs.to_string()));
         }
+        // RFC 9110 §15.5.2: a 401 carries a challenge.
         if self.status() == 401 {
             headers.push(("www-authenticate", String::from("Bearer")));
         }

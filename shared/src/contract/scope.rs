@@ -125,9 +125,9 @@ impl ScopeRule {
             let mut all = values(name).into_iter();
             let first = all.next();
             match (first, all.next()) {
-                (_, Some(_)) => Err(invalid(&format!("{name} is sent more than once"))),
+                (_, Some(_)) => Err(unaccepted(name, "it is sent more than once")),
                 (Some(v), None) if v.contains(&b',') => {
-                    Err(invalid(&format!("{name} holds more than one value")))
+                    Err(unaccepted(name, "it holds more than one value"))
                 }
                 (first, None) => Ok(first),
             }
@@ -170,9 +170,19 @@ impl ScopeRule {
 }
 
 fn invalid(why: &str) -> Rejection {
+    unaccepted("authorization", why)
+}
+
+/// The identity in header `name` was not accepted, for `why`.
+fn unaccepted(name: &str, why: &str) -> Rejection {
+    let what = if name == "authorization" {
+        String::from("the bearer token")
+    } else {
+        format!("the {name} header")
+    };
     Rejection::with_detail(
         Problem::IdentityInvalid,
-        format!("the bearer token was not accepted: {why}"),
+        format!("{what} was not accepted: {why}"),
     )
 }
 
