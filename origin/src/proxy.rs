@@ -225,16 +225,9 @@ impl Inner {
         // as sent, idem's own after them.
         let decided =
             contract::forwarded_headers(&as_text(&parts.headers), client_ip.as_deref(), "http");
-        let mut headers = http::HeaderMap::with_capacity(decided.len() + 2);
-        for (name, value) in &parts.headers {
-            if decided
-                .iter()
-                .any(|(n, _)| n.eq_ignore_ascii_case(name.as_str()))
-                && !SET_BY_IDEM.contains(&name.as_str())
-            {
-                headers.append(name.clone(), value.clone());
-            }
-        }
+        let mut headers = keep_named(&parts.headers, &decided, |name| {
+            !SET_BY_IDEM.contains(&name)
+        });
         let mut set: Vec<(&str, String)> = decided
             .iter()
             .filter(|(n, _)| SET_BY_IDEM.contains(&n.as_str()))
@@ -298,13 +291,22 @@ fn as_text(headers: &http::HeaderMap) -> Vec<(String, String)> {
 /// The upstream's answer headers the client gets ([`contract::relayed_answer_headers`]).
 fn relayed(method: &str, headers: &http::HeaderMap) -> http::HeaderMap {
     let keep = contract::relayed_answer_headers(method, &as_text(headers));
-    let mut out = http::HeaderMap::with_capacity(headers.len());
+    keep_named(headers, &keep, |_| true)
+}
+
+/// The headers of `headers` whose names the core kept in `decided` (and `also`
+/// accepts), with their bytes as they came: a value that is not text keeps them.
+fn keep_named(
+    headers: &http::HeaderMap,
+    decided: &[(String, String)],
+    also: impl Fn(&str) -> bool,
+) -> http::HeaderMap {
+    let mut out = http::HeaderMap::with_capacity(decided.len() + 2);
     for (name, value) in headers {
-        // By name, so a value that is not text (allowed in a header) keeps its bytes.
-        if keep
+        let kept = decided
             .iter()
-            .any(|(n, _)| n.eq_ignore_ascii_case(name.as_str()))
-        {
+            .any(|(n, _)| n.eq_ignore_ascii_case(name.as_str()));
+        if kept && also(name.as_str()) {
             out.append(name.clone(), value.clone());
         }
     }

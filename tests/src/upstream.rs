@@ -68,18 +68,7 @@ impl Payments {
 
     /// One number from its database.
     pub fn count(&self, query: &str) -> i64 {
-        let out = Command::new("sqlite3")
-            .args(["-cmd", ".timeout 5000"])
-            .arg(&self.db)
-            .arg(query)
-            .output()
-            .expect("sqlite3 runs");
-        assert!(
-            out.status.success(),
-            "{query}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+        self.text(query).parse().unwrap()
     }
 
     pub fn charges_for(&self, key: &str) -> i64 {
@@ -94,20 +83,33 @@ impl Payments {
         ))
     }
 
+    /// One query's output from its database, trimmed.
     pub fn text(&self, query: &str) -> String {
-        let out = Command::new("sqlite3")
-            .args(["-cmd", ".timeout 5000"])
-            .arg(&self.db)
-            .arg(query)
-            .output()
-            .expect("sqlite3 runs");
-        assert!(
-            out.status.success(),
-            "{query}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        sqlite(&self.db, query)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .trim()
+            .to_owned()
     }
+}
+
+/// One query's output from the `sqlite3` shell (scripts/edge-toolchain installs it),
+/// waiting up to 5 s for a lock; its error as text. How the tests read databases other
+/// programs wrote: the upstream's, and the Durable Objects' as workerd keeps them.
+pub fn sqlite(db: &Path, query: &str) -> Result<String, String> {
+    let out = Command::new("sqlite3")
+        .args(["-cmd", ".timeout 5000"])
+        .arg(db)
+        .arg(query)
+        .output()
+        .expect("sqlite3 runs (scripts/edge-toolchain installs it)");
+    if !out.status.success() {
+        return Err(format!(
+            "sqlite3 {} {query:?}: {}",
+            db.display(),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 impl Drop for Payments {

@@ -2,6 +2,7 @@
 //! front of an origin on real Postgres. Needs the worker built (`scripts/test` does it:
 //! `edge/build/`) and `edge/node_modules` (scripts/edge-toolchain).
 
+use idem_tests::upstream::sqlite as try_sqlite;
 use idem_tests::{charge_body, client, proof, report, TestDb, TestOrigin};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -192,28 +193,9 @@ impl Edge {
     }
 }
 
-/// One query's output from the `sqlite3` shell (scripts/edge-toolchain installs it):
-/// how the tests read the Durable Objects' storage as workerd wrote it.
+/// One query's output on the Durable Objects' storage as workerd wrote it.
 fn sqlite(db: &Path, query: &str) -> String {
     try_sqlite(db, query).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// [`sqlite`], its error as text.
-fn try_sqlite(db: &Path, query: &str) -> Result<String, String> {
-    let out = Command::new("sqlite3")
-        .args(["-cmd", ".timeout 5000"])
-        .arg(db)
-        .arg(query)
-        .output()
-        .expect("sqlite3 runs (scripts/edge-toolchain installs it)");
-    if !out.status.success() {
-        return Err(format!(
-            "sqlite3 {} {query:?}: {}",
-            db.display(),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(String::from_utf8(out.stdout).unwrap())
 }
 
 impl Drop for Edge {
@@ -263,6 +245,88 @@ fn tally(seen: &mut BTreeMap<String, usize>, res: &reqwest::Response) {
         .or_insert(0) += 1;
 }
 
+/// KEYS × RETRIES concurrent charges through the edge at `base`, every key's retries
+/// released together (key `{key_prefix}{i}`, customer `{customer_prefix}{i}`, the
+/// handler taking `latency_ms`): the answers counted by "status idem-edge", `-` when
+/// the edge's code did not answer.
+async fn race_through_edge(
+    http: &reqwest::Client,
+    base: &str,
+    key_prefix: &str,
+    customer_prefix: &str,
+    latency_ms: u64,
+) -> BTreeMap<String, usize> {
+    let barrier = Arc::new(Barrier::new(KEYS * RETRIES));
+    let mut tasks = Vec::new();
+    for i in 0..KEYS {
+        for _ in 0..RETRIES {
+            let (http, base, barrier) = (http.clone(), base.to_owned(), barrier.clone());
+            let key = format!("{key_prefix}{i}");
+            let body = charge_body(&format!("{customer_prefix}{i}"), 100, latency_ms);
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                let sent = http
+                    .post(format!("{base}/v1/charges"))
+                    .header("idempotency-key", key)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await;
+                // The overloaded local runtime may drop a connection, as it may answer
+                // its own 503: no answer from the edge's code, counted with those.
+                let res = match sent {
+                    Ok(res) => res,
+                    Err(e) if e.is_request() || e.is_connect() => return "reset -".to_owned(),
+                    Err(e) => panic!("the edge answers: {e}"),
+                };
+                let edge = res
+                    .headers()
+                    .get("idem-edge")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("-")
+                    .to_owned();
+                assert!(
+                    res.headers().get("idem-disposition").is_none(),
+                    "the origin's disposition is for the edge alone"
+                );
+                format!("{} {edge}", res.status().as_u16())
+            }));
+        }
+    }
+    let mut race = BTreeMap::new();
+    for t in tasks {
+        *race.entry(t.await.unwrap()).or_insert(0) += 1;
+    }
+    race
+}
+
+/// Who answered a race through the edge.
+struct EdgeShare {
+    /// Claimed at the edge and forwarded.
+    forwarded: usize,
+    /// Refused in flight or replayed by the edge.
+    at_edge: usize,
+    /// Answers that did not come from the edge's code at all (no `idem-edge`): the
+    /// local runtime's own 503, or a connection it dropped, when the machine is
+    /// overloaded (a busy 2-core machine gave 0 to 50 of 800).
+    runtime_own: usize,
+}
+
+impl EdgeShare {
+    fn of(race: &BTreeMap<String, usize>) -> EdgeShare {
+        let n = |k: &str| race.get(k).copied().unwrap_or(0);
+        EdgeShare {
+            forwarded: n("201 forwarded"),
+            at_edge: n("409 refused") + n("201 replayed"),
+            runtime_own: race
+                .iter()
+                .filter(|(k, _)| k.ends_with(" -"))
+                .map(|(_, n)| *n)
+                .sum(),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_edge_charges_once_replays_and_survives_losing_its_state() {
     let db = TestDb::new("edge").await;
@@ -276,48 +340,7 @@ async fn the_edge_charges_once_replays_and_survives_losing_its_state() {
     let started = Instant::now();
 
     // Race: every key's retries released together, through the edge.
-    let barrier = Arc::new(Barrier::new(KEYS * RETRIES));
-    let mut tasks = Vec::new();
-    for i in 0..KEYS {
-        for _ in 0..RETRIES {
-            let (http, base, barrier) = (http.clone(), edge.base.clone(), barrier.clone());
-            tasks.push(tokio::spawn(async move {
-                barrier.wait().await;
-                let sent = http
-                    .post(format!("{base}/v1/charges"))
-                    .header("idempotency-key", format!("edge-{i}"))
-                    .header("content-type", "application/json")
-                    .body(charge_body(&format!("cus-e{i}"), 100, 300))
-                    .send()
-                    .await;
-                // The overloaded local runtime may drop a connection, as it may answer
-                // its own 503: no answer from the edge's code, counted with those.
-                let res = match sent {
-                    Ok(res) => res,
-                    Err(e) if e.is_request() || e.is_connect() => {
-                        return ("reset".to_owned(), "-".to_owned())
-                    }
-                    Err(e) => panic!("the edge answers: {e}"),
-                };
-                let edge = res
-                    .headers()
-                    .get("idem-edge")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("-")
-                    .to_owned();
-                assert!(
-                    res.headers().get("idem-disposition").is_none(),
-                    "the origin's disposition is for the edge alone"
-                );
-                (res.status().as_u16().to_string(), edge)
-            }));
-        }
-    }
-    let mut race = BTreeMap::new();
-    for t in tasks {
-        let (status, edge) = t.await.unwrap();
-        *race.entry(format!("{status} {edge}")).or_insert(0) += 1;
-    }
+    let race = race_through_edge(&http, &edge.base, "edge-", "cus-e", 300).await;
     let race_time = started.elapsed();
     assert_eq!(
         db.charges().await,
@@ -325,23 +348,15 @@ async fn the_edge_charges_once_replays_and_survives_losing_its_state() {
         "exactly one charge per key through the edge"
     );
     // The edge itself did the work (an edge that forwarded everything would pass the
-    // charge count alone: the origin dedups too): exactly one forward per key, and
-    // every other retry answered at the edge — refused in flight, or replayed.
-    let at_edge = race.get("409 refused").copied().unwrap_or(0)
-        + race.get("201 replayed").copied().unwrap_or(0);
-    // Answers that did not come from the edge's code at all (no `idem-edge`): the
-    // local runtime's own 503, or a connection it dropped, when the machine is
-    // overloaded (a busy 2-core machine gave 0 to 50 of 700). Counted and reported;
-    // every key is still forwarded at most once and charged once.
-    let runtime_own: usize = race
-        .iter()
-        .filter(|(k, _)| k.ends_with(" -"))
-        .map(|(_, n)| *n)
-        .sum();
+    // charge count alone: the origin dedups too).
+    let EdgeShare {
+        forwarded,
+        at_edge,
+        runtime_own,
+    } = EdgeShare::of(&race);
     // With the lease outlasting every forward, a key is forwarded at most once (a
     // forward whose client got the runtime's 503 is counted among those); every
     // answer is accounted for (nothing degraded); most retries end at the edge.
-    let forwarded = race.get("201 forwarded").copied().unwrap_or(0);
     assert!(forwarded <= KEYS, "{race:?}");
     assert!(forwarded + runtime_own >= KEYS, "{race:?}");
     assert_eq!(
@@ -1269,41 +1284,7 @@ async fn the_edge_and_the_proxy_charge_once_in_front_of_any_api() {
     .await;
     let edge = Edge::start(&origin.url(""), &[("LEASE_MS", "60000")]).await;
     let http = client();
-    let barrier = Arc::new(Barrier::new(KEYS * RETRIES));
-    let mut tasks = Vec::new();
-    for i in 0..KEYS {
-        for _ in 0..RETRIES {
-            let (http, base, barrier) = (http.clone(), edge.base.clone(), barrier.clone());
-            tasks.push(tokio::spawn(async move {
-                barrier.wait().await;
-                let sent = http
-                    .post(format!("{base}/v1/charges"))
-                    .header("idempotency-key", format!("chain-{i}"))
-                    .header("content-type", "application/json")
-                    .body(charge_body(&format!("cus-c{i}"), 100, 200))
-                    .send()
-                    .await;
-                match sent {
-                    Ok(res) => {
-                        let edge = res
-                            .headers()
-                            .get("idem-edge")
-                            .and_then(|v| v.to_str().ok())
-                            .unwrap_or("-")
-                            .to_owned();
-                        format!("{} {edge}", res.status().as_u16())
-                    }
-                    // The overloaded local runtime's own failure, not the edge's.
-                    Err(e) if e.is_request() || e.is_connect() => "reset -".to_owned(),
-                    Err(e) => panic!("the edge answers: {e}"),
-                }
-            }));
-        }
-    }
-    let mut race = BTreeMap::new();
-    for t in tasks {
-        *race.entry(t.await.unwrap()).or_insert(0) += 1;
-    }
+    let race = race_through_edge(&http, &edge.base, "chain-", "cus-c", 200).await;
     let charges = payments.count("SELECT count(*) FROM charges");
     let keys = payments.count("SELECT count(DISTINCT idempotency_key) FROM charges");
     let calls = payments.count("SELECT count(*) FROM calls");
@@ -1331,14 +1312,11 @@ async fn the_edge_and_the_proxy_charge_once_in_front_of_any_api() {
     assert_eq!(charges, KEYS as i64, "one charge per key: {race:?}");
     assert_eq!(keys, KEYS as i64);
     assert_eq!(calls, KEYS as i64, "the upstream saw each key once");
-    let forwarded = race.get("201 forwarded").copied().unwrap_or(0);
-    let at_edge = race.get("409 refused").copied().unwrap_or(0)
-        + race.get("201 replayed").copied().unwrap_or(0);
-    let runtime_own: usize = race
-        .iter()
-        .filter(|(k, _)| k.ends_with(" -"))
-        .map(|(_, n)| *n)
-        .sum();
+    let EdgeShare {
+        forwarded,
+        at_edge,
+        runtime_own,
+    } = EdgeShare::of(&race);
     assert!(forwarded <= KEYS, "{race:?}");
     assert_eq!(
         forwarded + at_edge + runtime_own,
