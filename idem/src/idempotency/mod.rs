@@ -102,6 +102,15 @@ pub fn release<B>(mut response: http::Response<B>) -> http::Response<B> {
 
 type ScopeFn = dyn Fn(&Parts) -> Result<Scope, contract::Rejection> + Send + Sync;
 type RequireFn = dyn Fn(&Parts) -> bool + Send + Sync;
+type ConfigureFn = dyn Fn(IdempotencyLayer) -> IdempotencyLayer + Send + Sync;
+
+/// A path pattern and how its requests are guarded, relative to the layer's own
+/// settings ([`IdempotencyLayer::route`]).
+#[derive(Clone)]
+pub(crate) struct RouteSettings {
+    pattern: String,
+    configure: Arc<ConfigureFn>,
+}
 
 #[derive(Clone)]
 pub(crate) struct Config {
@@ -110,12 +119,16 @@ pub(crate) struct Config {
     pub(crate) key_required: Arc<RequireFn>,
     pub(crate) policy: Policy,
     pub(crate) max_wait: Duration,
+    /// The wait of a request that states none (`Prefer: wait=N`).
+    pub(crate) default_wait: Duration,
     pub(crate) scope: Arc<ScopeFn>,
     pub(crate) cached_headers: Vec<HeaderName>,
     pub(crate) max_body_bytes: usize,
     pub(crate) max_execution: Option<Duration>,
     pub(crate) executions: Executions,
     pub(crate) max_stored_body_bytes: usize,
+    /// Per-path settings, first match wins; resolved when the layer wraps a service.
+    pub(crate) routes: Vec<RouteSettings>,
     /// Where handlers commit their effects with their answer, when enabled.
     #[cfg(feature = "postgres")]
     pub(crate) authority: Option<crate::store::postgres::Authority>,
@@ -139,6 +152,7 @@ impl IdempotencyLayer {
                 key_required: Arc::new(|_| false),
                 policy: Policy::default(),
                 max_wait: Duration::from_secs(10),
+                default_wait: Duration::ZERO,
                 scope: Arc::new(|parts| Ok(bearer_scope(parts))),
                 cached_headers: contract::DEFAULT_CACHED_HEADERS
                     .iter()
@@ -148,6 +162,7 @@ impl IdempotencyLayer {
                 max_execution: None,
                 executions: Executions::default(),
                 max_stored_body_bytes: 1024 * 1024,
+                routes: Vec::new(),
                 #[cfg(feature = "postgres")]
                 authority: None,
             }),
@@ -193,6 +208,63 @@ impl IdempotencyLayer {
     /// The longest a request with `Prefer: wait=N` waits for an in-flight attempt.
     pub fn max_wait(self, max_wait: Duration) -> Self {
         self.with(|c| c.max_wait = max_wait)
+    }
+
+    /// How long a request whose key is in flight waits for that attempt when it states
+    /// no `Prefer: wait=N` (capped by [`max_wait`](Self::max_wait)); none by default:
+    /// such a request gets `409` at once.
+    pub fn default_wait(self, wait: Duration) -> Self {
+        self.with(|c| c.default_wait = wait)
+    }
+
+    /// Settings for the requests whose path matches `pattern` — exact, or a prefix
+    /// ending in `*` (`/v1/payouts/*`): `configure` gets this layer with every setting
+    /// made on it (before or after this call) and changes what differs on that path —
+    /// TTL, lease, waits, guarded methods, whether a key is required, scope. Patterns
+    /// are tried in the order they were added; the first match wins, and a path none
+    /// matches gets the layer's own settings. Routes share the layer's store and
+    /// executions.
+    ///
+    /// ```
+    /// use idem::idempotency::IdempotencyLayer;
+    /// use idem::store::MemoryStore;
+    /// use std::{sync::Arc, time::Duration};
+    ///
+    /// let idempotency = IdempotencyLayer::new(Arc::new(MemoryStore::new()))
+    ///     .route("/v1/payouts/*", |payouts| {
+    ///         payouts
+    ///             .ttl(Duration::from_secs(7 * 24 * 60 * 60))
+    ///             .require_key_when(|_| true)
+    ///     });
+    /// ```
+    pub fn route(
+        self,
+        pattern: impl Into<String>,
+        configure: impl Fn(IdempotencyLayer) -> IdempotencyLayer + Send + Sync + 'static,
+    ) -> Self {
+        let route = RouteSettings {
+            pattern: pattern.into(),
+            configure: Arc::new(configure),
+        };
+        self.with(|c| c.routes.push(route))
+    }
+
+    /// The settings of each route, made from this layer's.
+    fn resolved_routes(&self) -> Vec<(String, Arc<Config>)> {
+        let mut base = (*self.config).clone();
+        base.routes.clear();
+        let base = IdempotencyLayer {
+            config: Arc::new(base),
+        };
+        self.config
+            .routes
+            .iter()
+            .map(|r| {
+                let mut config = (r.configure)(base.clone()).config;
+                Arc::make_mut(&mut config).routes.clear();
+                (r.pattern.clone(), config)
+            })
+            .collect()
     }
 
     /// Who a key belongs to. The default hashes the `Authorization` header's bearer
@@ -282,7 +354,7 @@ impl<S> tower::Layer<S> for IdempotencyLayer {
     type Service = IdempotencyService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        IdempotencyService::new(inner, self.config.clone())
+        IdempotencyService::new(inner, self.config.clone(), self.resolved_routes())
     }
 }
 

@@ -28,11 +28,25 @@ use tower::{Service, ServiceExt};
 pub struct IdempotencyService<S> {
     inner: S,
     config: Arc<Config>,
+    /// Path patterns with their own settings, first match wins.
+    routes: Arc<[(String, Arc<Config>)]>,
 }
 
 impl<S> IdempotencyService<S> {
-    pub(crate) fn new(inner: S, config: Arc<Config>) -> Self {
-        IdempotencyService { inner, config }
+    pub(crate) fn new(inner: S, config: Arc<Config>, routes: Vec<(String, Arc<Config>)>) -> Self {
+        IdempotencyService {
+            inner,
+            config,
+            routes: routes.into(),
+        }
+    }
+
+    /// The settings for a request to `path`.
+    fn config_for(&self, path: &str) -> Arc<Config> {
+        self.routes
+            .iter()
+            .find(|(pattern, _)| contract::listed(std::slice::from_ref(pattern), path))
+            .map_or_else(|| self.config.clone(), |(_, config)| config.clone())
     }
 }
 
@@ -58,7 +72,7 @@ where
         // Take the service that was driven to readiness; leave a fresh clone behind.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let config = self.config.clone();
+        let config = self.config_for(req.uri().path());
         Box::pin(async move { Ok(handle(config, inner, req).await) })
     }
 }
@@ -103,7 +117,11 @@ where
     );
     let record_key = RecordKey::new(&scope, &key);
     let prefer = parts.headers.get_all("prefer").iter();
-    let wait_ms = contract::wait_ms(prefer.map(|v| v.as_bytes()), super::millis(config.max_wait));
+    let wait_ms = contract::wait_ms_or(
+        prefer.map(|v| v.as_bytes()),
+        super::millis(config.default_wait),
+        super::millis(config.max_wait),
+    );
     // The wait is measured on the runtime's monotonic clock, from here.
     let started = Instant::now();
     let mut waiting = Waiting::new(0, wait_ms);

@@ -46,9 +46,21 @@ fn first_wait<'a>(values: impl IntoIterator<Item = &'a [u8]>) -> Option<Option<u
 /// `wait` preference of its `Prefer` headers (all of them, in order, as one list),
 /// capped at `max_wait_ms`; 0 without one or when it is malformed.
 pub fn wait_ms<'a>(prefer: impl IntoIterator<Item = &'a [u8]>, max_wait_ms: u64) -> u64 {
-    first_wait(prefer)
-        .flatten()
-        .map_or(0, |secs| secs.saturating_mul(1000).min(max_wait_ms))
+    wait_ms_or(prefer, 0, max_wait_ms)
+}
+
+/// [`wait_ms`], with `default_ms` for a request that states no `wait` (a route whose
+/// clients should wait unless they say otherwise). A stated `wait`, `wait=0` or a
+/// malformed one included, is the client's own choice and wins.
+pub fn wait_ms_or<'a>(
+    prefer: impl IntoIterator<Item = &'a [u8]>,
+    default_ms: u64,
+    max_wait_ms: u64,
+) -> u64 {
+    match first_wait(prefer) {
+        None => default_ms.min(max_wait_ms),
+        Some(stated) => stated.map_or(0, |secs| secs.saturating_mul(1000).min(max_wait_ms)),
+    }
 }
 
 /// A request that found its key in flight, waiting for it on a monotonic clock of
@@ -125,6 +137,16 @@ mod tests {
         );
         assert_eq!(wait_ms([&b"wait=999999999"[..]], u64::MAX), 999_999_999_000);
         assert_eq!(wait_ms([], 2_000), 0);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_default_wait_applies_only_when_the_client_states_none() {
+        assert_eq!(wait_ms_or([], 3_000, 10_000), 3_000);
+        assert_eq!(wait_ms_or([&b"return=minimal"[..]], 3_000, 10_000), 3_000);
+        assert_eq!(wait_ms_or([], 30_000, 10_000), 10_000, "capped");
+        assert_eq!(wait_ms_or([&b"wait=0"[..]], 3_000, 10_000), 0);
+        assert_eq!(wait_ms_or([&b"wait=1"[..]], 3_000, 10_000), 1_000);
+        assert_eq!(wait_ms_or([&b"wait=x"[..]], 3_000, 10_000), 0);
     }
 
     #[wasm_bindgen_test(unsupported = test)]
