@@ -185,6 +185,7 @@ pub fn layer(config: &Config, store: Arc<dyn Store>) -> Result<IdempotencyLayer,
         .max_wait(config.max_wait)
         .max_body_bytes(config.max_body_bytes)
         .max_stored_body_bytes(config.max_stored_body_bytes);
+    let layer = crate::routes::add_routes(layer, &config.routes()?);
     Ok(match (config.max_execution.is_zero(), &config.upstream) {
         (false, _) => layer.max_execution(config.max_execution),
         // An upstream that stalls mid-answer must not hold its key for ever.

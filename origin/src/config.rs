@@ -258,6 +258,12 @@ pub struct Config {
     #[arg(long, env = "IDEM_ANONYMOUS", value_enum)]
     pub anonymous: Option<AnonymousCallers>,
 
+    /// A TOML file of per-path settings (TTL, lease, waits, guarded methods, key
+    /// required, scope), tried in order before these flags' (README: "The route
+    /// file").
+    #[arg(long, env = "IDEM_ROUTES")]
+    pub routes: Option<std::path::PathBuf>,
+
     /// Where the demo charges API keeps its charges.
     #[arg(long, env = "IDEM_DEMO_LEDGER", value_enum, default_value_t = DemoLedger::Auto)]
     pub demo_ledger: DemoLedger,
@@ -282,32 +288,42 @@ impl Config {
     /// How a guarded request's scope is found (--scope-from, --jwt-secret-file,
     /// --anonymous); the error names the flag to fix.
     pub fn scope_rule(&self) -> Result<ScopeRule, String> {
-        let secret = match &self.jwt_secret_file {
-            None => None,
-            Some(path) => {
-                let mut bytes = std::fs::read(path).map_err(|e| {
-                    format!("--jwt-secret-file {}: cannot read it: {e}", path.display())
-                })?;
-                while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
-                    bytes.pop();
-                }
-                Some(bytes)
-            }
-        };
+        let secret = self
+            .jwt_secret_file
+            .as_deref()
+            .map(read_secret)
+            .transpose()
+            .map_err(|e| format!("--jwt-secret-file {e}"))?;
         let source = ScopeSource::parse(&self.scope_from, secret)
             .map_err(|e| format!("--scope-from: {e} (--jwt-secret-file gives the secret)"))?;
-        let anonymous = match self.anonymous {
+        Ok(ScopeRule {
+            source,
+            anonymous: self.anonymous_default(),
+        })
+    }
+
+    /// What a request without an identity gets, unless a route says otherwise.
+    pub fn anonymous_default(&self) -> Anonymous {
+        match self.anonymous {
             Some(AnonymousCallers::Scoped) => Anonymous::Scoped,
             Some(AnonymousCallers::Refused) => Anonymous::Refused,
             None if self.upstream.is_some() => Anonymous::Refused,
             None => Anonymous::Scoped,
-        };
-        Ok(ScopeRule { source, anonymous })
+        }
+    }
+
+    /// The route file's routes, checked; none without `--routes`.
+    pub fn routes(&self) -> Result<Vec<crate::routes::Route>, String> {
+        match &self.routes {
+            Some(path) => crate::routes::load(path, self),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// Checks the combinations clap can't; the message names the flag to fix.
     pub fn validate(&self) -> Result<(), String> {
         self.scope_rule()?;
+        self.routes()?;
         if let Some(url) = &self.upstream {
             crate::proxy::parse_upstream_url(url)?;
             if self.upstream_timeout.is_zero() {
@@ -396,6 +412,17 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     n.checked_mul(ms_per)
         .map(Duration::from_millis)
         .ok_or_else(|| format!("{s:?} is too long"))
+}
+
+/// An HS256 key from `path`; a trailing newline is not part of it. The error starts
+/// with the path.
+pub fn read_secret(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    let mut bytes =
+        std::fs::read(path).map_err(|e| format!("{}: cannot read it: {e}", path.display()))?;
+    while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+        bytes.pop();
+    }
+    Ok(bytes)
 }
 
 /// A header name, e.g. `idem-release`.

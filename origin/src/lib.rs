@@ -6,6 +6,7 @@
 //! * [`app`] and [`config`] — wiring, health and the command line.
 //! * [`metrics`] — the Prometheus exporter for what the library records.
 //! * [`proxy`] — proxy mode (`--upstream`): any HTTP service behind the layer.
+//! * [`routes`] — the route file (`--routes`): settings per path.
 #![forbid(unsafe_code)]
 
 pub mod app;
@@ -13,3 +14,4 @@ pub mod charges;
 pub mod config;
 pub mod metrics;
 pub mod proxy;
+pub mod routes;

@@ -141,3 +141,27 @@ fn an_upstream_that_is_not_an_http_url_is_refused() {
         assert!(stderr(&o).contains(says), "{url}: {}", stderr(&o));
     }
 }
+
+#[test]
+fn a_bad_route_file_is_refused_with_its_line() {
+    let dir = std::env::temp_dir().join(format!("idem-cli-routes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("routes.toml");
+    std::fs::write(
+        &file,
+        "[[route]]\npath = \"/v1/charges\"\nwait = \"soon\"\n",
+    )
+    .unwrap();
+    let o = run(&["--routes", file.to_str().unwrap()], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    let expected = format!("{}:3:8: wait: \"soon\" is not a duration", file.display());
+    assert!(stderr(&o).contains(&expected), "{}", stderr(&o));
+    let o = run(&["--routes", "/nonexistent/routes.toml"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("--routes /nonexistent/routes.toml: cannot read it"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

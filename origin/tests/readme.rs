@@ -55,3 +55,30 @@ fn readme_configuration_reference_matches_the_cli() {
         "README.md's configuration reference is out of date; replace it with:\n\n{expected}"
     );
 }
+
+/// The route file's keys as the README shows them.
+fn route_keys_table() -> String {
+    let mut out = String::from("| key | example | meaning |\n|---|---|---|\n");
+    for (key, example, meaning) in idem_origin::routes::ROUTE_KEYS {
+        out.push_str(&format!("| `{key}` | `{example}` | {meaning} |\n"));
+    }
+    out
+}
+
+#[test]
+fn readme_route_file_reference_matches_the_parser() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+    let start = readme
+        .find("<!-- routes:start -->\n")
+        .expect("README has the routes:start marker")
+        + "<!-- routes:start -->\n".len();
+    let end = readme
+        .find("<!-- routes:end -->")
+        .expect("README has the routes:end marker");
+    let expected = route_keys_table();
+    assert!(
+        readme[start..end] == expected,
+        "README.md's route file reference is out of date; replace it with:\n\n{expected}"
+    );
+}

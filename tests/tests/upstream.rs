@@ -589,6 +589,108 @@ async fn scopes_follow_the_caller_not_the_token() {
     assert_eq!(nobody_calls, 0);
 }
 
+/// A route file gives each path its own rules, through real processes: on
+/// `/v1/charges` a key is required, a retry waits for the first answer instead of
+/// getting 409, and the key belongs to the API key; on `/v1/fail/*` answers live one
+/// second and anonymous callers are scoped; anywhere else the flags hold (no identity,
+/// 401).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_file_gives_each_path_its_own_rules() {
+    let payments = Payments::start().await;
+    let routes = std::env::temp_dir().join(format!("idem-routes-{}.toml", std::process::id()));
+    std::fs::write(
+        &routes,
+        r#"
+[[route]]
+path = "/v1/charges"
+require_key = true
+wait = "5s"
+scope_from = "header:x-api-key"
+
+[[route]]
+path = "/v1/fail/*"
+ttl = "1s"
+lease = "1s"
+anonymous = "scoped"
+"#,
+    )
+    .unwrap();
+    let url = payments.url();
+    let origin = TestOrigin::start(&[
+        "--upstream",
+        url.as_str(),
+        "--routes",
+        routes.to_str().unwrap(),
+    ])
+    .await;
+    let http = client();
+    let send =
+        |path: &str, key: Option<&'static str>, api_key: Option<&'static str>, latency: u64| {
+            let mut req = http
+                .post(origin.url(path))
+                .header("content-type", "application/json")
+                .body(charge_body("cus_r", 100, latency));
+            if let Some(key) = key {
+                req = req.header("idempotency-key", key);
+            }
+            if let Some(api_key) = api_key {
+                req = req.header("x-api-key", api_key);
+            }
+            async move {
+                let res = req.send().await.unwrap();
+                let replayed = res.headers().contains_key("idempotent-replayed");
+                let status = res.status().as_u16();
+                let kind = problem_type(&res.text().await.unwrap());
+                (status, replayed, kind)
+            }
+        };
+    let no_key = send("/v1/charges", None, Some("key-a"), 0).await;
+    // The first attempt takes a second; its retry, 200 ms later, states no wait.
+    let first = tokio::spawn(send("/v1/charges", Some("r-1"), Some("key-a"), 1_000));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let waited = send("/v1/charges", Some("r-1"), Some("key-a"), 1_000).await;
+    let first = first.await.unwrap();
+    let other_caller = send("/v1/charges", Some("r-1"), Some("key-b"), 0).await;
+    let charges = payments.charges_for("r-1");
+    // /v1/fail/*: anonymous is scoped there, and answers expire after a second.
+    let failed = send("/v1/fail/503", Some("r-2"), None, 0).await;
+    let replayed = send("/v1/fail/503", Some("r-2"), None, 0).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let expired = send("/v1/fail/503", Some("r-2"), None, 0).await;
+    let fail_calls = payments.calls_for("r-2");
+    // A path the file does not list: the flags' rules, proxy mode's refusal.
+    let elsewhere = send("/v1/refunds", Some("r-3"), None, 0).await;
+    let _ = std::fs::remove_file(&routes);
+    report(
+        "upstream",
+        &format!(
+            "route file: /v1/charges without a key {no_key:?}; first {first:?}, its retry with no Prefer {waited:?}, another API key {other_caller:?} -> {charges} charges; /v1/fail/* (ttl 1s, anonymous scoped) {failed:?}, {replayed:?}, after 1.5 s {expired:?} -> {fail_calls} calls; /v1/refunds (flags) {elsewhere:?}"
+        ),
+    );
+    assert_eq!(no_key.0, 400, "a key is required on /v1/charges");
+    assert_eq!(first, (201, false, String::new()));
+    assert_eq!(
+        waited,
+        (201, true, String::new()),
+        "the retry waited for the first answer"
+    );
+    assert_eq!(other_caller.0, 201);
+    assert!(!other_caller.1, "another API key is another caller");
+    assert_eq!(charges, 2);
+    assert_eq!((failed.0, failed.1), (503, false));
+    assert_eq!((replayed.0, replayed.1), (503, true));
+    assert_eq!(
+        (expired.0, expired.1),
+        (503, false),
+        "expired after its route's 1 s"
+    );
+    assert_eq!(fail_calls, 2);
+    assert_eq!(
+        elsewhere,
+        (401, false, "urn:idem:problem:identity-missing".into())
+    );
+}
+
 /// Proxy mode keeps to its own tables: the database is the user's, and the demo's
 /// `charges` table (and its readiness check) has no place in it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

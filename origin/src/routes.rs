@@ -1,0 +1,411 @@
+//! The route file (`--routes <FILE>`): settings per path, in TOML. Each `[[route]]`
+//! names a path (exact, or a prefix ending in `*`) and what differs there from the
+//! flags; routes are tried in file order, the first match wins, and a path no route
+//! matches gets the flags' settings.
+//!
+//! ```toml
+//! [[route]]
+//! path = "/v1/charges"
+//! require_key = true
+//! wait = "5s"
+//!
+//! [[route]]
+//! path = "/v1/payouts/*"
+//! ttl = "7d"
+//! scope_from = "jwt:sub"
+//! jwt_secret_file = "secrets/jwt"
+//! ```
+//!
+//! Every error names the file, line and column to fix.
+
+use crate::config::{parse_duration, Config};
+use http::Method;
+use idem::idempotency::IdempotencyLayer;
+use idem_core::contract::{self, Anonymous, ScopeRule, ScopeSource};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use toml::Spanned;
+
+/// The keys of a `[[route]]`: (key, example, meaning), as the README's reference
+/// shows them (a test keeps the two in step, and this list with the parser's).
+pub const ROUTE_KEYS: &[(&str, &str, &str)] = &[
+    ("path", r#""/v1/payouts/*""#, "Required. The path, exact or a prefix ending in `*`. Routes are tried in file order and the first match wins; a route an earlier one always matches first is an error."),
+    ("methods", r#"["POST", "PUT"]"#, "The methods guarded on this path; others pass through. Default: POST and PATCH. GET, HEAD and OPTIONS can't be guarded."),
+    ("require_key", "true", "Whether a guarded request without an `Idempotency-Key` is refused with `400`. Default: whether `--require-key-on` lists the path."),
+    ("ttl", r#""7d""#, "How long an answer is replayed. Default: `--ttl`."),
+    ("lease", r#""10s""#, "How long a claim lives without a heartbeat. Default: `--lease`; at most `ttl`."),
+    ("wait", r#""5s""#, "How long a retry that finds its key in flight waits for the first answer when it sends no `Prefer: wait` (a stated one wins). Default: 0, `409` at once; at most `max_wait`."),
+    ("max_wait", r#""30s""#, "The most a request may wait, asked or by `wait`. Default: `--max-wait`."),
+    ("scope_from", r#""jwt:sub""#, "Who a key belongs to, as `--scope-from`: `authorization`, `header:<name>` or `jwt:<claim>`. Default: `--scope-from`."),
+    ("jwt_secret_file", r#""secrets/jwt""#, "The HS256 key for `jwt:<claim>`, relative to the route file. Default: `--jwt-secret-file`."),
+    ("anonymous", r#""scoped""#, "A request that says nowhere who it is: `scoped` or `refused` (401). Default: `--anonymous`."),
+];
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    route: Vec<Spanned<RouteEntry>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RouteEntry {
+    path: Spanned<String>,
+    methods: Option<Spanned<Vec<Spanned<String>>>>,
+    require_key: Option<bool>,
+    ttl: Option<Spanned<String>>,
+    lease: Option<Spanned<String>>,
+    wait: Option<Spanned<String>>,
+    max_wait: Option<Spanned<String>>,
+    scope_from: Option<Spanned<String>>,
+    jwt_secret_file: Option<Spanned<String>>,
+    anonymous: Option<Spanned<String>>,
+}
+
+/// One route's settings, checked; `None` keeps the flags'.
+#[derive(Clone, Debug)]
+pub struct Route {
+    /// The path pattern.
+    pub path: String,
+    /// The line of its `path`, for messages.
+    pub line: usize,
+    methods: Option<Vec<Method>>,
+    require_key: Option<bool>,
+    ttl: Option<Duration>,
+    lease: Option<Duration>,
+    wait: Option<Duration>,
+    max_wait: Option<Duration>,
+    scope: Option<ScopeRule>,
+}
+
+impl Route {
+    /// `layer` with this route's settings.
+    pub fn apply(&self, mut layer: IdempotencyLayer) -> IdempotencyLayer {
+        if let Some(methods) = &self.methods {
+            layer = layer.methods(methods.clone());
+        }
+        if let Some(required) = self.require_key {
+            layer = layer.require_key_when(move |_| required);
+        }
+        if let Some(ttl) = self.ttl {
+            layer = layer.ttl(ttl);
+        }
+        if let Some(lease) = self.lease {
+            layer = layer.lease(lease);
+        }
+        if let Some(wait) = self.wait {
+            layer = layer.default_wait(wait);
+        }
+        if let Some(max_wait) = self.max_wait {
+            layer = layer.max_wait(max_wait);
+        }
+        if let Some(scope) = &self.scope {
+            layer = layer.scope_rule(scope.clone());
+        }
+        layer
+    }
+}
+
+/// `layer` with every route of `routes` added.
+pub fn add_routes(mut layer: IdempotencyLayer, routes: &[Route]) -> IdempotencyLayer {
+    for route in routes {
+        let route = Arc::new(route.clone());
+        layer = layer.route(route.path.clone(), move |l| route.apply(l));
+    }
+    layer
+}
+
+/// Reads and checks the route file at `path`, whose unset keys take `flags`' values.
+pub fn load(path: &Path, flags: &Config) -> Result<Vec<Route>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("--routes {}: cannot read it: {e}", path.display()))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    parse(&text, &path.display().to_string(), dir, flags)
+}
+
+/// Checks the route file `text` (named `name`, its relative paths from `dir`).
+pub fn parse(text: &str, name: &str, dir: &Path, flags: &Config) -> Result<Vec<Route>, String> {
+    let at = |span: Option<std::ops::Range<usize>>, message: &str| match span {
+        Some(span) => {
+            let (line, column) = line_column(text, span.start);
+            format!("{name}:{line}:{column}: {message}")
+        }
+        None => format!("{name}: {message}"),
+    };
+    let file: File = toml::from_str(text).map_err(|e| at(e.span(), e.message().trim()))?;
+    let mut routes: Vec<Route> = Vec::with_capacity(file.route.len());
+    for entry in file.route {
+        let entry = entry.into_inner();
+        let mut route =
+            check(&entry, dir, flags).map_err(|(span, message)| at(Some(span), &message))?;
+        route.line = line_column(text, entry.path.span().start).0;
+        let here = |message: String| at(Some(entry.path.span()), &message);
+        if let Some(earlier) = routes
+            .iter()
+            .find(|r| contract::listed(&[&r.path], &route.path))
+        {
+            let how = if earlier.path == route.path {
+                "is listed twice"
+            } else {
+                "is never used"
+            };
+            return Err(here(format!(
+                "route {:?} {how}: the route on line {} ({:?}) matches its paths first",
+                route.path, earlier.line, earlier.path
+            )));
+        }
+        routes.push(route);
+    }
+    Ok(routes)
+}
+
+type Problem = (std::ops::Range<usize>, String);
+
+/// One entry's settings, or the span and message of what is wrong with it.
+fn check(entry: &RouteEntry, dir: &Path, flags: &Config) -> Result<Route, Problem> {
+    let path = entry.path.get_ref();
+    let star = path.find('*');
+    if !path.starts_with('/') || star.is_some_and(|at| at != path.len() - 1) {
+        return Err((
+            entry.path.span(),
+            format!("path {path:?} must start with / and may end in * (a prefix), e.g. \"/v1/payouts/*\""),
+        ));
+    }
+    let duration =
+        |value: &Option<Spanned<String>>, key: &str| -> Result<Option<Duration>, Problem> {
+            value
+                .as_ref()
+                .map(|v| parse_duration(v.get_ref()).map_err(|e| (v.span(), format!("{key}: {e}"))))
+                .transpose()
+        };
+    let ttl = duration(&entry.ttl, "ttl")?;
+    let lease = duration(&entry.lease, "lease")?;
+    let wait = duration(&entry.wait, "wait")?;
+    let max_wait = duration(&entry.max_wait, "max_wait")?;
+    let span_of = |v: &Option<Spanned<String>>| v.as_ref().map_or(entry.path.span(), Spanned::span);
+    if lease.is_some_and(|l| l.is_zero()) {
+        return Err((span_of(&entry.lease), "lease must be more than 0".into()));
+    }
+    let (eff_ttl, eff_lease) = (ttl.unwrap_or(flags.ttl), lease.unwrap_or(flags.lease));
+    if eff_ttl < eff_lease {
+        let span = if ttl.is_some() {
+            span_of(&entry.ttl)
+        } else {
+            span_of(&entry.lease)
+        };
+        return Err((
+            span,
+            format!("ttl ({eff_ttl:?}) must be at least lease ({eff_lease:?})"),
+        ));
+    }
+    let eff_max_wait = max_wait.unwrap_or(flags.max_wait);
+    if let Some(wait) = wait.filter(|w| *w > eff_max_wait) {
+        return Err((
+            span_of(&entry.wait),
+            format!("wait ({wait:?}) is more than max_wait ({eff_max_wait:?}): raise max_wait or --max-wait"),
+        ));
+    }
+    let methods = match &entry.methods {
+        None => None,
+        Some(list) => {
+            let mut methods = Vec::new();
+            for m in list.get_ref() {
+                let name = m.get_ref().trim().to_ascii_uppercase();
+                match name.as_str() {
+                    "POST" | "PUT" | "PATCH" | "DELETE" => methods.push(Method::from_bytes(name.as_bytes()).expect("a standard method")),
+                    _ => {
+                        return Err((
+                            m.span(),
+                            format!("methods: {:?} cannot be guarded: use POST, PUT, PATCH or DELETE (GET, HEAD and OPTIONS are safe to repeat and pass through)", m.get_ref()),
+                        ))
+                    }
+                }
+            }
+            Some(methods)
+        }
+    };
+    let scope = scope(entry, dir, flags)?;
+    Ok(Route {
+        path: path.clone(),
+        line: 0,
+        methods,
+        require_key: entry.require_key,
+        ttl,
+        lease,
+        wait,
+        max_wait,
+        scope,
+    })
+}
+
+/// The route's scope rule, when it changes any part of the flags'.
+fn scope(entry: &RouteEntry, dir: &Path, flags: &Config) -> Result<Option<ScopeRule>, Problem> {
+    if entry.scope_from.is_none() && entry.jwt_secret_file.is_none() && entry.anonymous.is_none() {
+        return Ok(None);
+    }
+    let secret = match &entry.jwt_secret_file {
+        Some(file) => {
+            let path = dir.join(PathBuf::from(file.get_ref()));
+            Some(
+                crate::config::read_secret(&path)
+                    .map_err(|e| (file.span(), format!("jwt_secret_file: {e}")))?,
+            )
+        }
+        None => flags
+            .jwt_secret_file
+            .as_deref()
+            .map(crate::config::read_secret)
+            .transpose()
+            .map_err(|e| (entry.path.span(), format!("--jwt-secret-file: {e}")))?,
+    };
+    let (spec, span) = match &entry.scope_from {
+        Some(s) => (s.get_ref().as_str(), s.span()),
+        None => (flags.scope_from.as_str(), entry.path.span()),
+    };
+    let source = ScopeSource::parse(spec, secret).map_err(|e| {
+        let span = match (&entry.scope_from, &entry.jwt_secret_file) {
+            (None, Some(file)) => file.span(),
+            _ => span,
+        };
+        (
+            span,
+            format!("scope_from: {e} (jwt_secret_file gives the secret)"),
+        )
+    })?;
+    let anonymous = match &entry.anonymous {
+        None => flags.anonymous_default(),
+        Some(a) => match a.get_ref().as_str() {
+            "scoped" => Anonymous::Scoped,
+            "refused" => Anonymous::Refused,
+            other => {
+                return Err((
+                    a.span(),
+                    format!("anonymous: {other:?} is not scoped or refused"),
+                ))
+            }
+        },
+    };
+    Ok(Some(ScopeRule { source, anonymous }))
+}
+
+/// The 1-based line and column (in characters) of byte `offset` of `text`.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let start = before.rfind('\n').map_or(0, |i| i + 1);
+    (line, before[start..].chars().count() + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn flags(extra: &[&str]) -> Config {
+        let mut args = vec!["idem-origin"];
+        args.extend_from_slice(extra);
+        Config::try_parse_from(args).unwrap()
+    }
+
+    fn parsed(text: &str) -> Result<Vec<Route>, String> {
+        parse(text, "routes.toml", Path::new("."), &flags(&[]))
+    }
+
+    #[test]
+    fn reads_every_key() {
+        let dir = std::env::temp_dir().join(format!("idem-routes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("jwt"), "s3cret\n").unwrap();
+        let text = r#"
+# payouts
+[[route]]
+path = "/v1/payouts/*"
+methods = ["post", "PUT"]
+require_key = true
+ttl = "7d"
+lease = "10s"
+wait = "5s"
+max_wait = "30s"
+scope_from = "jwt:sub"
+jwt_secret_file = "jwt"
+anonymous = "scoped"
+
+[[route]]
+path = "/v1/charges"
+"#;
+        let routes = parse(text, "routes.toml", &dir, &flags(&[])).unwrap();
+        assert_eq!(routes.len(), 2);
+        let payouts = &routes[0];
+        assert_eq!((payouts.path.as_str(), payouts.line), ("/v1/payouts/*", 4));
+        assert_eq!(payouts.methods, Some(vec![Method::POST, Method::PUT]));
+        assert_eq!(payouts.require_key, Some(true));
+        assert_eq!(payouts.ttl, Some(Duration::from_secs(7 * 86_400)));
+        assert_eq!(payouts.lease, Some(Duration::from_secs(10)));
+        assert_eq!(payouts.wait, Some(Duration::from_secs(5)));
+        assert_eq!(payouts.max_wait, Some(Duration::from_secs(30)));
+        let scope = payouts.scope.as_ref().unwrap();
+        assert_eq!(
+            scope.source,
+            ScopeSource::JwtClaim {
+                claim: "sub".into(),
+                secret: b"s3cret".to_vec()
+            }
+        );
+        assert_eq!(scope.anonymous, Anonymous::Scoped);
+        let charges = &routes[1];
+        assert_eq!(charges.line, 16);
+        assert!(charges.ttl.is_none() && charges.scope.is_none() && charges.methods.is_none());
+        assert!(
+            parsed("").unwrap().is_empty(),
+            "an empty file has no routes"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_error_names_the_line_and_what_to_fix() {
+        let cases: &[(&str, &str)] = &[
+            // syntax
+            ("[[route]]\npath = \"/a\"\nttl = 5s\n", "routes.toml:3:"),
+            // a key that does not exist, a type that does not fit
+            ("[[route]]\npath = \"/a\"\nttll = \"5s\"\n", "routes.toml:3:1: unknown field `ttll`"),
+            ("[[route]]\npath = \"/a\"\nrequire_key = \"yes\"\n", "routes.toml:3:"),
+            ("[route]\npath = \"/a\"\n", "routes.toml:1:"),
+            ("[[route]]\nttl = \"5s\"\n", "missing field `path`"),
+            // values
+            ("[[route]]\npath = \"/a\"\n\nttl = \"5 weeks\"\n", "routes.toml:4:7: ttl: unknown duration unit"),
+            ("[[route]]\npath = \"v1/a\"\n", "routes.toml:2:8: path \"v1/a\" must start with /"),
+            ("[[route]]\npath = \"/v1/*/a\"\n", "routes.toml:2:8: path"),
+            ("[[route]]\npath = \"/a\"\nttl = \"1s\"\n", "routes.toml:3:7: ttl (1s) must be at least lease (30s)"),
+            ("[[route]]\npath = \"/a\"\nlease = \"0s\"\n", "routes.toml:3:9: lease must be more than 0"),
+            ("[[route]]\npath = \"/a\"\nwait = \"1m\"\n", "routes.toml:3:8: wait (60s) is more than max_wait (10s)"),
+            ("[[route]]\npath = \"/a\"\nmethods = [\"POST\", \"GET\"]\n", "routes.toml:3:20: methods: \"GET\" cannot be guarded"),
+            ("[[route]]\npath = \"/a\"\nscope_from = \"cookie:x\"\n", "routes.toml:3:14: scope_from: \"cookie:x\""),
+            ("[[route]]\npath = \"/a\"\nscope_from = \"jwt:sub\"\n", "routes.toml:3:14: scope_from: jwt:<claim> needs the HS256 secret"),
+            ("[[route]]\npath = \"/a\"\njwt_secret_file = \"/nonexistent/jwt\"\n", "routes.toml:3:19: jwt_secret_file: /nonexistent/jwt: cannot read it"),
+            ("[[route]]\npath = \"/a\"\nanonymous = \"maybe\"\n", "routes.toml:3:13: anonymous: \"maybe\" is not scoped or refused"),
+            // order
+            ("[[route]]\npath = \"/a\"\n[[route]]\npath = \"/a\"\n", "routes.toml:4:8: route \"/a\" is listed twice: the route on line 2"),
+            ("[[route]]\npath = \"/v1/*\"\n[[route]]\npath = \"/v1/charges\"\n", "routes.toml:4:8: route \"/v1/charges\" is never used: the route on line 2 (\"/v1/*\")"),
+        ];
+        for (text, expected) in cases {
+            let error = parsed(text).unwrap_err();
+            assert!(
+                error.contains(expected),
+                "{text:?}\n  got: {error}\n  expected: {expected}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_keys_listed_are_the_keys_read() {
+        let error = parsed("[[route]]\npath = \"/a\"\nnope = 1\n").unwrap_err();
+        let expected = error.split("expected one of").nth(1).expect(&error);
+        let read: Vec<&str> = expected.split('`').skip(1).step_by(2).collect();
+        let listed: Vec<&str> = ROUTE_KEYS.iter().map(|(key, _, _)| *key).collect();
+        assert_eq!(read, listed);
+    }
+}
