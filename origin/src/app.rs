@@ -221,10 +221,12 @@ fn ops(store: Arc<dyn Store>, ledger: Option<Arc<dyn Ledger>>) -> Router {
 
 /// Proxy mode: every request but idem's own routes goes to `upstream`, through `layer`.
 pub fn proxy_router(layer: IdempotencyLayer, store: Arc<dyn Store>, upstream: Upstream) -> Router {
-    Router::new()
-        .fallback_service(upstream)
-        .layer(layer)
-        .merge(ops(store, None))
+    proxied(layer, upstream).merge(ops(store, None))
+}
+
+/// Every request to `upstream`, through `layer`: proxy mode without idem's own routes.
+pub fn proxied(layer: IdempotencyLayer, upstream: Upstream) -> Router {
+    Router::new().fallback_service(upstream).layer(layer)
 }
 
 /// The demo API behind `layer`, plus `/healthz`, `/readyz` and `/metrics`.

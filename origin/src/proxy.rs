@@ -143,7 +143,7 @@ impl Inner {
                 // The previous holder of this claim is gone (crashed, or paused past its
                 // lease) and may have sent the request: sending it again could act
                 // twice.
-                return problem(
+                return result(
                     Problem::UpstreamOutcomeUnknown,
                     "an earlier attempt may have sent this request to the upstream and was lost before its answer was stored; it will not be sent again for this key",
                 );
@@ -259,7 +259,7 @@ impl Inner {
     fn unknown(&self, why: &str) -> Response<Body> {
         let detail = format!("{why}; the upstream may have acted");
         match self.options.unknown_outcome {
-            UnknownOutcome::Store => problem(
+            UnknownOutcome::Store => result(
                 Problem::UpstreamOutcomeUnknown,
                 &format!("{detail}: it will not be sent again for this key"),
             ),
@@ -313,6 +313,25 @@ fn keep_named(
     out
 }
 
+/// A problem that is the request's result, stored and replayed like an answer: its
+/// content type only, the same on the first answer and every replay.
+fn result(problem: Problem, detail: &str) -> Response<Body> {
+    let stored = Rejection::with_detail(problem, detail).as_result();
+    let mut res = Response::new(Body::from(stored.body));
+    *res.status_mut() =
+        http::StatusCode::from_u16(stored.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
+    for (name, value) in stored.headers {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_bytes(&value),
+        ) {
+            res.headers_mut().append(name, value);
+        }
+    }
+    res
+}
+
+/// A problem after which nothing is stored (the key is released): never cacheable.
 fn problem(problem: Problem, detail: &str) -> Response<Body> {
     let rejection = Rejection::with_detail(problem, detail);
     let mut res = Response::new(Body::from(rejection.body()));

@@ -87,6 +87,46 @@ mod on_tiered_async {
     contract_rows!(super::tiered_async);
 }
 
+/// Proxy mode: the handler served over HTTP on a socket, the layer in front of
+/// `idem-origin`'s upstream client, as `--upstream` builds it.
+fn through_the_proxy(
+    app: axum::Router,
+    layer: idem::idempotency::IdempotencyLayer,
+) -> axum::Router {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let upstream = idem_origin::proxy::Upstream::new(idem_origin::proxy::UpstreamOptions {
+        url: format!("http://{addr}"),
+        timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(4),
+        release_header: http::HeaderName::from_static("idem-release"),
+        unknown_outcome: idem_origin::config::UnknownOutcome::Store,
+    })
+    .unwrap();
+    idem_origin::app::proxied(layer, upstream)
+}
+
+async fn proxied_memory(_row: &str) -> (Arc<dyn Store>, ()) {
+    rows::through(through_the_proxy);
+    (Arc::new(idem::store::MemoryStore::new()), ())
+}
+
+async fn proxied_redis_cluster(row: &str) -> (Arc<dyn Store>, ()) {
+    rows::through(through_the_proxy);
+    redis_cluster(row).await
+}
+
+mod through_the_proxy_on_memory {
+    contract_rows!(super::proxied_memory);
+}
+
+mod through_the_proxy_on_redis_cluster {
+    contract_rows!(super::proxied_redis_cluster);
+}
+
 /// README's row for the release rule, once it held on every store.
 #[tokio::test]
 async fn the_release_rule_holds_on_every_store() {

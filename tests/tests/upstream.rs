@@ -294,6 +294,81 @@ async fn the_proxy_stores_what_the_upstream_did_and_never_resends_an_unknown_out
     assert_eq!(down_charges, 1);
 }
 
+/// The upstream's 500 and 504 are its answers, replayed, never re-sent; a client that
+/// gives up before the upstream answers does not stop the charge, and its retry gets
+/// the answer it missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_errors_are_answers_and_a_client_that_leaves_still_gets_its_charge() {
+    let payments = Payments::start().await;
+    let origin = proxy(&payments, &[]).await;
+    let http = client();
+    let mut seen = Vec::new();
+    for status in [500u16, 504] {
+        let key = format!("fail-{status}");
+        for _ in 0..2 {
+            let res = post(
+                &http,
+                &origin.url(&format!("/v1/fail/{status}")),
+                &key,
+                "{}".into(),
+            )
+            .await;
+            seen.push((
+                res.status().as_u16(),
+                res.headers().contains_key("idempotent-replayed"),
+            ));
+        }
+        seen.push((payments.calls_for(&key) as u16, false));
+    }
+
+    // The client's own timeout is 300 ms; the charge takes 1.5 s.
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let body = charge_body("c-gone", 100, 1_500);
+    let gave_up = impatient
+        .post(origin.url("/v1/charges"))
+        .header("idempotency-key", "gone-1")
+        .header("content-type", "application/json")
+        .body(body.clone())
+        .send()
+        .await;
+    let timed_out = gave_up.as_ref().is_err_and(reqwest::Error::is_timeout);
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let retry = post(&http, &origin.url("/v1/charges"), "gone-1", body).await;
+    let retry_status = retry.status().as_u16();
+    let retry_replayed = retry.headers().contains_key("idempotent-replayed");
+    let (charges, calls) = (payments.charges_for("gone-1"), payments.calls_for("gone-1"));
+    report(
+        "upstream",
+        &format!(
+            "500 then its retry, calls: {:?}; 504: {:?}; a client that gave up after 300 ms on a 1.5 s charge: \
+             timed out={timed_out}, its retry 2 s later {retry_status} replayed={retry_replayed}, {charges} charge, {calls} call",
+            &seen[..3],
+            &seen[3..]
+        ),
+    );
+    assert_eq!(
+        seen,
+        [
+            (500, false),
+            (500, true),
+            (1, false),
+            (504, false),
+            (504, true),
+            (1, false)
+        ]
+    );
+    assert!(timed_out, "the client gave up: {gave_up:?}");
+    assert_eq!(
+        (retry_status, retry_replayed),
+        (201, true),
+        "the charge finished without its client"
+    );
+    assert_eq!((charges, calls), (1, 1));
+}
+
 /// With `--upstream-unknown-outcome release`, a lost answer frees the key: the retry
 /// is sent again, with the same downstream key — what an upstream that dedups by it
 /// needs.
