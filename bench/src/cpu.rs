@@ -12,6 +12,8 @@ pub const FOLLOWED: &[&str] = &[
     "redis-server",
     "pgbench",
     "redis-benchmark",
+    crate::proxy::PROGRAM,
+    "python3",
 ];
 
 /// CPU seconds used so far by every live process of the followed programs.

@@ -17,6 +17,7 @@ mod fingerprint;
 mod load;
 mod mode;
 mod origin;
+mod proxy;
 mod raw;
 mod report;
 
@@ -60,6 +61,32 @@ struct Args {
     /// Keys completed before the replay phase, then replayed round-robin.
     #[arg(long, default_value_t = 1000)]
     replay_keys: usize,
+    /// Proxy mode's cost: the stores `idem-origin --upstream` runs on, each measured
+    /// against a plain charges API alone.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "memory,redis-cluster,tiered-async"
+    )]
+    proxy_modes: Vec<Mode>,
+    /// Concurrent connections of the proxy comparison.
+    #[arg(long, value_delimiter = ',', default_value = "8,32")]
+    proxy_concurrency: Vec<usize>,
+    /// The APIs the proxy comparison puts behind idem.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "builtin,python"
+    )]
+    proxy_upstreams: Vec<proxy::UpstreamKind>,
+    /// The Python payments API (the `python` upstream).
+    #[arg(long, default_value = "tests/upstream/payments.py")]
+    payments_py: PathBuf,
+    /// Leave the proxy comparison out.
+    #[arg(long)]
+    skip_proxy: bool,
     /// A short run of every mode at one concurrency: checks that the bench works.
     #[arg(long)]
     quick: bool,
@@ -104,6 +131,22 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    // This binary under another name is the proxy comparison's upstream.
+    if let Ok(addr) = std::env::var(proxy::SERVE_ENV) {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build();
+        return match rt
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(proxy::serve(&addr)))
+        {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("bench-upstream: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     // Explicit, so that TOKIO_WORKER_THREADS given to the bench reaches only the origin.
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     match tokio::runtime::Builder::new_multi_thread()
@@ -123,6 +166,7 @@ async fn bench() -> ExitCode {
     let mut args = Args::parse();
     if args.quick {
         args.concurrency = vec![8];
+        args.proxy_concurrency = vec![8];
         args.duration = Duration::from_secs(1);
         args.warmup = Duration::from_millis(200);
         args.replay_keys = 200;
@@ -145,7 +189,10 @@ struct Services {
 }
 
 async fn run(args: Args) -> Result<()> {
-    if args.concurrency.is_empty() || args.concurrency.contains(&0) {
+    if args.concurrency.is_empty()
+        || args.concurrency.contains(&0)
+        || args.proxy_concurrency.contains(&0)
+    {
         anyhow::bail!("--concurrency needs numbers of connections of at least 1");
     }
     if args.replay_keys == 0
@@ -277,25 +324,59 @@ async fn run(args: Args) -> Result<()> {
         drop(origin);
     }
     progress.finish_and_clear();
+    let proxied = match args.skip_proxy {
+        true => Vec::new(),
+        false => {
+            eprintln!("proxy mode: the upstream alone, then through idem…");
+            if let Some(pg) = &services.pg {
+                pg.truncate_records().await?;
+            }
+            proxy::run(&proxy::Settings {
+                bin: &bin,
+                upstreams: &args.proxy_upstreams,
+                payments_py: &args.payments_py,
+                targets: &targets,
+                modes: &args.proxy_modes,
+                concurrency: &args.proxy_concurrency,
+                warmup: args.warmup,
+                duration: args.duration,
+                replay_keys: args.replay_keys,
+                out: &args.out,
+                nonce,
+            })
+            .await?
+        }
+    };
     cleanup(&mut services).await?;
-    write_outputs(&args, &rows, &fingerprints, started.elapsed())?;
-    let unexpected: u64 = rows.iter().map(|r| r.unexpected).sum();
+    write_outputs(&args, &rows, &proxied, &fingerprints, started.elapsed())?;
+    let unexpected: u64 = rows.iter().map(|r| r.unexpected).sum::<u64>()
+        + proxied.iter().map(|r| r.unexpected).sum::<u64>();
     if unexpected > 0 {
         anyhow::bail!("{unexpected} requests were not answered as expected (see the table)");
+    }
+    if let Some(r) = proxied
+        .iter()
+        .find(|r| r.phase == "replay" && r.upstream_calls > 0.0)
+    {
+        anyhow::bail!(
+            "proxy {}: replays reached the upstream ({:.3} calls per request)",
+            r.path,
+            r.upstream_calls
+        );
     }
     Ok(())
 }
 
 async fn connect_services(args: &Args) -> Result<Services> {
-    let needs_pg = args.modes.iter().any(|m| m.uses_postgres());
-    let needs_redis = args
-        .modes
-        .iter()
-        .any(|m| m.redis() == Some(RedisKind::Standalone));
-    let needs_cluster = args
-        .modes
-        .iter()
-        .any(|m| m.redis() == Some(RedisKind::Cluster));
+    let proxied: &[Mode] = if args.skip_proxy {
+        &[]
+    } else {
+        &args.proxy_modes
+    };
+    let modes = || args.modes.iter().chain(proxied);
+    let needs_pg = modes().any(|m| m.uses_postgres());
+    let needs_redis = modes().any(|m| m.redis() == Some(RedisKind::Standalone));
+    let needs_cluster = modes().any(|m| m.redis() == Some(RedisKind::Cluster));
     Ok(Services {
         pg: match needs_pg {
             true => Some(backend::Postgres::connect(&args.database_url).await?),
@@ -482,6 +563,7 @@ async fn counters(mode: Mode, s: &mut Services) -> Result<(Option<u64>, Option<u
 fn write_outputs(
     args: &Args,
     rows: &[Row],
+    proxied: &[proxy::ProxyRow],
     fingerprints: &[fingerprint::FingerprintRow],
     took: Duration,
 ) -> Result<()> {
@@ -517,6 +599,10 @@ fn write_outputs(
     }
     println!();
     print!("{}", report::cpu_table(rows));
+    if !proxied.is_empty() {
+        println!();
+        print!("{}", proxy::table(proxied));
+    }
     if !fingerprints.is_empty() {
         println!();
         print!("{}", fingerprint::table(fingerprints));
@@ -532,6 +618,7 @@ fn write_outputs(
         "title": title,
         "rows": rows,
         "rounds": all,
+        "proxy": proxied,
         "fingerprint": fingerprints,
     });
     write("results.json", serde_json::to_string_pretty(&json)?)?;

@@ -82,3 +82,26 @@ fn readme_route_file_reference_matches_the_parser() {
         "README.md's route file reference is out of date; replace it with:\n\n{expected}"
     );
 }
+
+/// Every variable compose.yaml gives the origin is one `idem-origin` reads.
+#[test]
+fn compose_sets_only_variables_the_origin_reads() {
+    let compose =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../compose.yaml")).unwrap();
+    let known: Vec<String> = Config::command()
+        .get_arguments()
+        .filter_map(|a| a.get_env().map(|e| e.to_string_lossy().into_owned()))
+        .collect();
+    let set: Vec<&str> = compose
+        .lines()
+        .filter_map(|l| l.trim().split_once(':').map(|(k, _)| k))
+        .filter(|k| k.starts_with("IDEM_") || *k == "DATABASE_URL")
+        .collect();
+    assert!(set.len() >= 10, "compose.yaml's origins: {set:?}");
+    for name in set {
+        assert!(
+            known.iter().any(|k| k == name),
+            "compose.yaml sets {name}, which idem-origin does not read"
+        );
+    }
+}

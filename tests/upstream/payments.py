@@ -13,6 +13,7 @@ POST /v1/fail/<status>   answers <status> without charging (a crashed or overloa
 POST /v1/nothing         answers 409 with the private release header: nothing happened
 POST /v1/broken          promises a body and hangs up part-way
 GET  /healthz            -> 200 ok
+GET  /calls              -> the number of POSTs so far, as text
 Every POST is counted in `calls`. Every charge row keeps the Idempotency-Key, the fencing token and the downstream key
 the proxy sent, so a test can see which request made which row.
 """
@@ -66,6 +67,16 @@ class Payments(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/healthz":
             self.answer(200, {"ok": True})
+        elif self.path == "/calls":
+            # How many POSTs it got, as a bare number (the bench reads it).
+            with sqlite3.connect(self.db_path, timeout=30) as db:
+                count = db.execute("SELECT count(*) FROM calls").fetchone()[0]
+            data = str(count).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
         else:
             self.answer(404, {"error": "not found"})
 
@@ -130,6 +141,7 @@ class Payments(BaseHTTPRequestHandler):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a container)")
     parser.add_argument("--db", required=True)
     parser.add_argument("--release-header", default="idem-release")
     args = parser.parse_args()
@@ -140,7 +152,7 @@ def main():
     Payments.release_header = args.release_header
     # A deep accept queue: the tests open hundreds of connections at once.
     ThreadingHTTPServer.request_queue_size = 1024
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), Payments)
+    server = ThreadingHTTPServer((args.host, args.port), Payments)
     server.daemon_threads = True
     server.serve_forever()
 

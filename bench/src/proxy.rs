@@ -1,0 +1,418 @@
+//! Proxy mode's cost: a plain charges API measured alone, then through
+//! `idem-origin --upstream` on a store, in the same run, by the same load generator.
+//!
+//! The upstream is this binary under another name (`bench-upstream`, a hard link),
+//! so that its CPU is told apart from the load generator's and the origin's. It
+//! answers `POST /v1/charges` with `201` and counts the requests it got, which the
+//! bench reads (`GET /calls`) to show that replays never reach it.
+
+use crate::load::{self, Keys};
+use crate::mode::{Mode, Targets};
+use crate::origin::OriginProcess;
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The environment variable that makes this binary the upstream, listening there.
+pub const SERVE_ENV: &str = "IDEM_BENCH_SERVE_UPSTREAM";
+/// The upstream's program name.
+pub const PROGRAM: &str = "bench-upstream";
+
+/// One measured phase: the upstream alone, or through idem on a store.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProxyRow {
+    /// The API behind idem: `builtin` or `python`.
+    pub upstream: &'static str,
+    /// `upstream alone`, or the store idem ran on.
+    pub path: String,
+    /// `unique` or `replay`.
+    pub phase: &'static str,
+    pub concurrency: usize,
+    pub requests_per_s: f64,
+    /// requests/s ÷ the upstream alone's, new keys, at the same concurrency.
+    pub ratio: Option<f64>,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// CPU of idem-origin per request, µs.
+    pub idem_cpu_us: f64,
+    /// CPU of the upstream per request, µs.
+    pub upstream_cpu_us: f64,
+    /// Requests the upstream got per request answered.
+    pub upstream_calls: f64,
+    pub unexpected: u64,
+}
+
+/// Serves the plain charges API on `addr` until killed (the upstream's process).
+pub async fn serve(addr: &str) -> Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    let calls = Arc::new(AtomicU64::new(0));
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let _ = stream.set_nodelay(true);
+        let calls = calls.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| answer(req, calls.clone()));
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+async fn answer(
+    req: Request<Incoming>,
+    calls: Arc<AtomicU64>,
+) -> Result<Response<Full<Bytes>>, hyper::Error> {
+    let (parts, body) = req.into_parts();
+    body.collect().await?;
+    let ok = |status: StatusCode, body: String| {
+        let mut res = Response::new(Full::new(Bytes::from(body)));
+        *res.status_mut() = status;
+        res
+    };
+    Ok(match (parts.method.as_str(), parts.uri.path()) {
+        ("GET", "/healthz") => ok(StatusCode::OK, "ok\n".into()),
+        ("GET", "/calls") => ok(StatusCode::OK, calls.load(Ordering::SeqCst).to_string()),
+        ("POST", "/v1/charges") => {
+            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            let mut res = ok(
+                StatusCode::CREATED,
+                format!(r#"{{"id":"ch_{n}","amount":1999,"currency":"usd"}}"#),
+            );
+            let headers = res.headers_mut();
+            headers.insert("content-type", "application/json".parse().unwrap());
+            headers.insert("location", format!("/v1/charges/ch_{n}").parse().unwrap());
+            res
+        }
+        _ => ok(StatusCode::NOT_FOUND, "not found\n".into()),
+    })
+}
+
+/// Which API the proxy comparison puts behind idem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum UpstreamKind {
+    /// `bench-upstream`: parses and answers, nothing else — idem's cost laid bare.
+    Builtin,
+    /// The tests' Python payments API (`tests/upstream/payments.py`: stdlib HTTP
+    /// server, a SQLite row per charge) — an API that does some work.
+    Python,
+}
+
+impl UpstreamKind {
+    fn label(self) -> &'static str {
+        match self {
+            UpstreamKind::Builtin => "builtin",
+            UpstreamKind::Python => "python",
+        }
+    }
+
+    /// Its program name, for its CPU.
+    fn program(self) -> &'static str {
+        match self {
+            UpstreamKind::Builtin => PROGRAM,
+            UpstreamKind::Python => "python3",
+        }
+    }
+}
+
+/// The upstream's process; killed on drop.
+struct UpstreamProcess {
+    child: Child,
+    addr: SocketAddr,
+    kind: UpstreamKind,
+}
+
+impl UpstreamProcess {
+    async fn start(kind: UpstreamKind, out: &Path, payments_py: &Path) -> Result<Self> {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let mut cmd = match kind {
+            UpstreamKind::Builtin => {
+                let me = std::env::current_exe()?;
+                let bin: PathBuf = out.join(PROGRAM);
+                let _ = std::fs::remove_file(&bin);
+                if std::fs::hard_link(&me, &bin).is_err() {
+                    std::fs::copy(&me, &bin)
+                        .with_context(|| format!("copying to {}", bin.display()))?;
+                }
+                let mut cmd = Command::new(bin);
+                cmd.env(SERVE_ENV, addr.to_string());
+                cmd
+            }
+            UpstreamKind::Python => {
+                let db = out.join("payments.sqlite");
+                for suffix in ["", "-wal", "-shm"] {
+                    let _ = std::fs::remove_file(format!("{}{suffix}", db.display()));
+                }
+                let mut cmd = Command::new("python3");
+                cmd.arg(payments_py)
+                    .arg("--port")
+                    .arg(addr.port().to_string())
+                    .arg("--db")
+                    .arg(db);
+                cmd
+            }
+        };
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting the {} upstream", kind.label()))?;
+        let upstream = UpstreamProcess { child, addr, kind };
+        load::wait_healthy(addr, Duration::from_secs(10)).await?;
+        Ok(upstream)
+    }
+
+    async fn calls(&self) -> Result<u64> {
+        let stream = tokio::net::TcpStream::connect(self.addr).await?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(conn);
+        let req = Request::get("/calls")
+            .header("host", "bench")
+            .body(Full::new(Bytes::new()))?;
+        let body = sender
+            .send_request(req)
+            .await?
+            .into_body()
+            .collect()
+            .await?;
+        Ok(String::from_utf8_lossy(&body.to_bytes()).trim().parse()?)
+    }
+}
+
+impl Drop for UpstreamProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What the proxy comparison needs from the bench's arguments.
+pub struct Settings<'a> {
+    pub bin: &'a Path,
+    pub upstreams: &'a [UpstreamKind],
+    pub payments_py: &'a Path,
+    pub targets: &'a Targets,
+    pub modes: &'a [Mode],
+    pub concurrency: &'a [usize],
+    pub warmup: Duration,
+    pub duration: Duration,
+    pub replay_keys: usize,
+    pub out: &'a Path,
+    pub nonce: u128,
+}
+
+/// Each upstream alone, then through idem on each store, at each concurrency.
+pub async fn run(s: &Settings<'_>) -> Result<Vec<ProxyRow>> {
+    let mut rows = Vec::new();
+    for &kind in s.upstreams {
+        rows.extend(run_one(s, kind).await?);
+    }
+    Ok(rows)
+}
+
+async fn run_one(s: &Settings<'_>, kind: UpstreamKind) -> Result<Vec<ProxyRow>> {
+    let upstream = UpstreamProcess::start(kind, s.out, s.payments_py).await?;
+    let url = format!("http://{}", upstream.addr);
+    let mut rows = Vec::new();
+    let mut alone = Vec::new();
+    for &c in s.concurrency {
+        let keys = Keys::Unique {
+            prefix: format!("pa{}-{}-{c}", s.nonce, kind.label()),
+        };
+        let row = measure(
+            s,
+            &upstream,
+            upstream.addr,
+            "upstream alone",
+            "unique",
+            c,
+            keys,
+            None,
+        )
+        .await?;
+        alone.push((c, row.requests_per_s));
+        rows.push(row);
+    }
+    for &mode in s.modes {
+        let mut args = mode.origin_args(s.targets);
+        args.extend(
+            [
+                "--upstream",
+                &url,
+                "--anonymous",
+                "scoped",
+                "--require-key-on",
+                "/v1/*",
+            ]
+            .map(String::from),
+        );
+        let log = s
+            .out
+            .join(format!("origin-proxy-{}-{}.log", kind.label(), mode.name()));
+        let origin = OriginProcess::start(s.bin, &args, log).await?;
+        for &c in s.concurrency {
+            let base = alone.iter().find(|(ac, _)| *ac == c).map(|(_, rps)| *rps);
+            let prefix = format!("p{}-{}-{}-{c}", s.nonce, kind.label(), mode.name());
+            let unique = Keys::Unique {
+                prefix: format!("u{prefix}"),
+            };
+            rows.push(
+                measure(
+                    s,
+                    &upstream,
+                    origin.addr,
+                    mode.name(),
+                    "unique",
+                    c,
+                    unique,
+                    base,
+                )
+                .await?,
+            );
+            let seed = Keys::Seed {
+                prefix: format!("r{prefix}"),
+                count: s.replay_keys,
+            };
+            let seeded = load::drive(
+                origin.addr,
+                c,
+                seed,
+                Duration::ZERO,
+                Duration::ZERO,
+                Arc::default(),
+            )
+            .await?;
+            if seeded.unexpected > 0 {
+                bail!(
+                    "proxy {}: seeding the replay keys got {} unexpected answers, e.g. {}",
+                    mode.name(),
+                    seeded.unexpected,
+                    seeded.unexpected_sample.unwrap_or_default()
+                );
+            }
+            let replay = Keys::Replay {
+                prefix: format!("r{prefix}"),
+                count: s.replay_keys,
+            };
+            rows.push(
+                measure(
+                    s,
+                    &upstream,
+                    origin.addr,
+                    mode.name(),
+                    "replay",
+                    c,
+                    replay,
+                    base,
+                )
+                .await?,
+            );
+        }
+    }
+    Ok(rows)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn measure(
+    s: &Settings<'_>,
+    upstream: &UpstreamProcess,
+    addr: SocketAddr,
+    path: &str,
+    phase: &'static str,
+    concurrency: usize,
+    keys: Keys,
+    base: Option<f64>,
+) -> Result<ProxyRow> {
+    let sent = Arc::new(AtomicU64::new(0));
+    let (warmup, duration) = (s.warmup, s.duration);
+    let load = {
+        let sent = sent.clone();
+        tokio::spawn(
+            async move { load::drive(addr, concurrency, keys, warmup, duration, sent).await },
+        )
+    };
+    tokio::time::sleep(warmup).await;
+    let (sent_before, calls_before, cpu_before) = (
+        sent.load(Ordering::Relaxed),
+        upstream.calls().await?,
+        crate::cpu::snapshot(),
+    );
+    let result = load.await.context("the load task panicked")??;
+    let cpu = cpu_before.until(&crate::cpu::snapshot());
+    let (sent_after, calls_after) = (sent.load(Ordering::Relaxed), upstream.calls().await?);
+    let answered = sent_after.saturating_sub(sent_before).max(1) as f64;
+    let rps = result.requests_per_s();
+    Ok(ProxyRow {
+        upstream: upstream.kind.label(),
+        path: path.to_owned(),
+        phase,
+        concurrency,
+        requests_per_s: rps,
+        ratio: base.filter(|b| *b > 0.0).map(|b| rps / b),
+        p50_ms: result.quantile_ms(0.5),
+        p99_ms: result.quantile_ms(0.99),
+        idem_cpu_us: cpu.seconds_of("idem-origin") / answered * 1e6,
+        upstream_cpu_us: cpu.seconds_of(upstream.kind.program()) / answered * 1e6,
+        upstream_calls: calls_after.saturating_sub(calls_before) as f64 / answered,
+        unexpected: result.unexpected,
+    })
+    .inspect(|_| {
+        if let Some(sample) = &result.unexpected_sample {
+            eprintln!("proxy {path} {phase}: unexpected answer: {sample}");
+        }
+    })
+}
+
+/// The table printed at the end of a run.
+pub fn table(rows: &[ProxyRow]) -> String {
+    let mut s = String::from(
+        "proxy mode: a plain charges API alone vs through idem-origin --upstream (ratio = req/s ÷ the API alone's, new keys, same conns)\n",
+    );
+    let _ = writeln!(
+        s,
+        "{:<8} {:<16} {:<6} {:>5} {:>9} {:>6} {:>7} {:>7} {:>12} {:>16} {:>15}",
+        "upstream",
+        "path",
+        "phase",
+        "conns",
+        "req/s",
+        "ratio",
+        "p50 ms",
+        "p99 ms",
+        "idem µs/req",
+        "upstream µs/req",
+        "upstream calls"
+    );
+    for r in rows {
+        let _ = writeln!(
+            s,
+            "{:<8} {:<16} {:<6} {:>5} {:>9.0} {:>6} {:>7.2} {:>7.2} {:>12.1} {:>16.1} {:>15.2}",
+            r.upstream,
+            r.path,
+            r.phase,
+            r.concurrency,
+            r.requests_per_s,
+            r.ratio.map_or_else(|| "-".into(), |v| format!("{v:.2}")),
+            r.p50_ms,
+            r.p99_ms,
+            r.idem_cpu_us,
+            r.upstream_cpu_us,
+            r.upstream_calls,
+        );
+    }
+    s
+}
