@@ -1,17 +1,23 @@
 //! The edge's settings, read from the worker's vars.
 
-use idem_core::contract::{Anonymous, ScopeRule, ScopeSource};
+use idem_core::contract::{Anonymous, JwtKeys, ScopeRule, ScopeSource};
 use idem_core::Policy;
 
-/// `SCOPE_FROM` (`authorization`, `header:<name>`, `jwt:<claim>`), `JWT_SECRET` (a
-/// Worker secret) and `ANONYMOUS` (`scoped`, `refused`), as the origin's flags.
+/// `SCOPE_FROM` (`authorization`, `header:<name>`, `jwt:<claim>`), `JWT_SECRET` (an
+/// HS256 key, a Worker secret) or `JWKS` (the identity provider's public keys, as
+/// JSON), and `ANONYMOUS` (`scoped`, `refused`), as the origin's flags.
 fn scope_rule(var: &impl Fn(&str) -> Option<String>) -> Result<ScopeRule, String> {
     // As the origin reads its secret file: a trailing newline is not part of it.
     let secret = var("JWT_SECRET").map(|s| s.trim_end_matches(['\r', '\n']).as_bytes().to_vec());
+    let keys = match (secret, var("JWKS")) {
+        (None, Some(jwks)) => Some(parsed_jwks(&jwks).map_err(|e| format!("JWKS: the JWKS: {e}"))?),
+        (secret, jwks) => JwtKeys::either(secret, jwks.as_deref().map(str::as_bytes))
+            .map_err(|e| format!("JWT_SECRET, JWKS: {e}"))?,
+    };
     let source = match var("SCOPE_FROM") {
         None => ScopeSource::Authorization,
-        Some(spec) => ScopeSource::parse(&spec, secret)
-            .map_err(|e| format!("SCOPE_FROM: {e} (JWT_SECRET gives the secret)"))?,
+        Some(spec) => ScopeSource::parse(&spec, keys)
+            .map_err(|e| format!("SCOPE_FROM: {e} (JWT_SECRET or JWKS gives it)"))?,
     };
     let anonymous = match var("ANONYMOUS").as_deref().map(str::trim) {
         None | Some("scoped") => Anonymous::Scoped,
@@ -23,6 +29,26 @@ fn scope_rule(var: &impl Fn(&str) -> Option<String>) -> Result<ScopeRule, String
         }
     };
     Ok(ScopeRule { source, anonymous })
+}
+
+thread_local! {
+    /// The last JWKS parsed, by its text: the vars are read on every request, and an
+    /// isolate runs one request at a time, so the keys are checked once per isolate.
+    static JWKS_PARSED: std::cell::RefCell<Option<(String, JwtKeys)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+fn parsed_jwks(text: &str) -> Result<JwtKeys, String> {
+    JWKS_PARSED.with(|cache| {
+        if let Some((cached, keys)) = cache.borrow().as_ref() {
+            if cached == text {
+                return Ok(keys.clone());
+            }
+        }
+        let keys = JwtKeys::from_jwks(text.as_bytes())?;
+        *cache.borrow_mut() = Some((text.to_owned(), keys.clone()));
+        Ok(keys)
+    })
 }
 
 /// The edge's settings (from the worker's vars).
@@ -242,5 +268,43 @@ mod tests {
             .unwrap_err()
             .contains("must not exceed TTL_MS"));
         assert!(with("TTL_MS", "86400000").is_ok());
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn reads_a_jwks_or_a_secret_never_both() {
+        let vectors: serde_json::Value =
+            serde_json::from_str(include_str!("../../shared/testdata/scope-vectors.json")).unwrap();
+        let jwks = vectors["jwks"].to_string();
+        let with = |vars: &[(&'static str, String)]| {
+            let vars = vars.to_vec();
+            EdgeConfig::from_vars(move |n| match n {
+                "ORIGIN_URL" => Some("http://o".into()),
+                "SCOPE_FROM" => Some("jwt:sub".into()),
+                n => vars.iter().find(|(k, _)| *k == n).map(|(_, v)| v.clone()),
+            })
+        };
+        for _ in 0..2 {
+            // (the second time from the cache)
+            let c = with(&[("JWKS", jwks.clone())]).unwrap();
+            assert_eq!(
+                format!("{:?}", c.scope.source),
+                "jwt:sub",
+                "parsed: {:?}",
+                c.scope
+            );
+            assert!(matches!(
+                c.scope.source,
+                ScopeSource::JwtClaim { keys: JwtKeys::Jwks(ref keys), .. } if keys.len() == 2
+            ));
+        }
+        let both = with(&[("JWKS", jwks.clone()), ("JWT_SECRET", "s".into())]).unwrap_err();
+        assert!(both.contains("not both"), "{both}");
+        let broken = with(&[("JWKS", "{\"keys\":[]}".into())]).unwrap_err();
+        assert!(
+            broken.starts_with("JWKS: the JWKS: it has no RS256 or ES256"),
+            "{broken}"
+        );
+        let neither = with(&[]).unwrap_err();
+        assert!(neither.contains("JWT_SECRET or JWKS"), "{neither}");
     }
 }

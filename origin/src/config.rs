@@ -2,7 +2,7 @@
 
 use clap::{Parser, ValueEnum};
 use idem::store::{Durability, PgStrategy};
-use idem_core::contract::{Anonymous, ScopeRule, ScopeSource};
+use idem_core::contract::{Anonymous, JwtKeys, ScopeRule, ScopeSource};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -244,7 +244,8 @@ pub struct Config {
     /// Who a key belongs to: `authorization` (the bearer token, hashed: a refreshed
     /// token is a new caller), `header:<name>` (a header's value: an API key, or a
     /// principal a trusted gateway sets), or `jwt:<claim>` (a claim of the bearer JWT,
-    /// verified with HS256 and --jwt-secret-file: a refreshed token keeps its scope).
+    /// verified with HS256 and --jwt-secret-file, or RS256/ES256 and --jwks-file: a
+    /// refreshed token keeps its scope).
     #[arg(long, env = "IDEM_SCOPE_FROM", default_value = "authorization")]
     pub scope_from: String,
 
@@ -252,6 +253,11 @@ pub struct Config {
     /// newline is not part of it).
     #[arg(long, env = "IDEM_JWT_SECRET_FILE")]
     pub jwt_secret_file: Option<std::path::PathBuf>,
+
+    /// The identity provider's public keys (a JWKS, JSON) for --scope-from
+    /// jwt:<claim> with RS256 or ES256 tokens; not with --jwt-secret-file.
+    #[arg(long, env = "IDEM_JWKS_FILE")]
+    pub jwks_file: Option<std::path::PathBuf>,
 
     /// A guarded request that says nowhere who it is. Without it: scoped for the demo,
     /// refused in proxy mode (idem can't tell an upstream's callers apart by itself).
@@ -288,18 +294,31 @@ impl Config {
     /// How a guarded request's scope is found (--scope-from, --jwt-secret-file,
     /// --anonymous); the error names the flag to fix.
     pub fn scope_rule(&self) -> Result<ScopeRule, String> {
+        let source = ScopeSource::parse(&self.scope_from, self.jwt_keys()?).map_err(|e| {
+            format!("--scope-from: {e} (--jwt-secret-file or --jwks-file gives it)")
+        })?;
+        Ok(ScopeRule {
+            source,
+            anonymous: self.anonymous_default(),
+        })
+    }
+
+    /// The keys of --jwt-secret-file or --jwks-file, if one is given.
+    pub fn jwt_keys(&self) -> Result<Option<JwtKeys>, String> {
         let secret = self
             .jwt_secret_file
             .as_deref()
             .map(read_secret)
             .transpose()
             .map_err(|e| format!("--jwt-secret-file {e}"))?;
-        let source = ScopeSource::parse(&self.scope_from, secret)
-            .map_err(|e| format!("--scope-from: {e} (--jwt-secret-file gives the secret)"))?;
-        Ok(ScopeRule {
-            source,
-            anonymous: self.anonymous_default(),
-        })
+        let jwks = self
+            .jwks_file
+            .as_deref()
+            .map(read_file)
+            .transpose()
+            .map_err(|e| format!("--jwks-file {e}"))?;
+        JwtKeys::either(secret, jwks.as_deref())
+            .map_err(|e| format!("--jwt-secret-file, --jwks-file: {e}"))
     }
 
     /// What a request without an identity gets, unless a route says otherwise.
@@ -417,12 +436,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 /// An HS256 key from `path`; a trailing newline is not part of it. The error starts
 /// with the path.
 pub fn read_secret(path: &std::path::Path) -> Result<Vec<u8>, String> {
-    let mut bytes =
-        std::fs::read(path).map_err(|e| format!("{}: cannot read it: {e}", path.display()))?;
+    let mut bytes = read_file(path)?;
     while bytes.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
         bytes.pop();
     }
     Ok(bytes)
+}
+
+/// The bytes of `path`; the error starts with the path.
+pub fn read_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("{}: cannot read it: {e}", path.display()))
 }
 
 /// A header name, e.g. `idem-release`.

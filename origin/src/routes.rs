@@ -21,7 +21,7 @@
 use crate::config::{parse_duration, Config};
 use http::Method;
 use idem::idempotency::IdempotencyLayer;
-use idem_core::contract::{self, Anonymous, ScopeRule, ScopeSource};
+use idem_core::contract::{self, Anonymous, JwtKeys, ScopeRule, ScopeSource};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -40,6 +40,7 @@ pub const ROUTE_KEYS: &[(&str, &str, &str)] = &[
     ("max_wait", r#""30s""#, "The most a request may wait, asked or by `wait`. Default: `--max-wait`."),
     ("scope_from", r#""jwt:sub""#, "Who a key belongs to, as `--scope-from`: `authorization`, `header:<name>` or `jwt:<claim>`. Default: `--scope-from`."),
     ("jwt_secret_file", r#""secrets/jwt""#, "The HS256 key for `jwt:<claim>`, relative to the route file. Default: `--jwt-secret-file`."),
+    ("jwks_file", r#""keys/jwks.json""#, "The identity provider's public keys (a JWKS) for `jwt:<claim>` with RS256 or ES256 tokens, relative to the route file; not with `jwt_secret_file`. Default: `--jwks-file`."),
     ("anonymous", r#""scoped""#, "A request that says nowhere who it is: `scoped` or `refused` (401). Default: `--anonymous`."),
 ];
 
@@ -62,6 +63,7 @@ struct RouteEntry {
     max_wait: Option<Spanned<String>>,
     scope_from: Option<Spanned<String>>,
     jwt_secret_file: Option<Spanned<String>>,
+    jwks_file: Option<Spanned<String>>,
     anonymous: Option<Spanned<String>>,
 }
 
@@ -243,36 +245,49 @@ fn check(entry: &RouteEntry, dir: &Path, flags: &Config) -> Result<Route, Proble
 
 /// The route's scope rule, when it changes any part of the flags'.
 fn scope(entry: &RouteEntry, dir: &Path, flags: &Config) -> Result<Option<ScopeRule>, Problem> {
-    if entry.scope_from.is_none() && entry.jwt_secret_file.is_none() && entry.anonymous.is_none() {
+    if entry.scope_from.is_none()
+        && entry.jwt_secret_file.is_none()
+        && entry.jwks_file.is_none()
+        && entry.anonymous.is_none()
+    {
         return Ok(None);
     }
-    let secret = match &entry.jwt_secret_file {
-        Some(file) => {
-            let path = dir.join(PathBuf::from(file.get_ref()));
-            Some(
-                crate::config::read_secret(&path)
-                    .map_err(|e| (file.span(), format!("jwt_secret_file: {e}")))?,
-            )
+    let read = |file: &Spanned<String>, key: &str, how: fn(&Path) -> Result<Vec<u8>, String>| {
+        how(&dir.join(PathBuf::from(file.get_ref())))
+            .map_err(|e| (file.span(), format!("{key}: {e}")))
+    };
+    let keys = match (&entry.jwt_secret_file, &entry.jwks_file) {
+        (None, None) => flags.jwt_keys().map_err(|e| (entry.path.span(), e))?,
+        (secret, jwks) => {
+            let secret = secret
+                .as_ref()
+                .map(|f| read(f, "jwt_secret_file", crate::config::read_secret))
+                .transpose()?;
+            let jwks_bytes = jwks
+                .as_ref()
+                .map(|f| read(f, "jwks_file", crate::config::read_file))
+                .transpose()?;
+            let span = jwks
+                .as_ref()
+                .or(entry.jwt_secret_file.as_ref())
+                .map_or(entry.path.span(), Spanned::span);
+            JwtKeys::either(secret, jwks_bytes.as_deref())
+                .map_err(|e| (span, format!("jwt_secret_file, jwks_file: {e}")))?
         }
-        None => flags
-            .jwt_secret_file
-            .as_deref()
-            .map(crate::config::read_secret)
-            .transpose()
-            .map_err(|e| (entry.path.span(), format!("--jwt-secret-file: {e}")))?,
     };
     let (spec, span) = match &entry.scope_from {
         Some(s) => (s.get_ref().as_str(), s.span()),
         None => (flags.scope_from.as_str(), entry.path.span()),
     };
-    let source = ScopeSource::parse(spec, secret).map_err(|e| {
-        let span = match (&entry.scope_from, &entry.jwt_secret_file) {
+    let source = ScopeSource::parse(spec, keys).map_err(|e| {
+        let file = entry.jwt_secret_file.as_ref().or(entry.jwks_file.as_ref());
+        let span = match (&entry.scope_from, file) {
             (None, Some(file)) => file.span(),
             _ => span,
         };
         (
             span,
-            format!("scope_from: {e} (jwt_secret_file gives the secret)"),
+            format!("scope_from: {e} (jwt_secret_file or jwks_file gives it)"),
         )
     })?;
     let anonymous = match &entry.anonymous {
@@ -319,6 +334,9 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("idem-routes-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("jwt"), "s3cret\n").unwrap();
+        let vectors: serde_json::Value =
+            serde_json::from_str(include_str!("../../shared/testdata/scope-vectors.json")).unwrap();
+        std::fs::write(dir.join("jwks.json"), vectors["jwks"].to_string()).unwrap();
         let text = r#"
 # payouts
 [[route]]
@@ -335,9 +353,19 @@ anonymous = "scoped"
 
 [[route]]
 path = "/v1/charges"
+
+[[route]]
+path = "/v1/refunds"
+scope_from = "jwt:sub"
+jwks_file = "jwks.json"
 "#;
         let routes = parse(text, "routes.toml", &dir, &flags(&[])).unwrap();
-        assert_eq!(routes.len(), 2);
+        assert_eq!(routes.len(), 3);
+        let refunds = routes[2].scope.as_ref().unwrap();
+        assert!(
+            matches!(&refunds.source, ScopeSource::JwtClaim { keys: JwtKeys::Jwks(keys), .. } if keys.len() == 2),
+            "{refunds:?}"
+        );
         let payouts = &routes[0];
         assert_eq!((payouts.path.as_str(), payouts.line), ("/v1/payouts/*", 4));
         assert_eq!(payouts.methods, Some(vec![Method::POST, Method::PUT]));
@@ -351,7 +379,7 @@ path = "/v1/charges"
             scope.source,
             ScopeSource::JwtClaim {
                 claim: "sub".into(),
-                secret: b"s3cret".to_vec()
+                keys: JwtKeys::Hs256(b"s3cret".to_vec())
             }
         );
         assert_eq!(scope.anonymous, Anonymous::Scoped);
@@ -387,6 +415,8 @@ path = "/v1/charges"
             ("[[route]]\npath = \"/a\"\nscope_from = \"jwt:sub\"\n", "routes.toml:3:14: scope_from: jwt:<claim> needs the HS256 secret"),
             ("[[route]]\npath = \"/a\"\njwt_secret_file = \"/nonexistent/jwt\"\n", "routes.toml:3:19: jwt_secret_file: /nonexistent/jwt: cannot read it"),
             ("[[route]]\npath = \"/a\"\nanonymous = \"maybe\"\n", "routes.toml:3:13: anonymous: \"maybe\" is not scoped or refused"),
+            ("[[route]]\npath = \"/a\"\nscope_from = \"jwt:sub\"\njwks_file = \"/etc/hostname\"\n", "routes.toml:4:13: jwt_secret_file, jwks_file: the JWKS: not JSON"),
+            ("[[route]]\npath = \"/a\"\njwt_secret_file = \"/etc/hostname\"\njwks_file = \"/etc/hostname\"\n", "routes.toml:4:13: jwt_secret_file, jwks_file: give the HS256 secret or the JWKS, not both"),
             // order
             ("[[route]]\npath = \"/a\"\n[[route]]\npath = \"/a\"\n", "routes.toml:4:8: route \"/a\" is listed twice: the route on line 2"),
             ("[[route]]\npath = \"/v1/*\"\n[[route]]\npath = \"/v1/charges\"\n", "routes.toml:4:8: route \"/v1/charges\" is never used: the route on line 2 (\"/v1/*\")"),

@@ -12,7 +12,9 @@ scope = SHA-256( u64be(len(tag)) tag, then for each part u64be(len) part ), with
                  Authorization value);
   header:<name>: tag "idem/scope/header/v1", parts: the lower-case name, the value;
   jwt:<claim>:   tag "idem/scope/jwt-claim/v1", parts: the claim, the canonical JSON of
-                 its value in the payload of an HS256 JWT whose signature, exp and nbf hold;
+                 its value in the payload of a JWT whose signature, exp and nbf hold:
+                 HS256 with the secret, or RS256 / ES256 with a key of the JWKS (its
+                 kid's, or the only one of its type; jws.py verifies them);
   anonymous:     tag "idem/scope/anonymous/v1", no parts.
 """
 
@@ -25,6 +27,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fingerprints import RawNumber, canonical_json  # noqa: E402  the same canonical JSON
+import jws  # noqa: E402
 
 SECRET = b"a secret of the gateway"
 NOW = 1_800_000_000
@@ -48,6 +51,76 @@ def sign(payload, secret=SECRET, header=b'{"alg":"HS256","typ":"JWT"}'):
     return signed + "." + b64(sig)
 
 
+# The JWKS: an RS256 key, an ES256 key, and the RSA key again marked for encryption
+# (ignored: a JWKS may hold keys that are not for signatures).
+RSA_N, RSA_E, RSA_D = jws.rsa_key(2048, "idem rsa-1")
+EC_D, EC_Q = jws.ec_key("idem ec-1")
+
+
+def unint(n, size=None):
+    return b64(n.to_bytes(size or (n.bit_length() + 7) // 8, "big"))
+
+
+JWKS = {
+    "keys": [
+        {"kty": "RSA", "kid": "rsa-1", "use": "sig", "alg": "RS256", "n": unint(RSA_N), "e": unint(RSA_E)},
+        {"kty": "EC", "kid": "ec-1", "crv": "P-256", "x": unint(EC_Q[0], 32), "y": unint(EC_Q[1], 32)},
+        {"kty": "RSA", "kid": "enc-1", "use": "enc", "n": unint(RSA_N), "e": unint(RSA_E)},
+    ]
+}
+
+
+def sign_jws(payload, alg, kid=None, seed="k"):
+    """A JWT of `payload` signed with the JWKS's RSA (RS256) or EC (ES256) key."""
+    header = {"alg": alg, "typ": "JWT"}
+    if kid is not None:
+        header["kid"] = kid
+    signed = (b64(json.dumps(header, separators=(",", ":")).encode()) + "." + b64(payload.encode())).encode()
+    if alg == "RS256":
+        sig = jws.rs256_sign(signed, RSA_N, RSA_D)
+    else:
+        sig = jws.es256_sign(signed, EC_D, seed)
+    return signed.decode() + "." + b64(sig)
+
+
+def verified(head, body, sig, header, keys):
+    """Whether the signature holds under `keys`: ("hs256", secret) or ("jwks", doc)."""
+    kind, material = keys
+    alg = header.get("alg")
+    signed = (head + "." + body).encode()
+    if kind == "hs256":
+        if alg != "HS256":
+            return False
+        expected = hmac.new(material, signed, hashlib.sha256).digest()
+        return hmac.compare_digest(unb64(sig), expected)
+    kty = {"RS256": "RSA", "ES256": "EC"}.get(alg)
+    if kty is None:
+        return False
+
+    def usable(k):
+        if k.get("use", "sig") != "sig":
+            return False
+        if k.get("kty") == "RSA":
+            return k.get("alg", "RS256") == "RS256"
+        return k.get("kty") == "EC" and k.get("crv") == "P-256" and k.get("alg", "ES256") == "ES256"
+
+    keys_ = [k for k in material["keys"] if usable(k)]
+    if "kid" in header:
+        if not isinstance(header["kid"], str) or isinstance(header["kid"], RawNumber):
+            return False
+        found = [k for k in keys_ if k.get("kid") == header["kid"]]
+    else:
+        found = [k for k in keys_ if k["kty"] == kty]
+    if len(found) != 1 or found[0]["kty"] != kty:
+        return False
+    key, signature = found[0], unb64(sig)
+    if kty == "RSA":
+        n, e = (int.from_bytes(unb64(key[c]), "big") for c in ("n", "e"))
+        return jws.rs256_verify(signed, signature, n, e)
+    point = tuple(int.from_bytes(unb64(key[c]), "big") for c in ("x", "y"))
+    return jws.es256_verify(signed, signature, point)
+
+
 def unb64(s):
     if "=" in s or len(s) % 4 == 1:
         raise ValueError("padding")
@@ -65,15 +138,12 @@ def strict_json(raw):
     return json.loads(raw, parse_int=RawNumber, parse_float=RawNumber)
 
 
-def claim_value(token, claim, secret):
+def claim_value(token, claim, keys):
     """The canonical bytes of the claim, or None when the token is not accepted."""
     try:
         head, body, sig = token.split(".")
         header = strict_json(unb64(head))
-        if not isinstance(header, dict) or header.get("alg") != "HS256":
-            return None
-        expected = hmac.new(secret, (head + "." + body).encode(), hashlib.sha256).digest()
-        if not hmac.compare_digest(unb64(sig), expected):
+        if not isinstance(header, dict) or not verified(head, body, sig, header, keys):
             return None
         raw = unb64(body)
         payload = strict_json(raw)
@@ -100,7 +170,7 @@ def claim_value(token, claim, secret):
     return canonical_json(json.dumps(v).encode())
 
 
-def scope(source, anonymous, headers):
+def scope(source, anonymous, headers, keys=("hs256", SECRET)):
     """The scope's hex, or the problem: identity-missing | identity-invalid."""
     def missing():
         return tagged(b"idem/scope/anonymous/v1", []) if anonymous == "scoped" else "identity-missing"
@@ -139,7 +209,7 @@ def scope(source, anonymous, headers):
         return missing()
     if v[:7].lower() != "bearer ":
         return "identity-invalid"
-    value = claim_value(v[7:].strip(), claim, SECRET)
+    value = claim_value(v[7:].strip(), claim, keys)
     if value is None:
         return "identity-invalid"
     return tagged(b"idem/scope/jwt-claim/v1", [claim.encode(), value])
@@ -190,7 +260,41 @@ def cases():
         ("api key sent twice", "header:x-api-key", "scoped", {"x-api-key": ["key-a", "key-b"]}),
         ("api key joined by a runtime", "header:x-api-key", "scoped", {"x-api-key": "key-a, key-b"}),
         ("authorization sent twice, first wins", "authorization", "scoped", {"authorization": ["Bearer sk_live_1", "Bearer other"]}),
+    ] + jwks_cases()
+
+
+def jwks_cases():
+    """(name, source, anonymous, headers, "jwks"): tokens checked against the JWKS."""
+    sub = '{"sub":"cus_1","exp":1900000000,"iat":1}'
+    bearer = lambda token: {"authorization": "Bearer " + token}  # noqa: E731
+    rs = sign_jws(sub, "RS256", "rsa-1")
+    es = sign_jws(sub, "ES256", "ec-1")
+    head, body, sig = es.split(".")
+    r, s_ = unb64(sig)[:32], unb64(sig)[32:]
+    der = lambda i: b"\x02" + bytes([len(i.lstrip(b"\x00")) + 1]) + b"\x00" + i.lstrip(b"\x00")  # noqa: E731
+    es_der = head + "." + body + "." + b64(b"\x30" + bytes([len(der(r) + der(s_))]) + der(r) + der(s_))
+    rsa_public = json.dumps(JWKS["keys"][0], separators=(",", ":")).encode()
+    cases = [
+        ("jwks rs256", bearer(rs)),
+        ("jwks es256", bearer(es)),
+        ("jwks es256, refreshed", bearer(sign_jws('{"iat":2,"sub":"cus_1","exp":1900000500}', "ES256", "ec-1", seed="k2"))),
+        ("jwks rs256 without kid, one rsa key", bearer(sign_jws(sub, "RS256"))),
+        ("jwks es256 without kid, one ec key", bearer(sign_jws(sub, "ES256"))),
+        ("jwks unknown kid", bearer(sign_jws(sub, "RS256", "rsa-2"))),
+        ("jwks kid of another type", bearer(sign_jws(sub, "RS256", "ec-1"))),
+        ("jwks kid of an encryption key", bearer(sign_jws(sub, "RS256", "enc-1"))),
+        ("jwks numeric kid", bearer(sign_jws(sub, "RS256", 1))),
+        ("jwks rs256 payload changed", bearer(rs.split(".")[0] + "." + b64(b'{"sub":"cus_2","exp":1900000000,"iat":1}') + "." + rs.split(".")[2])),
+        ("jwks es256 payload changed", bearer(head + "." + b64(b'{"sub":"cus_2","exp":1900000000,"iat":1}') + "." + sig)),
+        ("jwks es256 signature in DER", bearer(es_der)),
+        ("jwks rs256 signature cut", bearer(rs[:-4])),
+        ("jwks hs256 with the public key as secret", bearer(sign(sub, rsa_public, b'{"alg":"HS256","kid":"rsa-1"}'))),
+        ("jwks hs256 token", bearer(sign(sub))),
+        ("jwks alg none", bearer(sign(sub, header=b'{"alg":"none","kid":"rsa-1"}').rsplit(".", 1)[0] + ".")),
+        ("jwks es256 expired", bearer(sign_jws('{"sub":"cus_1","exp":1700000000}', "ES256", "ec-1"))),
+        ("jwks rs256 numeric sub", bearer(sign_jws('{"sub":42,"exp":1900000000}', "RS256", "rsa-1"))),
     ]
+    return [(name, "jwt:sub", "scoped", headers, "jwks") for name, headers in cases]
 
 
 def vectors():
@@ -199,16 +303,17 @@ def vectors():
             "name": name,
             "scope_from": source,
             "anonymous": anonymous,
+            "keys": keys,
             "headers": headers,
-            "expect": scope(source, anonymous, headers),
+            "expect": scope(source, anonymous, headers, ("jwks", JWKS) if keys == "jwks" else ("hs256", SECRET)),
         }
-        for name, source, anonymous, headers in cases()
+        for name, source, anonymous, headers, keys in (c if len(c) == 5 else (*c, "hs256") for c in cases())
     ]
 
 
 def main():
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scope-vectors.json")
-    doc = {"version": 1, "secret": SECRET.decode(), "now": NOW, "vectors": vectors()}
+    doc = {"version": 1, "secret": SECRET.decode(), "jwks": JWKS, "now": NOW, "vectors": vectors()}
     text = json.dumps(doc, indent=1) + "\n"
     if "--check" in sys.argv:
         with open(path) as f:

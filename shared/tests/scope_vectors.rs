@@ -2,7 +2,7 @@
 //! independent Python implementation, `testdata/scopes.py`): the origin's layer and
 //! the edge's worker both scope with this code, here checked on the host and in WASM.
 
-use idem_core::contract::{Anonymous, ScopeRule, ScopeSource};
+use idem_core::contract::{Anonymous, JwtKeys, ScopeRule, ScopeSource};
 use wasm_bindgen_test::wasm_bindgen_test;
 
 const VECTORS: &str = include_str!("../testdata/scope-vectors.json");
@@ -11,14 +11,25 @@ const VECTORS: &str = include_str!("../testdata/scope-vectors.json");
 fn scopes_match_the_shared_vectors() {
     let doc: serde_json::Value = serde_json::from_str(VECTORS).unwrap();
     let secret = doc["secret"].as_str().unwrap().as_bytes().to_vec();
+    let jwks = JwtKeys::from_jwks(doc["jwks"].to_string().as_bytes()).unwrap();
     let now = doc["now"].as_u64().unwrap();
     let vectors = doc["vectors"].as_array().unwrap();
-    assert!(vectors.len() >= 20, "only {} vectors", vectors.len());
+    assert!(vectors.len() >= 50, "only {} vectors", vectors.len());
+    assert!(
+        vectors.iter().filter(|v| v["keys"] == "jwks").count() >= 15,
+        "the RS256 and ES256 vectors are missing"
+    );
     let mut failures = Vec::new();
     for v in vectors {
         let rule = ScopeRule {
-            source: ScopeSource::parse(v["scope_from"].as_str().unwrap(), Some(secret.clone()))
-                .unwrap(),
+            source: ScopeSource::parse(
+                v["scope_from"].as_str().unwrap(),
+                Some(match v["keys"].as_str().unwrap() {
+                    "jwks" => jwks.clone(),
+                    _ => JwtKeys::Hs256(secret.clone()),
+                }),
+            )
+            .unwrap(),
             anonymous: match v["anonymous"].as_str().unwrap() {
                 "scoped" => Anonymous::Scoped,
                 _ => Anonymous::Refused,

@@ -766,6 +766,89 @@ anonymous = "scoped"
     );
 }
 
+/// An identity provider's tokens (RS256 and ES256, from the JWKS of the shared scope
+/// vectors) through real processes: one principal's tokens, of either algorithm and
+/// refreshed, are one caller — one charge; a token whose payload was changed, or an
+/// HS256 token signed with the public key, is refused before anything reaches the API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_of_an_identity_provider_keep_their_principal_s_scope() {
+    let vectors: serde_json::Value =
+        serde_json::from_str(include_str!("../../shared/testdata/scope-vectors.json")).unwrap();
+    let token = |name: &str| -> String {
+        let v = vectors["vectors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("no vector {name:?}"));
+        v["headers"]["authorization"].as_str().unwrap().to_owned()
+    };
+    let jwks = std::env::temp_dir().join(format!("idem-jwks-{}.json", std::process::id()));
+    std::fs::write(&jwks, vectors["jwks"].to_string()).unwrap();
+    let payments = Payments::start().await;
+    let origin = proxy(
+        &payments,
+        &[
+            "--scope-from",
+            "jwt:sub",
+            "--jwks-file",
+            jwks.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let http = client();
+    let mut seen = Vec::new();
+    for name in [
+        "jwks rs256",
+        "jwks es256",
+        "jwks es256, refreshed",
+        "jwks es256 payload changed",
+        "jwks hs256 with the public key as secret",
+        "jwks unknown kid",
+    ] {
+        let res = http
+            .post(origin.url("/v1/charges"))
+            .header("idempotency-key", "idp-1")
+            .header("content-type", "application/json")
+            .header("authorization", token(name))
+            .body(charge_body("cus_1", 100, 0))
+            .send()
+            .await
+            .unwrap();
+        let replayed = res.headers().contains_key("idempotent-replayed");
+        let status = res.status().as_u16();
+        seen.push((
+            name,
+            status,
+            replayed,
+            problem_type(&res.text().await.unwrap()),
+        ));
+    }
+    let (charges, calls) = (payments.charges_for("idp-1"), payments.calls_for("idp-1"));
+    let _ = std::fs::remove_file(&jwks);
+    report(
+        "upstream",
+        &format!("an identity provider's tokens (--jwks-file): {seen:?} -> {charges} charge, {calls} call"),
+    );
+    let answers: Vec<(u16, bool)> = seen.iter().map(|s| (s.1, s.2)).collect();
+    assert_eq!(
+        answers,
+        [
+            (201, false),
+            (201, true),
+            (201, true),
+            (401, false),
+            (401, false),
+            (401, false)
+        ],
+        "{seen:?}"
+    );
+    assert!(seen[3..]
+        .iter()
+        .all(|s| s.3 == "urn:idem:problem:identity-invalid"));
+    assert_eq!((charges, calls), (1, 1));
+}
+
 /// Proxy mode keeps to its own tables: the database is the user's, and the demo's
 /// `charges` table (and its readiness check) has no place in it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

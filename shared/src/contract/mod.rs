@@ -13,6 +13,7 @@
 //! their requests into these values and write these answers out.
 
 pub mod answer;
+pub mod jwt;
 pub mod problem;
 pub mod request;
 pub mod scope;
@@ -22,6 +23,7 @@ pub use answer::{
     edge_ttl_ms, forwarded_headers, forwarded_request_header, relayed_answer_header,
     relayed_answer_headers, replay_headers, stored_headers, stored_headers_of, OriginDisposition,
 };
+pub use jwt::JwtKeys;
 pub use problem::{Problem, Rejection};
 pub use request::{check_declared_length, fingerprint, guards, listed, route, Route};
 pub use scope::{Anonymous, ScopeRule, ScopeSource};

@@ -5,12 +5,14 @@
 //!   a refreshed token is a new caller;
 //! * `header:<name>` — a header's value, hashed: a principal id set by a trusted
 //!   gateway, or an API key;
-//! * `jwt:<claim>` — a claim of the bearer JWT, once its HS256 signature, `exp` and
-//!   `nbf` are checked: a refreshed token of the same principal keeps its scope.
+//! * `jwt:<claim>` — a claim of the bearer JWT, once its signature (HS256 with a
+//!   secret, or RS256 / ES256 with a JWKS: [`JwtKeys`]), `exp` and `nbf` are checked: a
+//!   refreshed token of the same principal keeps its scope.
 //!
 //! A request with no identity is scoped `anonymous` or refused (401), as configured; a
 //! JWT that does not verify is always refused, never taken for anonymous.
 
+pub use super::jwt::JwtKeys;
 use super::{Problem, Rejection};
 use crate::json;
 use crate::Scope;
@@ -26,12 +28,12 @@ pub enum ScopeSource {
     Authorization,
     /// This header's value (a lower-case name), hashed.
     Header(String),
-    /// This claim of the bearer JWT, verified with HS256 and `secret`.
+    /// This claim of the bearer JWT, its signature verified with `keys`.
     JwtClaim {
         /// The claim, e.g. `sub`.
         claim: String,
-        /// The HS256 key.
-        secret: Vec<u8>,
+        /// The HS256 secret, or a JWKS's public keys.
+        keys: JwtKeys,
     },
 }
 
@@ -75,9 +77,9 @@ impl Default for ScopeRule {
 }
 
 impl ScopeSource {
-    /// Parses `authorization`, `header:<name>` or `jwt:<claim>`; a JWT needs `secret`.
+    /// Parses `authorization`, `header:<name>` or `jwt:<claim>`; a JWT needs `keys`.
     /// The error names what is wrong.
-    pub fn parse(spec: &str, secret: Option<Vec<u8>>) -> Result<ScopeSource, String> {
+    pub fn parse(spec: &str, keys: Option<JwtKeys>) -> Result<ScopeSource, String> {
         let spec = spec.trim();
         if spec.eq_ignore_ascii_case("authorization") {
             return Ok(ScopeSource::Authorization);
@@ -95,12 +97,15 @@ impl ScopeSource {
             if claim.is_empty() {
                 return Err("jwt: needs a claim, e.g. jwt:sub".into());
             }
-            return match secret {
-                Some(secret) if !secret.is_empty() => Ok(ScopeSource::JwtClaim {
+            return match keys {
+                Some(JwtKeys::Hs256(secret)) if secret.is_empty() => {
+                    Err("jwt:<claim> needs the HS256 secret, and it is empty".into())
+                }
+                Some(keys) => Ok(ScopeSource::JwtClaim {
                     claim: claim.into(),
-                    secret,
+                    keys,
                 }),
-                _ => Err("jwt:<claim> needs the HS256 secret".into()),
+                None => Err("jwt:<claim> needs the HS256 secret or a JWKS".into()),
             };
         }
         Err(format!(
@@ -142,12 +147,12 @@ impl ScopeRule {
                 Some(value) if !value.is_empty() => Ok(Scope::from_header(name, value)),
                 _ => self.anonymous(&format!("send the {name} header")),
             },
-            ScopeSource::JwtClaim { claim, secret } => {
+            ScopeSource::JwtClaim { claim, keys } => {
                 let Some(value) = single("authorization")? else {
                     return self.anonymous("send Authorization: Bearer <JWT>");
                 };
                 let token = bearer(value).ok_or_else(|| invalid("not a bearer token"))?;
-                let payload = verify_hs256(token, secret, now_secs).map_err(invalid)?;
+                let payload = verify_jwt(token, keys, now_secs).map_err(invalid)?;
                 match member(&payload, claim) {
                     Some(v) if identity(v) => Ok(Scope::from_claim(claim, v)),
                     _ => Err(invalid(&format!(
@@ -196,6 +201,12 @@ fn bearer(value: &[u8]) -> Option<&[u8]> {
 
 /// The canonical JSON payload of an HS256 JWT whose signature, `exp` and `nbf` hold.
 pub fn verify_hs256(token: &[u8], secret: &[u8], now_secs: u64) -> Result<Vec<u8>, &'static str> {
+    verify_jwt(token, &JwtKeys::Hs256(secret.to_vec()), now_secs)
+}
+
+/// The canonical JSON payload of a JWT whose signature (under `keys`), `exp` and `nbf`
+/// hold.
+pub fn verify_jwt(token: &[u8], keys: &JwtKeys, now_secs: u64) -> Result<Vec<u8>, &'static str> {
     let mut parts = token.split(|b| *b == b'.');
     let (Some(head), Some(body), Some(sig), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -205,15 +216,11 @@ pub fn verify_hs256(token: &[u8], secret: &[u8], now_secs: u64) -> Result<Vec<u8
     let header = b64url(head)
         .and_then(|h| json::canonicalize(&h).ok())
         .ok_or("its header is not JSON")?;
-    // Only HS256: "none" and every other algorithm are refused, whatever the token says.
-    if member(&header, "alg") != Some(b"\"HS256\"") {
-        return Err("only HS256 tokens are accepted");
-    }
+    // Only the algorithms of `keys`: "none" and every other are refused, whatever the
+    // token says.
     let signature = b64url(sig).ok_or("its signature is not base64url")?;
     let signed = &token[..head.len() + 1 + body.len()];
-    if !same(&signature, &hmac_sha256(secret, signed)) {
-        return Err("its signature does not verify");
-    }
+    keys.check(&header, signed, &signature)?;
     let payload = b64url(body)
         .and_then(|p| json::canonicalize(&p).ok())
         .filter(|p| p.first() == Some(&b'{'))
@@ -285,7 +292,7 @@ fn string_end(s: &[u8], start: usize) -> Option<usize> {
 }
 
 /// The index just past the value starting at `start`: its `,` or closing `}`.
-fn value_end(s: &[u8], start: usize) -> Option<usize> {
+pub(crate) fn value_end(s: &[u8], start: usize) -> Option<usize> {
     let mut depth = 0usize;
     let mut i = start;
     while i < s.len() {
@@ -303,7 +310,7 @@ fn value_end(s: &[u8], start: usize) -> Option<usize> {
 }
 
 /// Base64url without padding (RFC 7515), strictly: no padding, no stray bits.
-fn b64url(s: &[u8]) -> Option<Vec<u8>> {
+pub(crate) fn b64url(s: &[u8]) -> Option<Vec<u8>> {
     let digit = |c: u8| match c {
         b'A'..=b'Z' => Some(c - b'A'),
         b'a'..=b'z' => Some(c - b'a' + 26),
@@ -354,7 +361,7 @@ pub fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
 }
 
 /// Equal, in time that does not depend on where they differ.
-fn same(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -374,7 +381,7 @@ pub fn sign_hs256(payload: &str, secret: &[u8]) -> String {
     format!("{signed}.{sig}")
 }
 
-fn b64url_encode(bytes: &[u8]) -> String {
+pub(crate) fn b64url_encode(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
     let mut out = String::with_capacity(bytes.len() * 4 / 3 + 2);
     for chunk in bytes.chunks(3) {
@@ -404,7 +411,7 @@ mod tests {
     fn jwt() -> ScopeSource {
         ScopeSource::JwtClaim {
             claim: "sub".into(),
-            secret: SECRET.to_vec(),
+            keys: JwtKeys::Hs256(SECRET.to_vec()),
         }
     }
 
@@ -546,7 +553,7 @@ mod tests {
             ScopeSource::parse("header:X-Api-Key", None),
             Ok(ScopeSource::Header("x-api-key".into()))
         );
-        let jwt = ScopeSource::parse("jwt:sub", Some(b"s3cret".to_vec())).unwrap();
+        let jwt = ScopeSource::parse("jwt:sub", Some(JwtKeys::Hs256(b"s3cret".to_vec()))).unwrap();
         assert!(!format!("{jwt:?}").contains("s3cret"));
         assert!(ScopeSource::parse("jwt:sub", None)
             .unwrap_err()

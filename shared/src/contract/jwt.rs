@@ -1,0 +1,340 @@
+//! The keys a JWT's signature is checked with: an HS256 secret, or the RS256 and ES256
+//! public keys of a JWKS (RFC 7517) — an identity provider's published keys, so that
+//! idem needs no secret of its own.
+//!
+//! With a JWKS only RS256 and ES256 are accepted: an HS256 token is refused whatever it
+//! says (an attacker who signs with the public key as an HMAC secret gets nowhere). A
+//! token's `kid` picks the key; without one, the JWKS must hold exactly one key of the
+//! token's type. Keys that are not for signatures (`use` other than `sig`), of other
+//! types (`oct`, `OKP`, other curves) or for other algorithms are left out; a key that
+//! is malformed makes the whole JWKS an error, so a broken file fails at start-up.
+
+use super::scope::{b64url, hmac_sha256, member, same, value_end};
+use crate::json;
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+use p256::ecdsa::signature::Verifier;
+use rsa::traits::PublicKeyParts;
+use sha2::{Digest, Sha256};
+
+/// What a JWT's signature is checked with.
+#[derive(Clone, PartialEq, Eq)]
+pub enum JwtKeys {
+    /// HS256 with this secret.
+    Hs256(Vec<u8>),
+    /// RS256 or ES256 with one of these public keys.
+    Jwks(Vec<Jwk>),
+}
+
+/// One public key of a JWKS.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Jwk {
+    /// Its `kid`, as canonical JSON (with its quotes), if it has one.
+    kid: Option<Vec<u8>>,
+    key: PublicKey,
+}
+
+#[derive(Clone, PartialEq, Eq)]
+enum PublicKey {
+    Rs256(rsa::RsaPublicKey),
+    Es256(p256::ecdsa::VerifyingKey),
+}
+
+impl core::fmt::Debug for JwtKeys {
+    /// Names the kind of keys and their ids; never shows a secret.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            JwtKeys::Hs256(_) => f.write_str("HS256 secret"),
+            JwtKeys::Jwks(keys) => {
+                f.write_str("JWKS [")?;
+                for (i, k) in keys.iter().enumerate() {
+                    let kind = match k.key {
+                        PublicKey::Rs256(_) => "RS256",
+                        PublicKey::Es256(_) => "ES256",
+                    };
+                    let kid = k.kid.as_deref().map(String::from_utf8_lossy);
+                    let sep = if i == 0 { "" } else { ", " };
+                    write!(f, "{sep}{kind} {}", kid.as_deref().unwrap_or("(no kid)"))?;
+                }
+                f.write_str("]")
+            }
+        }
+    }
+}
+
+/// RFC 7518 §3.3: an RS256 key is at least 2048 bits.
+const MIN_RSA_BITS: usize = 2048;
+
+impl JwtKeys {
+    /// The keys a deployment gives: an HS256 secret, a JWKS, or neither — not both (a
+    /// verifier that took either would let an HS256 token signed with a public key
+    /// through).
+    pub fn either(secret: Option<Vec<u8>>, jwks: Option<&[u8]>) -> Result<Option<JwtKeys>, String> {
+        match (secret, jwks) {
+            (Some(_), Some(_)) => Err("give the HS256 secret or the JWKS, not both".into()),
+            (Some(secret), None) => Ok(Some(JwtKeys::Hs256(secret))),
+            (None, Some(jwks)) => JwtKeys::from_jwks(jwks)
+                .map(Some)
+                .map_err(|e| format!("the JWKS: {e}")),
+            (None, None) => Ok(None),
+        }
+    }
+
+    /// The RS256 and ES256 signing keys of the JWKS `text`. The error says which key is
+    /// wrong and how.
+    pub fn from_jwks(text: &[u8]) -> Result<JwtKeys, String> {
+        let doc =
+            json::canonicalize(text).map_err(|e| format!("not JSON (at byte {})", e.offset))?;
+        let keys = member(&doc, "keys")
+            .filter(|k| k.first() == Some(&b'['))
+            .ok_or("it has no \"keys\" array")?;
+        let mut usable: Vec<Jwk> = Vec::new();
+        for (i, key) in elements(keys).into_iter().enumerate() {
+            let Some(jwk) = jwk(key).map_err(|why| format!("key {i}: {why}"))? else {
+                continue;
+            };
+            if jwk.kid.is_some() && usable.iter().any(|k| k.kid == jwk.kid) {
+                let kid = String::from_utf8_lossy(jwk.kid.as_deref().unwrap_or_default());
+                return Err(format!("key {i}: kid {kid} is used twice"));
+            }
+            usable.push(jwk);
+        }
+        if usable.is_empty() {
+            return Err("it has no RS256 or ES256 signing key".into());
+        }
+        Ok(JwtKeys::Jwks(usable))
+    }
+
+    /// Whether `signature` over `signed` holds for a token whose canonical header is
+    /// `header`.
+    pub(crate) fn check(
+        &self,
+        header: &[u8],
+        signed: &[u8],
+        signature: &[u8],
+    ) -> Result<(), &'static str> {
+        let alg = member(header, "alg");
+        let keys = match self {
+            JwtKeys::Hs256(secret) => {
+                if alg != Some(b"\"HS256\"") {
+                    return Err("only HS256 tokens are accepted");
+                }
+                return match same(signature, &hmac_sha256(secret, signed)) {
+                    true => Ok(()),
+                    false => Err("its signature does not verify"),
+                };
+            }
+            JwtKeys::Jwks(keys) => keys,
+        };
+        let rsa = match alg {
+            Some(b"\"RS256\"") => true,
+            Some(b"\"ES256\"") => false,
+            _ => return Err("only RS256 and ES256 tokens are accepted"),
+        };
+        let is_rsa = |k: &&Jwk| matches!(k.key, PublicKey::Rs256(_));
+        let key = match member(header, "kid") {
+            Some(kid) if kid.first() == Some(&b'"') => keys
+                .iter()
+                .find(|k| k.kid.as_deref() == Some(kid))
+                .ok_or("its kid names no signing key of the JWKS")?,
+            Some(_) => return Err("its kid is not a string"),
+            None => {
+                let mut of_type = keys.iter().filter(|k| is_rsa(k) == rsa);
+                match (of_type.next(), of_type.next()) {
+                    (Some(key), None) => key,
+                    (None, _) => return Err("the JWKS has no key for its alg"),
+                    (Some(_), Some(_)) => {
+                        return Err("it names no kid and the JWKS has several keys for its alg")
+                    }
+                }
+            }
+        };
+        let verified = match (&key.key, rsa) {
+            (PublicKey::Rs256(k), true) => k
+                .verify(
+                    rsa::Pkcs1v15Sign::new::<Sha256>(),
+                    &Sha256::digest(signed),
+                    signature,
+                )
+                .is_ok(),
+            (PublicKey::Es256(k), false) => p256::ecdsa::Signature::from_slice(signature)
+                .is_ok_and(|sig| k.verify(signed, &sig).is_ok()),
+            _ => return Err("its kid names a key of another type"),
+        };
+        verified
+            .then_some(())
+            .ok_or("its signature does not verify")
+    }
+}
+
+/// The key of the canonical JWK object `key`; `None` when it is not an RS256 or ES256
+/// signing key.
+fn jwk(key: &[u8]) -> Result<Option<Jwk>, String> {
+    if key.first() != Some(&b'{') {
+        return Err("not an object".into());
+    }
+    let field = |name: &str| member(key, name);
+    let is = |name: &str, value: &[u8]| field(name) == Some(value);
+    if field("use").is_some_and(|u| u != b"\"sig\"") {
+        return Ok(None);
+    }
+    let kid = match field("kid") {
+        None => None,
+        Some(kid) if kid.first() == Some(&b'"') => Some(kid.to_vec()),
+        Some(_) => return Err("its kid is not a string".into()),
+    };
+    let bytes = |name: &str| -> Result<Vec<u8>, String> {
+        field(name)
+            .and_then(|v| v.strip_prefix(b"\"")?.strip_suffix(b"\""))
+            .and_then(b64url)
+            .ok_or_else(|| format!("its {name} is missing or not base64url"))
+    };
+    let key = if is("kty", b"\"RSA\"") {
+        if field("alg").is_some_and(|a| a != b"\"RS256\"") {
+            return Ok(None);
+        }
+        let n = rsa::BigUint::from_bytes_be(&bytes("n")?);
+        let e = rsa::BigUint::from_bytes_be(&bytes("e")?);
+        let key = rsa::RsaPublicKey::new(n, e).map_err(|e| format!("not an RSA key: {e}"))?;
+        if key.n().bits() < MIN_RSA_BITS {
+            return Err(format!(
+                "its modulus has {} bits; RS256 needs at least {MIN_RSA_BITS}",
+                key.n().bits()
+            ));
+        }
+        PublicKey::Rs256(key)
+    } else if is("kty", b"\"EC\"") && is("crv", b"\"P-256\"") {
+        if field("alg").is_some_and(|a| a != b"\"ES256\"") {
+            return Ok(None);
+        }
+        let (x, y) = (bytes("x")?, bytes("y")?);
+        if x.len() != 32 || y.len() != 32 {
+            return Err("a P-256 key's x and y are 32 bytes each".into());
+        }
+        let mut point = Vec::with_capacity(65);
+        point.push(4);
+        point.extend_from_slice(&x);
+        point.extend_from_slice(&y);
+        let key = p256::ecdsa::VerifyingKey::from_sec1_bytes(&point)
+            .map_err(|_| String::from("its point is not on P-256"))?;
+        PublicKey::Es256(key)
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(Jwk { kid, key }))
+}
+
+/// The elements of the canonical JSON array `array`.
+fn elements(array: &[u8]) -> Vec<&[u8]> {
+    let mut out = Vec::new();
+    let mut i = 1;
+    if array.get(i) == Some(&b']') {
+        return out;
+    }
+    while let Some(end) = value_end(array, i) {
+        out.push(&array[i..end]);
+        if array[end] == b']' {
+            break;
+        }
+        i = end + 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use alloc::string::ToString;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    const VECTORS: &str = include_str!("../../testdata/scope-vectors.json");
+
+    fn jwks() -> String {
+        let doc: serde_json::Value = serde_json::from_str(VECTORS).unwrap();
+        doc["jwks"].to_string()
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn reads_the_signing_keys_and_leaves_the_rest_out() {
+        let keys = JwtKeys::from_jwks(jwks().as_bytes()).unwrap();
+        assert_eq!(
+            format!("{keys:?}"),
+            "JWKS [RS256 \"rsa-1\", ES256 \"ec-1\"]",
+            "the encryption key is left out"
+        );
+        assert_eq!(
+            format!("{:?}", JwtKeys::Hs256(b"s3cret".to_vec())),
+            "HS256 secret"
+        );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_broken_jwks_is_an_error_that_says_why() {
+        let good: serde_json::Value = serde_json::from_str(&jwks()).unwrap();
+        let with = |f: &dyn Fn(&mut serde_json::Value)| {
+            let mut doc = good.clone();
+            f(&mut doc);
+            JwtKeys::from_jwks(doc.to_string().as_bytes()).unwrap_err()
+        };
+        let cases: &[(&str, String)] = &[
+            ("not JSON", JwtKeys::from_jwks(b"{").unwrap_err()),
+            (
+                "no \"keys\"",
+                JwtKeys::from_jwks(b"{\"kty\":\"RSA\"}").unwrap_err(),
+            ),
+            (
+                "no RS256 or ES256",
+                JwtKeys::from_jwks(b"{\"keys\":[{\"kty\":\"oct\",\"k\":\"AA\"}]}").unwrap_err(),
+            ),
+            (
+                "key 0: its n is missing",
+                with(&|d| {
+                    d["keys"][0].as_object_mut().unwrap().remove("n");
+                }),
+            ),
+            (
+                "key 0: its e is missing or not base64url",
+                with(&|d| d["keys"][0]["e"] = "AQ=".into()),
+            ),
+            (
+                "key 1: a P-256 key's x and y",
+                with(&|d| d["keys"][1]["x"] = "AAAA".into()),
+            ),
+            (
+                "key 1: its point is not on P-256",
+                with(&|d| {
+                    let y = d["keys"][1]["y"].as_str().unwrap();
+                    let flipped = if y.starts_with('A') {
+                        y.replacen('A', "B", 1)
+                    } else {
+                        format!("A{}", &y[1..])
+                    };
+                    d["keys"][1]["y"] = flipped.into();
+                }),
+            ),
+            (
+                "key 1: kid \"rsa-1\" is used twice",
+                with(&|d| d["keys"][1]["kid"] = "rsa-1".into()),
+            ),
+            (
+                "key 0: its kid is not a string",
+                with(&|d| d["keys"][0]["kid"] = 7.into()),
+            ),
+            (
+                "key 0: its modulus has 1024 bits",
+                with(&|d| {
+                    // The first 128 bytes of a 2048-bit modulus, made odd: 1024 bits.
+                    let n = b64url(d["keys"][0]["n"].as_str().unwrap().as_bytes()).unwrap();
+                    let mut short = n[..128].to_vec();
+                    short[127] |= 1;
+                    d["keys"][0]["n"] = super::super::scope::b64url_encode(&short).into();
+                }),
+            ),
+            ("key 2: not an object", with(&|d| d["keys"][2] = "x".into())),
+        ];
+        for (expected, got) in cases {
+            assert!(got.contains(expected), "expected {expected:?} in {got:?}");
+        }
+    }
+}
