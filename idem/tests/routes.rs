@@ -158,3 +158,48 @@ async fn a_route_s_default_wait_turns_a_409_into_the_first_answer() {
     );
     assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
+
+/// A route's own scope follows the resource, not its spelling: a retry sent to
+/// `/v1/charges/` (or `//v1/charges`, `/v1/%63harges`), which most servers take for
+/// `/v1/charges`, is under the route's scope too — so it meets the first attempt's
+/// record (422: not the same request) instead of a fresh scope that runs it again.
+#[tokio::test]
+async fn a_retry_on_another_spelling_of_a_route_s_path_does_not_run_again() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(Arc::new(MemoryStore::new())).route("/v1/charges", |r| {
+        r.scope(|parts| {
+            let tenant = parts
+                .headers
+                .get("x-tenant")
+                .map_or(&b""[..], |v| v.as_bytes());
+            Scope::from_header("x-tenant", tenant)
+        })
+    });
+    let app = app(layer, calls.clone(), Duration::ZERO);
+    let headers = [
+        ("idempotency-key", "spelled-1"),
+        ("authorization", "Bearer gateway"),
+        ("x-tenant", "t1"),
+    ];
+    let mut seen = vec![send(&app, "POST", "/v1/charges", &headers).await];
+    for spelling in [
+        "/v1/charges/",
+        "//v1/charges",
+        "/v1/%63harges",
+        "/v1/./charges",
+    ] {
+        seen.push(send(&app, "POST", spelling, &headers).await);
+    }
+    assert_eq!(
+        seen,
+        [
+            (201, false),
+            (422, false),
+            (422, false),
+            (422, false),
+            (422, false)
+        ],
+        "each spelling met the first attempt's record"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "charged once");
+}

@@ -49,13 +49,88 @@ pub fn guards(methods: &[impl AsRef<str>], method: &str) -> bool {
     methods.iter().any(|m| m.as_ref() == method)
 }
 
-/// Whether `path` is one of `paths`: equal to one, or starting with one that ends in
-/// `*` (`/v1/*` lists `/v1/charges` and `/v1/refunds/7`; `/v1*` lists `/v10` too).
+/// Whether `path` is one of `paths`: equal to one; under one that ends in `/*` (`/v1/*`
+/// lists `/v1`, `/v1/charges` and `/v1/refunds/7`); or starting with one that ends in
+/// another `*` (`/v1*` lists `/v10` too). Paths are compared in their [`normal_path`]
+/// form, so that the spellings a server takes for one resource (`/v1//charges/`,
+/// `/v1/%63harges`) get that resource's settings — and the same scope, where a route
+/// has its own.
 pub fn listed(paths: &[impl AsRef<str>], path: &str) -> bool {
-    paths.iter().any(|p| match p.as_ref().strip_suffix('*') {
-        Some(prefix) => path.starts_with(prefix),
-        None => p.as_ref() == path,
+    let path = normal_path(path);
+    paths.iter().any(|p| {
+        let p = p.as_ref();
+        if let Some(base) = p.strip_suffix("/*") {
+            let base = normal_path(base);
+            let base = base.trim_end_matches('/');
+            path == base
+                || (path.starts_with(base) && path.as_bytes().get(base.len()) == Some(&b'/'))
+        } else if let Some(prefix) = p.strip_suffix('*') {
+            path.starts_with(prefix)
+        } else {
+            normal_path(p) == path
+        }
     })
+}
+
+/// `path` as servers commonly take it (RFC 3986 §6.2.2): percent-encoded unreserved
+/// characters decoded (`%63` is `c`; other escapes kept, their hex in capitals), `.`
+/// and `..` segments removed, repeated slashes collapsed, no trailing slash (but `/`).
+/// Borrowed when it is already so.
+pub fn normal_path(path: &str) -> Cow<'_, str> {
+    let plain = path.starts_with('/')
+        && !path.contains("//")
+        && !path.contains('%')
+        && (path.len() == 1 || !path.ends_with('/'))
+        && !path.split('/').any(|s| s == "." || s == "..");
+    if plain {
+        return Cow::Borrowed(path);
+    }
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let bytes = path.as_bytes();
+    let mut decoded = String::with_capacity(path.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            if let (Some(h), Some(l)) = (
+                bytes.get(i + 1).copied().and_then(hex),
+                bytes.get(i + 2).copied().and_then(hex),
+            ) {
+                let c = h << 4 | l;
+                if c.is_ascii_alphanumeric() || b"-._~".contains(&c) {
+                    decoded.push(char::from(c));
+                } else {
+                    decoded.push('%');
+                    decoded.push(char::from(bytes[i + 1].to_ascii_uppercase()));
+                    decoded.push(char::from(bytes[i + 2].to_ascii_uppercase()));
+                }
+                i += 3;
+                continue;
+            }
+        }
+        // Whole characters: the path is text, and every byte above is ASCII.
+        let ch = path[i..].chars().next().unwrap_or('\u{fffd}');
+        decoded.push(ch);
+        i += ch.len_utf8();
+    }
+    let mut segments: alloc::vec::Vec<&str> = alloc::vec::Vec::new();
+    for segment in decoded.split('/') {
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    let mut out = String::with_capacity(decoded.len());
+    for s in &segments {
+        out.push('/');
+        out.push_str(s);
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    Cow::Owned(out)
 }
 
 /// Refuses a guarded request whose declared `Content-Length` is over `limit`
@@ -208,7 +283,7 @@ mod tests {
     }
 
     #[wasm_bindgen_test(unsupported = test)]
-    fn listed_paths_are_exact_or_a_prefix_ending_in_a_star() {
+    fn listed_paths_are_exact_under_a_segment_or_a_prefix() {
         let paths = ["/v1/charges", "/v2/*"];
         assert!(listed(&paths, "/v1/charges"));
         assert!(
@@ -217,8 +292,45 @@ mod tests {
         );
         assert!(listed(&paths, "/v2/"));
         assert!(listed(&paths, "/v2/refunds/7"));
-        assert!(!listed(&paths, "/v2"));
+        assert!(listed(&paths, "/v2"), "/v2/* covers /v2 itself");
+        assert!(!listed(&paths, "/v20"), "a segment, not a prefix");
+        assert!(listed(&["/v2*"], "/v20"), "a plain prefix");
         assert!(listed(&["*"], "/anything"));
+        assert!(listed(&["/*"], "/anything"));
+        assert!(listed(&["/*"], "/"));
         assert!(!listed(&[] as &[&str], "/v1/charges"));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn spellings_of_one_path_are_listed_alike() {
+        for spelling in [
+            "/v1/charges/",
+            "//v1/charges",
+            "/v1//charges",
+            "/v1/%63harges",
+            "/v1/%63%68arges",
+            "/v1/./charges",
+            "/v1/x/../charges",
+            "/v1/charges/.",
+        ] {
+            assert_eq!(normal_path(spelling), "/v1/charges", "{spelling}");
+            assert!(listed(&["/v1/charges"], spelling), "{spelling}");
+            assert!(listed(&["/v1/charges/*"], spelling), "{spelling}");
+        }
+        assert!(matches!(normal_path("/v1/charges"), Cow::Borrowed(_)));
+        assert_eq!(
+            normal_path("/a%2fb"),
+            "/a%2Fb",
+            "an escaped slash is not a slash"
+        );
+        assert_eq!(normal_path("/a%zz"), "/a%zz");
+        assert_eq!(normal_path("/a%"), "/a%");
+        assert_eq!(normal_path("/caf\u{e9}/%41"), "/caf\u{e9}/A");
+        assert_eq!(normal_path("/../.."), "/");
+        assert_eq!(normal_path(""), "/");
+        assert!(
+            !listed(&["/v1/charges"], "/V1/charges"),
+            "paths are case-sensitive"
+        );
     }
 }
