@@ -56,7 +56,7 @@ async fn each_route_has_its_own_settings_and_the_rest_the_layer_s() {
             strict
                 .require_key_when(|_| true)
                 .methods([http::Method::POST, http::Method::PUT])
-                .ttl(Duration::from_millis(200))
+                .ttl(Duration::from_secs(1))
         })
         .route("/by-tenant", |tenant| {
             tenant.scope(|parts| {
@@ -80,7 +80,7 @@ async fn each_route_has_its_own_settings_and_the_rest_the_layer_s() {
     assert_eq!(send(&app, "PUT", "/strict/a", &key).await, (201, true));
     assert_eq!(send(&app, "PUT", "/loose", &key).await, (201, false));
     assert_eq!(send(&app, "PUT", "/loose", &key).await, (201, false));
-    // /strict/*'s 200 ms TTL: replayed, then expired and run again; elsewhere 24 h.
+    // /strict/*'s 1 s TTL: replayed, then expired and run again; elsewhere 24 h.
     // (Keys belong to the caller, not the path: another path needs another key.)
     let (key, other) = (
         [("idempotency-key", "k-ttl")],
@@ -89,7 +89,7 @@ async fn each_route_has_its_own_settings_and_the_rest_the_layer_s() {
     assert_eq!(send(&app, "POST", "/strict/b", &key).await, (201, false));
     assert_eq!(send(&app, "POST", "/strict/b", &key).await, (201, true));
     assert_eq!(send(&app, "POST", "/other", &other).await, (201, false));
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
     assert_eq!(send(&app, "POST", "/strict/b", &key).await, (201, false));
     assert_eq!(send(&app, "POST", "/other", &other).await, (201, true));
     // /by-tenant scopes by X-Tenant, whoever's token it is.

@@ -185,7 +185,20 @@ pub fn layer(config: &Config, store: Arc<dyn Store>) -> Result<IdempotencyLayer,
         .max_wait(config.max_wait)
         .max_body_bytes(config.max_body_bytes)
         .max_stored_body_bytes(config.max_stored_body_bytes);
-    let layer = crate::routes::add_routes(layer, &config.routes()?);
+    let routes = config.routes()?;
+    let flags_scope = config.scope_rule()?;
+    for route in &routes {
+        if let Some(scope) = route.scope().filter(|s| **s != flags_scope) {
+            tracing::warn!(
+                route = %route.path,
+                line = route.line,
+                scope = %scope.source,
+                flags = %flags_scope.source,
+                "this route scopes keys its own way: an edge in front applies one rule (SCOPE_FROM) to every path, so give the edge this rule or put no edge in front of this route"
+            );
+        }
+    }
+    let layer = crate::routes::add_routes(layer, &routes);
     Ok(match (config.max_execution.is_zero(), &config.upstream) {
         (false, _) => layer.max_execution(config.max_execution),
         // An upstream that stalls mid-answer must not hold its key for ever.

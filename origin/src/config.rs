@@ -342,7 +342,6 @@ impl Config {
     /// Checks the combinations clap can't; the message names the flag to fix.
     pub fn validate(&self) -> Result<(), String> {
         self.scope_rule()?;
-        self.routes()?;
         if let Some(url) = &self.upstream {
             crate::proxy::parse_upstream_url(url)?;
             if self.upstream_timeout.is_zero() {
@@ -404,6 +403,8 @@ impl Config {
         if self.store_timeout.is_zero() || self.sweep_interval.is_zero() {
             return Err("--store-timeout and --sweep-interval must be greater than zero".into());
         }
+        // Last: a route's error must not stand for a flag's.
+        self.routes()?;
         Ok(())
     }
 }

@@ -31,11 +31,11 @@ use toml::Spanned;
 /// The keys of a `[[route]]`: (key, example, meaning), as the README's reference
 /// shows them (a test keeps the two in step, and this list with the parser's).
 pub const ROUTE_KEYS: &[(&str, &str, &str)] = &[
-    ("path", r#""/v1/payouts/*""#, "Required. The path, exact or a prefix ending in `*`. Routes are tried in file order and the first match wins; a route an earlier one always matches first is an error."),
-    ("methods", r#"["POST", "PUT"]"#, "The methods guarded on this path; others pass through. Default: POST and PATCH. GET, HEAD and OPTIONS can't be guarded."),
+    ("path", r#""/v1/payouts/*""#, "Required. The path: exact, `<path>/*` (the path and everything under it), or a prefix ending in `*`, in visible ASCII and in normal form (no `//`, `.` or `..` segments, trailing `/` or needless `%` escapes). Requests are matched in normal form too, so `/v1/charges/` and `/v1/%63harges` get `/v1/charges`'s route. Routes are tried in file order and the first match wins; a route an earlier one always matches first is an error."),
+    ("methods", r#"["POST", "PUT"]"#, "The methods guarded on this path, instead of the flags' (not in addition); others pass through. Not empty. Default: POST and PATCH. GET, HEAD and OPTIONS can't be guarded."),
     ("require_key", "true", "Whether a guarded request without an `Idempotency-Key` is refused with `400`. Default: whether `--require-key-on` lists the path."),
-    ("ttl", r#""7d""#, "How long an answer is replayed. Default: `--ttl`."),
-    ("lease", r#""10s""#, "How long a claim lives without a heartbeat. Default: `--lease`; at most `ttl`."),
+    ("ttl", r#""7d""#, "How long an answer is replayed; at least 1s. Default: `--ttl`."),
+    ("lease", r#""10s""#, "How long a claim lives without a heartbeat; at least 100ms, at most `ttl`. Default: `--lease`."),
     ("wait", r#""5s""#, "How long a retry that finds its key in flight waits for the first answer when it sends no `Prefer: wait` (a stated one wins). Default: 0, `409` at once; at most `max_wait`."),
     ("max_wait", r#""30s""#, "The most a request may wait, asked or by `wait`. Default: `--max-wait`."),
     ("scope_from", r#""jwt:sub""#, "Who a key belongs to, as `--scope-from`: `authorization`, `header:<name>` or `jwt:<claim>`. Default: `--scope-from`."),
@@ -84,6 +84,11 @@ pub struct Route {
 }
 
 impl Route {
+    /// The route's own scope rule, if it has one.
+    pub fn scope(&self) -> Option<&ScopeRule> {
+        self.scope.as_ref()
+    }
+
     /// `layer` with this route's settings.
     pub fn apply(&self, mut layer: IdempotencyLayer) -> IdempotencyLayer {
         if let Some(methods) = &self.methods {
@@ -170,11 +175,28 @@ type Problem = (std::ops::Range<usize>, String);
 fn check(entry: &RouteEntry, dir: &Path, flags: &Config) -> Result<Route, Problem> {
     let path = entry.path.get_ref();
     let star = path.find('*');
-    if !path.starts_with('/') || star.is_some_and(|at| at != path.len() - 1) {
+    let visible = |c: char| c.is_ascii_graphic() && !matches!(c, '?' | '#');
+    if !path.starts_with('/')
+        || star.is_some_and(|at| at != path.len() - 1)
+        || !path.chars().all(visible)
+    {
         return Err((
             entry.path.span(),
-            format!("path {path:?} must start with / and may end in * (a prefix), e.g. \"/v1/payouts/*\""),
+            format!("path {path:?} must start with /, hold visible ASCII without ? or #, and may end in * (a prefix) or /* (a path and what is under it), e.g. \"/v1/payouts/*\""),
         ));
+    }
+    // As requests are matched: in normal form (a pattern written otherwise would
+    // never match, or not where it seems to).
+    if !path.ends_with('*') || path.ends_with("/*") {
+        let base = path.strip_suffix("/*").unwrap_or(path);
+        let normal = contract::normal_path(base);
+        if normal != base && !(base.is_empty() && path == "/*") {
+            let star = if path.ends_with("/*") { "/*" } else { "" };
+            return Err((
+                entry.path.span(),
+                format!("path {path:?} is matched as \"{normal}{star}\": write it so"),
+            ));
+        }
     }
     let duration =
         |value: &Option<Spanned<String>>, key: &str| -> Result<Option<Duration>, Problem> {
@@ -185,12 +207,20 @@ fn check(entry: &RouteEntry, dir: &Path, flags: &Config) -> Result<Route, Proble
         };
     let ttl = duration(&entry.ttl, "ttl")?;
     let lease = duration(&entry.lease, "lease")?;
+    // The edge's floors: below them every retry finds the claim expired or the answer
+    // gone, and runs again.
+    if lease.is_some_and(|l| l < Duration::from_millis(100)) {
+        return Err((span_of_lease(entry), "lease must be at least 100ms".into()));
+    }
+    if ttl.is_some_and(|t| t < Duration::from_secs(1)) {
+        return Err((
+            entry.ttl.as_ref().map_or(entry.path.span(), Spanned::span),
+            "ttl must be at least 1s".into(),
+        ));
+    }
     let wait = duration(&entry.wait, "wait")?;
     let max_wait = duration(&entry.max_wait, "max_wait")?;
     let span_of = |v: &Option<Spanned<String>>| v.as_ref().map_or(entry.path.span(), Spanned::span);
-    if lease.is_some_and(|l| l.is_zero()) {
-        return Err((span_of(&entry.lease), "lease must be more than 0".into()));
-    }
     let (eff_ttl, eff_lease) = (ttl.unwrap_or(flags.ttl), lease.unwrap_or(flags.lease));
     if eff_ttl < eff_lease {
         let span = if ttl.is_some() {
@@ -213,6 +243,12 @@ fn check(entry: &RouteEntry, dir: &Path, flags: &Config) -> Result<Route, Proble
     let methods = match &entry.methods {
         None => None,
         Some(list) => {
+            if list.get_ref().is_empty() {
+                return Err((
+                    list.span(),
+                    "methods: an empty list would guard nothing on this path; leave the path out of the file instead, or name the methods".into(),
+                ));
+            }
             let mut methods = Vec::new();
             for m in list.get_ref() {
                 let name = m.get_ref().trim().to_ascii_uppercase();
@@ -241,6 +277,13 @@ fn check(entry: &RouteEntry, dir: &Path, flags: &Config) -> Result<Route, Proble
         max_wait,
         scope,
     })
+}
+
+fn span_of_lease(entry: &RouteEntry) -> std::ops::Range<usize> {
+    entry
+        .lease
+        .as_ref()
+        .map_or(entry.path.span(), Spanned::span)
 }
 
 /// The route's scope rule, when it changes any part of the flags'.
@@ -408,7 +451,14 @@ jwks_file = "jwks.json"
             ("[[route]]\npath = \"v1/a\"\n", "routes.toml:2:8: path \"v1/a\" must start with /"),
             ("[[route]]\npath = \"/v1/*/a\"\n", "routes.toml:2:8: path"),
             ("[[route]]\npath = \"/a\"\nttl = \"1s\"\n", "routes.toml:3:7: ttl (1s) must be at least lease (30s)"),
-            ("[[route]]\npath = \"/a\"\nlease = \"0s\"\n", "routes.toml:3:9: lease must be more than 0"),
+            ("[[route]]\npath = \"/a\"\nlease = \"0s\"\n", "routes.toml:3:9: lease must be at least 100ms"),
+            ("[[route]]\npath = \"/a\"\nlease = \"1ms\"\n", "routes.toml:3:9: lease must be at least 100ms"),
+            ("[[route]]\npath = \"/a\"\nttl = \"500ms\"\nlease = \"100ms\"\n", "routes.toml:3:7: ttl must be at least 1s"),
+            ("[[route]]\npath = \"/a\"\nmethods = []\n", "routes.toml:3:11: methods: an empty list would guard nothing"),
+            ("[[route]]\npath = \"/a?b=1\"\n", "routes.toml:2:8: path \"/a?b=1\" must start with /"),
+            ("[[route]]\npath = \"/caf\u{e9}\"\n", "routes.toml:2:8: path"),
+            ("[[route]]\npath = \"/v1/charges/\"\n", "routes.toml:2:8: path \"/v1/charges/\" is matched as \"/v1/charges\": write it so"),
+            ("[[route]]\npath = \"/v1//x/*\"\n", "routes.toml:2:8: path \"/v1//x/*\" is matched as \"/v1/x/*\": write it so"),
             ("[[route]]\npath = \"/a\"\nwait = \"1m\"\n", "routes.toml:3:8: wait (60s) is more than max_wait (10s)"),
             ("[[route]]\npath = \"/a\"\nmethods = [\"POST\", \"GET\"]\n", "routes.toml:3:20: methods: \"GET\" cannot be guarded"),
             ("[[route]]\npath = \"/a\"\nscope_from = \"cookie:x\"\n", "routes.toml:3:14: scope_from: \"cookie:x\""),

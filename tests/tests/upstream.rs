@@ -336,7 +336,16 @@ async fn server_errors_are_answers_and_a_client_that_leaves_still_gets_its_charg
         .await;
     let timed_out = gave_up.as_ref().is_err_and(reqwest::Error::is_timeout);
     tokio::time::sleep(Duration::from_millis(2_000)).await;
-    let retry = post(&http, &origin.url("/v1/charges"), "gone-1", body).await;
+    // (Prefer: wait, in case the charge is still running on a slow machine.)
+    let retry = http
+        .post(origin.url("/v1/charges"))
+        .header("idempotency-key", "gone-1")
+        .header("content-type", "application/json")
+        .header("prefer", "wait=10")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
     let retry_status = retry.status().as_u16();
     let retry_replayed = retry.headers().contains_key("idempotent-replayed");
     let (charges, calls) = (payments.charges_for("gone-1"), payments.calls_for("gone-1"));
@@ -344,7 +353,7 @@ async fn server_errors_are_answers_and_a_client_that_leaves_still_gets_its_charg
         "upstream",
         &format!(
             "500 then its retry, calls: {:?}; 504: {:?}; a client that gave up after 300 ms on a 1.5 s charge: \
-             timed out={timed_out}, its retry 2 s later {retry_status} replayed={retry_replayed}, {charges} charge, {calls} call",
+             timed out={timed_out}, its retry 2 s later (Prefer: wait=10) {retry_status} replayed={retry_replayed}, {charges} charge, {calls} call",
             &seen[..3],
             &seen[3..]
         ),
@@ -722,7 +731,15 @@ anonymous = "scoped"
     let no_key = send("/v1/charges", None, Some("key-a"), 0).await;
     // The first attempt takes a second; its retry, 200 ms later, states no wait.
     let first = tokio::spawn(send("/v1/charges", Some("r-1"), Some("key-a"), 1_000));
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Once the upstream has it, so the retry is the second.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while payments.calls_for("r-1") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the first attempt never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let waited = send("/v1/charges", Some("r-1"), Some("key-a"), 1_000).await;
     let first = first.await.unwrap();
     let other_caller = send("/v1/charges", Some("r-1"), Some("key-b"), 0).await;
