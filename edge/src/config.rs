@@ -1,22 +1,28 @@
 //! The edge's settings, read from the worker's vars.
 
-use idem_core::contract::{Anonymous, JwtKeys, ScopeRule, ScopeSource};
+use idem_core::contract::{Anonymous, JwtKeys, JwtVerifier, ScopeRule, ScopeSource};
 use idem_core::Policy;
 
 /// `SCOPE_FROM` (`authorization`, `header:<name>`, `jwt:<claim>`), `JWT_SECRET` (an
 /// HS256 key, a Worker secret) or `JWKS` (the identity provider's public keys, as
-/// JSON), and `ANONYMOUS` (`scoped`, `refused`), as the origin's flags.
+/// JSON) with `JWT_ISSUER` and `JWT_AUDIENCE`, and `ANONYMOUS` (`scoped`, `refused`),
+/// as the origin's flags.
 fn scope_rule(var: &impl Fn(&str) -> Option<String>) -> Result<ScopeRule, String> {
     // As the origin reads its secret file: a trailing newline is not part of it.
     let secret = var("JWT_SECRET").map(|s| s.trim_end_matches(['\r', '\n']).as_bytes().to_vec());
     let keys = match (secret, var("JWKS")) {
-        (None, Some(jwks)) => Some(parsed_jwks(&jwks).map_err(|e| format!("JWKS: the JWKS: {e}"))?),
+        (None, Some(jwks)) => Some(parsed_jwks(&jwks).map_err(|e| format!("JWKS: {e}"))?),
         (secret, jwks) => JwtKeys::either(secret, jwks.as_deref().map(str::as_bytes))
             .map_err(|e| format!("JWT_SECRET, JWKS: {e}"))?,
     };
+    let (issuer, audience) = (var("JWT_ISSUER"), var("JWT_AUDIENCE"));
+    let jwt = keys
+        .map(|keys| JwtVerifier::new(keys, issuer.as_deref(), audience.as_deref()))
+        .transpose()
+        .map_err(|e| format!("JWT_ISSUER, JWT_AUDIENCE: {e}"))?;
     let source = match var("SCOPE_FROM") {
         None => ScopeSource::Authorization,
-        Some(spec) => ScopeSource::parse(&spec, keys)
+        Some(spec) => ScopeSource::parse(&spec, jwt)
             .map_err(|e| format!("SCOPE_FROM: {e} (JWT_SECRET or JWKS gives it)"))?,
     };
     let anonymous = match var("ANONYMOUS").as_deref().map(str::trim) {
@@ -285,7 +291,12 @@ mod tests {
         };
         for _ in 0..2 {
             // (the second time from the cache)
-            let c = with(&[("JWKS", jwks.clone())]).unwrap();
+            let c = with(&[
+                ("JWKS", jwks.clone()),
+                ("JWT_ISSUER", "https://id.example".into()),
+                ("JWT_AUDIENCE", "payments".into()),
+            ])
+            .unwrap();
             assert_eq!(
                 format!("{:?}", c.scope.source),
                 "jwt:sub",
@@ -294,15 +305,20 @@ mod tests {
             );
             assert!(matches!(
                 c.scope.source,
-                ScopeSource::JwtClaim { keys: JwtKeys::Jwks(ref keys), .. } if keys.len() == 2
+                ScopeSource::JwtClaim { ref jwt, .. } if matches!(jwt.keys(), JwtKeys::Jwks(keys) if keys.len() == 2)
             ));
         }
         let both = with(&[("JWKS", jwks.clone()), ("JWT_SECRET", "s".into())]).unwrap_err();
         assert!(both.contains("not both"), "{both}");
         let broken = with(&[("JWKS", "{\"keys\":[]}".into())]).unwrap_err();
         assert!(
-            broken.starts_with("JWKS: the JWKS: it has no RS256 or ES256"),
+            broken.starts_with("JWKS: it has no RS256 or ES256"),
             "{broken}"
+        );
+        let no_audience = with(&[("JWKS", jwks.clone()), ("JWT_ISSUER", "i".into())]).unwrap_err();
+        assert!(
+            no_audience.starts_with("JWT_ISSUER, JWT_AUDIENCE: a JWKS's keys"),
+            "{no_audience}"
         );
         let neither = with(&[]).unwrap_err();
         assert!(neither.contains("JWT_SECRET or JWKS"), "{neither}");

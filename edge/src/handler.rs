@@ -57,7 +57,12 @@ fn var(env: &Env, name: &str) -> Option<String> {
     Some(match (value.as_string(), value.as_f64()) {
         (Some(text), _) => text,
         (None, Some(number)) => number.to_string(),
-        // An object or a flag: shown as such, and refused by the config's checks.
+        // A table in wrangler's [vars] (a JWKS written as one) arrives as an object:
+        // its JSON. A flag or anything else: shown as such, and refused by the checks.
+        (None, None) if value.is_object() => worker::js_sys::JSON::stringify(&value)
+            .ok()
+            .and_then(|s| s.as_string())
+            .unwrap_or_else(|| format!("{value:?}")),
         (None, None) => format!("{value:?}"),
     })
 }

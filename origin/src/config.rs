@@ -2,7 +2,7 @@
 
 use clap::{Parser, ValueEnum};
 use idem::store::{Durability, PgStrategy};
-use idem_core::contract::{Anonymous, JwtKeys, ScopeRule, ScopeSource};
+use idem_core::contract::{Anonymous, JwtKeys, JwtVerifier, ScopeRule, ScopeSource};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -259,6 +259,15 @@ pub struct Config {
     #[arg(long, env = "IDEM_JWKS_FILE")]
     pub jwks_file: Option<std::path::PathBuf>,
 
+    /// The issuer (`iss`) a token must name; required with --jwks-file.
+    #[arg(long, env = "IDEM_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+
+    /// The audience (`aud`, or one of its list) a token must name; required with
+    /// --jwks-file.
+    #[arg(long, env = "IDEM_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+
     /// A guarded request that says nowhere who it is. Without it: scoped for the demo,
     /// refused in proxy mode (idem can't tell an upstream's callers apart by itself).
     #[arg(long, env = "IDEM_ANONYMOUS", value_enum)]
@@ -294,7 +303,7 @@ impl Config {
     /// How a guarded request's scope is found (--scope-from, --jwt-secret-file,
     /// --anonymous); the error names the flag to fix.
     pub fn scope_rule(&self) -> Result<ScopeRule, String> {
-        let source = ScopeSource::parse(&self.scope_from, self.jwt_keys()?).map_err(|e| {
+        let source = ScopeSource::parse(&self.scope_from, self.jwt_verifier()?).map_err(|e| {
             format!("--scope-from: {e} (--jwt-secret-file or --jwks-file gives it)")
         })?;
         Ok(ScopeRule {
@@ -319,6 +328,17 @@ impl Config {
             .map_err(|e| format!("--jwks-file {e}"))?;
         JwtKeys::either(secret, jwks.as_deref())
             .map_err(|e| format!("--jwt-secret-file, --jwks-file: {e}"))
+    }
+
+    /// How a JWT is accepted: the keys of --jwt-secret-file or --jwks-file, and
+    /// --jwt-issuer and --jwt-audience; none without keys.
+    pub fn jwt_verifier(&self) -> Result<Option<JwtVerifier>, String> {
+        jwt_verifier(
+            self.jwt_keys()?,
+            self.jwt_issuer.as_deref(),
+            self.jwt_audience.as_deref(),
+        )
+        .map_err(|e| format!("--jwt-issuer, --jwt-audience: {e}"))
     }
 
     /// What a request without an identity gets, unless a route says otherwise.
@@ -442,6 +462,16 @@ pub fn read_secret(path: &std::path::Path) -> Result<Vec<u8>, String> {
         bytes.pop();
     }
     Ok(bytes)
+}
+
+/// A verifier for `keys`, if any, requiring `issuer` and `audience` when given.
+pub fn jwt_verifier(
+    keys: Option<JwtKeys>,
+    issuer: Option<&str>,
+    audience: Option<&str>,
+) -> Result<Option<JwtVerifier>, String> {
+    keys.map(|keys| JwtVerifier::new(keys, issuer, audience))
+        .transpose()
 }
 
 /// The bytes of `path`; the error starts with the path.

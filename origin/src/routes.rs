@@ -21,6 +21,8 @@
 use crate::config::{parse_duration, Config};
 use http::Method;
 use idem::idempotency::IdempotencyLayer;
+#[cfg(test)]
+use idem_core::contract::JwtVerifier;
 use idem_core::contract::{self, Anonymous, JwtKeys, ScopeRule, ScopeSource};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -41,6 +43,8 @@ pub const ROUTE_KEYS: &[(&str, &str, &str)] = &[
     ("scope_from", r#""jwt:sub""#, "Who a key belongs to, as `--scope-from`: `authorization`, `header:<name>` or `jwt:<claim>`. Default: `--scope-from`."),
     ("jwt_secret_file", r#""secrets/jwt""#, "The HS256 key for `jwt:<claim>`, relative to the route file. Default: `--jwt-secret-file`."),
     ("jwks_file", r#""keys/jwks.json""#, "The identity provider's public keys (a JWKS) for `jwt:<claim>` with RS256 or ES256 tokens, relative to the route file; not with `jwt_secret_file`. Default: `--jwks-file`."),
+    ("jwt_issuer", r#""https://id.example""#, "The issuer (`iss`) a token must name; required with a JWKS. Default: `--jwt-issuer`."),
+    ("jwt_audience", r#""payments""#, "The audience (`aud`, or one of its list) a token must name; required with a JWKS. Default: `--jwt-audience`."),
     ("anonymous", r#""scoped""#, "A request that says nowhere who it is: `scoped` or `refused` (401). Default: `--anonymous`."),
 ];
 
@@ -64,6 +68,8 @@ struct RouteEntry {
     scope_from: Option<Spanned<String>>,
     jwt_secret_file: Option<Spanned<String>>,
     jwks_file: Option<Spanned<String>>,
+    jwt_issuer: Option<Spanned<String>>,
+    jwt_audience: Option<Spanned<String>>,
     anonymous: Option<Spanned<String>>,
 }
 
@@ -291,6 +297,8 @@ fn scope(entry: &RouteEntry, dir: &Path, flags: &Config) -> Result<Option<ScopeR
     if entry.scope_from.is_none()
         && entry.jwt_secret_file.is_none()
         && entry.jwks_file.is_none()
+        && entry.jwt_issuer.is_none()
+        && entry.jwt_audience.is_none()
         && entry.anonymous.is_none()
     {
         return Ok(None);
@@ -322,7 +330,21 @@ fn scope(entry: &RouteEntry, dir: &Path, flags: &Config) -> Result<Option<ScopeR
         Some(s) => (s.get_ref().as_str(), s.span()),
         None => (flags.scope_from.as_str(), entry.path.span()),
     };
-    let source = ScopeSource::parse(spec, keys).map_err(|e| {
+    fn text(v: &Option<Spanned<String>>) -> Option<&str> {
+        v.as_ref().map(|v| v.get_ref().as_str())
+    }
+    let issuer = text(&entry.jwt_issuer).or(flags.jwt_issuer.as_deref());
+    let audience = text(&entry.jwt_audience).or(flags.jwt_audience.as_deref());
+    let jwt = crate::config::jwt_verifier(keys, issuer, audience).map_err(|e| {
+        let at = entry
+            .jwks_file
+            .as_ref()
+            .or(entry.jwt_issuer.as_ref())
+            .or(entry.jwt_audience.as_ref())
+            .map_or(entry.path.span(), Spanned::span);
+        (at, format!("jwt_issuer, jwt_audience: {e}"))
+    })?;
+    let source = ScopeSource::parse(spec, jwt).map_err(|e| {
         let file = entry.jwt_secret_file.as_ref().or(entry.jwks_file.as_ref());
         let span = match (&entry.scope_from, file) {
             (None, Some(file)) => file.span(),
@@ -401,12 +423,14 @@ path = "/v1/charges"
 path = "/v1/refunds"
 scope_from = "jwt:sub"
 jwks_file = "jwks.json"
+jwt_issuer = "https://id.example"
+jwt_audience = "payments"
 "#;
         let routes = parse(text, "routes.toml", &dir, &flags(&[])).unwrap();
         assert_eq!(routes.len(), 3);
         let refunds = routes[2].scope.as_ref().unwrap();
         assert!(
-            matches!(&refunds.source, ScopeSource::JwtClaim { keys: JwtKeys::Jwks(keys), .. } if keys.len() == 2),
+            matches!(&refunds.source, ScopeSource::JwtClaim { jwt, .. } if matches!(jwt.keys(), JwtKeys::Jwks(keys) if keys.len() == 2)),
             "{refunds:?}"
         );
         let payouts = &routes[0];
@@ -422,7 +446,7 @@ jwks_file = "jwks.json"
             scope.source,
             ScopeSource::JwtClaim {
                 claim: "sub".into(),
-                keys: JwtKeys::Hs256(b"s3cret".to_vec())
+                jwt: JwtVerifier::new(JwtKeys::Hs256(b"s3cret".to_vec()), None, None).unwrap()
             }
         );
         assert_eq!(scope.anonymous, Anonymous::Scoped);
@@ -471,6 +495,22 @@ jwks_file = "jwks.json"
             ("[[route]]\npath = \"/a\"\n[[route]]\npath = \"/a\"\n", "routes.toml:4:8: route \"/a\" is listed twice: the route on line 2"),
             ("[[route]]\npath = \"/v1/*\"\n[[route]]\npath = \"/v1/charges\"\n", "routes.toml:4:8: route \"/v1/charges\" is never used: the route on line 2 (\"/v1/*\")"),
         ];
+        // A JWKS without an issuer and an audience.
+        let vectors: serde_json::Value =
+            serde_json::from_str(include_str!("../../shared/testdata/scope-vectors.json")).unwrap();
+        let jwks =
+            std::env::temp_dir().join(format!("idem-routes-jwks-{}.json", std::process::id()));
+        std::fs::write(&jwks, vectors["jwks"].to_string()).unwrap();
+        let text = format!(
+            "[[route]]\npath = \"/a\"\nscope_from = \"jwt:sub\"\njwks_file = {:?}\njwt_issuer = \"https://id.example\"\n",
+            jwks.display().to_string()
+        );
+        let error = parsed(&text).unwrap_err();
+        std::fs::remove_file(&jwks).unwrap();
+        assert!(
+            error.contains("routes.toml:4:13: jwt_issuer, jwt_audience: a JWKS's keys sign tokens"),
+            "{error}"
+        );
         for (text, expected) in cases {
             let error = parsed(text).unwrap_err();
             assert!(

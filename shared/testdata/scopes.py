@@ -14,7 +14,8 @@ scope = SHA-256( u64be(len(tag)) tag, then for each part u64be(len) part ), with
   jwt:<claim>:   tag "idem/scope/jwt-claim/v1", parts: the claim, the canonical JSON of
                  its value in the payload of a JWT whose signature, exp and nbf hold:
                  HS256 with the secret, or RS256 / ES256 with a key of the JWKS (its
-                 kid's, or the only one of its type; jws.py verifies them);
+                 kid's, or the only one of its type; jws.py verifies them), the
+                 token then naming the JWKS's issuer (iss) and audience (aud);
   anonymous:     tag "idem/scope/anonymous/v1", no parts.
 """
 
@@ -61,6 +62,9 @@ def unint(n, size=None):
     return b64(n.to_bytes(size or (n.bit_length() + 7) // 8, "big"))
 
 
+ISSUER = "https://id.example"
+AUDIENCE = "payments"
+
 JWKS = {
     "keys": [
         {"kty": "RSA", "kid": "rsa-1", "use": "sig", "alg": "RS256", "n": unint(RSA_N), "e": unint(RSA_E)},
@@ -98,17 +102,18 @@ def verified(head, body, sig, header, keys):
         return False
 
     def usable(k):
-        if k.get("use", "sig") != "sig":
+        if k.get("use", "sig") != "sig" or "verify" not in k.get("key_ops", ["verify"]):
             return False
         if k.get("kty") == "RSA":
-            return k.get("alg", "RS256") == "RS256"
+            return k.get("alg", "RS256") == "RS256" and 2048 <= int.from_bytes(unb64(k["n"]), "big").bit_length() <= 4096
         return k.get("kty") == "EC" and k.get("crv") == "P-256" and k.get("alg", "ES256") == "ES256"
 
     keys_ = [k for k in material["keys"] if usable(k)]
     if "kid" in header:
         if not isinstance(header["kid"], str) or isinstance(header["kid"], RawNumber):
             return False
-        found = [k for k in keys_ if k.get("kid") == header["kid"]]
+        named = [k for k in keys_ if k.get("kid") == header["kid"]]
+        found = [k for k in named if k["kty"] == kty] or named[:1]
     else:
         found = [k for k in keys_ if k["kty"] == kty]
     if len(found) != 1 or found[0]["kty"] != kty:
@@ -138,6 +143,18 @@ def strict_json(raw):
     return json.loads(raw, parse_int=RawNumber, parse_float=RawNumber)
 
 
+def names_issuer_and_audience(payload):
+    """What a JWKS's tokens must also say: the issuer, and the audience (alone or in a
+    list)."""
+    iss, aud = payload.get("iss"), payload.get("aud")
+    is_text = lambda v: isinstance(v, str) and not isinstance(v, RawNumber)  # noqa: E731
+    if not (is_text(iss) and iss == ISSUER):
+        return False
+    if isinstance(aud, list):
+        return any(is_text(a) and a == AUDIENCE for a in aud)
+    return is_text(aud) and aud == AUDIENCE
+
+
 def claim_value(token, claim, keys):
     """The canonical bytes of the claim, or None when the token is not accepted."""
     try:
@@ -154,12 +171,15 @@ def claim_value(token, claim, keys):
     for name, late in (("exp", False), ("nbf", True)):
         if name in payload:
             v = payload[name]
-            # Whole seconds of a number as written; no sign, no exponent.
-            if not isinstance(v, RawNumber) or any(c in v for c in "eE-"):
+            # Whole seconds of a number as written; no sign, no exponent, at most 19
+            # digits (a u64's).
+            if not isinstance(v, RawNumber) or any(c in v for c in "eE-") or len(v.split(".")[0]) > 19:
                 return None
             whole = int(v.split(".")[0])
             if (whole > NOW) if late else (whole <= NOW):
                 return None
+    if keys[0] == "jwks" and not names_issuer_and_audience(payload):
+        return None
     v = payload.get(claim)
     names_someone = (isinstance(v, str) and not isinstance(v, RawNumber) and v != "") or (
         isinstance(v, RawNumber) and v.lstrip("-").isdigit())
@@ -260,12 +280,14 @@ def cases():
         ("api key sent twice", "header:x-api-key", "scoped", {"x-api-key": ["key-a", "key-b"]}),
         ("api key joined by a runtime", "header:x-api-key", "scoped", {"x-api-key": "key-a, key-b"}),
         ("authorization sent twice, first wins", "authorization", "scoped", {"authorization": ["Bearer sk_live_1", "Bearer other"]}),
+        ("jwt exp of 20 digits", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"u","exp":99999999999999999999}')}),
     ] + jwks_cases()
 
 
 def jwks_cases():
     """(name, source, anonymous, headers, "jwks"): tokens checked against the JWKS."""
-    sub = '{"sub":"cus_1","exp":1900000000,"iat":1}'
+    sub = '{"sub":"cus_1","iss":"https://id.example","aud":"payments","exp":1900000000,"iat":1}'
+    claims = lambda extra: '{"sub":"cus_1","exp":1900000000' + extra + "}"  # noqa: E731
     bearer = lambda token: {"authorization": "Bearer " + token}  # noqa: E731
     rs = sign_jws(sub, "RS256", "rsa-1")
     es = sign_jws(sub, "ES256", "ec-1")
@@ -277,22 +299,28 @@ def jwks_cases():
     cases = [
         ("jwks rs256", bearer(rs)),
         ("jwks es256", bearer(es)),
-        ("jwks es256, refreshed", bearer(sign_jws('{"iat":2,"sub":"cus_1","exp":1900000500}', "ES256", "ec-1", seed="k2"))),
+        ("jwks es256, refreshed", bearer(sign_jws('{"iat":2,"aud":["billing","payments"],"sub":"cus_1","iss":"https://id.example","exp":1900000500}', "ES256", "ec-1", seed="k2"))),
+        ("jwks another issuer", bearer(sign_jws(claims(',"iss":"https://evil.example","aud":"payments"'), "RS256", "rsa-1"))),
+        ("jwks no issuer", bearer(sign_jws(claims(',"aud":"payments"'), "RS256", "rsa-1"))),
+        ("jwks another audience", bearer(sign_jws(claims(',"iss":"https://id.example","aud":"billing"'), "ES256", "ec-1"))),
+        ("jwks audience list without it", bearer(sign_jws(claims(',"iss":"https://id.example","aud":["billing"]'), "ES256", "ec-1"))),
+        ("jwks no audience", bearer(sign_jws(claims(',"iss":"https://id.example"'), "ES256", "ec-1"))),
+        ("jwks issuer escaped", bearer(sign_jws(claims(',"iss":"https:\\/\\/id.example","aud":"payments"'), "RS256", "rsa-1"))),
         ("jwks rs256 without kid, one rsa key", bearer(sign_jws(sub, "RS256"))),
         ("jwks es256 without kid, one ec key", bearer(sign_jws(sub, "ES256"))),
         ("jwks unknown kid", bearer(sign_jws(sub, "RS256", "rsa-2"))),
         ("jwks kid of another type", bearer(sign_jws(sub, "RS256", "ec-1"))),
         ("jwks kid of an encryption key", bearer(sign_jws(sub, "RS256", "enc-1"))),
         ("jwks numeric kid", bearer(sign_jws(sub, "RS256", 1))),
-        ("jwks rs256 payload changed", bearer(rs.split(".")[0] + "." + b64(b'{"sub":"cus_2","exp":1900000000,"iat":1}') + "." + rs.split(".")[2])),
-        ("jwks es256 payload changed", bearer(head + "." + b64(b'{"sub":"cus_2","exp":1900000000,"iat":1}') + "." + sig)),
+        ("jwks rs256 payload changed", bearer(rs.split(".")[0] + "." + b64(b'{"sub":"cus_2","iss":"https://id.example","aud":"payments","exp":1900000000,"iat":1}') + "." + rs.split(".")[2])),
+        ("jwks es256 payload changed", bearer(head + "." + b64(b'{"sub":"cus_2","iss":"https://id.example","aud":"payments","exp":1900000000,"iat":1}') + "." + sig)),
         ("jwks es256 signature in DER", bearer(es_der)),
         ("jwks rs256 signature cut", bearer(rs[:-4])),
         ("jwks hs256 with the public key as secret", bearer(sign(sub, rsa_public, b'{"alg":"HS256","kid":"rsa-1"}'))),
         ("jwks hs256 token", bearer(sign(sub))),
         ("jwks alg none", bearer(sign(sub, header=b'{"alg":"none","kid":"rsa-1"}').rsplit(".", 1)[0] + ".")),
-        ("jwks es256 expired", bearer(sign_jws('{"sub":"cus_1","exp":1700000000}', "ES256", "ec-1"))),
-        ("jwks rs256 numeric sub", bearer(sign_jws('{"sub":42,"exp":1900000000}', "RS256", "rsa-1"))),
+        ("jwks es256 expired", bearer(sign_jws('{"sub":"cus_1","iss":"https://id.example","aud":"payments","exp":1700000000}', "ES256", "ec-1"))),
+        ("jwks rs256 numeric sub", bearer(sign_jws('{"sub":42,"iss":"https://id.example","aud":"payments","exp":1900000000}', "RS256", "rsa-1"))),
     ]
     return [(name, "jwt:sub", "scoped", headers, "jwks") for name, headers in cases]
 
@@ -313,7 +341,8 @@ def vectors():
 
 def main():
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scope-vectors.json")
-    doc = {"version": 1, "secret": SECRET.decode(), "jwks": JWKS, "now": NOW, "vectors": vectors()}
+    doc = {"version": 1, "secret": SECRET.decode(), "jwks": JWKS, "issuer": ISSUER, "audience": AUDIENCE,
+           "now": NOW, "vectors": vectors()}
     text = json.dumps(doc, indent=1) + "\n"
     if "--check" in sys.argv:
         with open(path) as f:

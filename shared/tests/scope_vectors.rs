@@ -2,7 +2,7 @@
 //! independent Python implementation, `testdata/scopes.py`): the origin's layer and
 //! the edge's worker both scope with this code, here checked on the host and in WASM.
 
-use idem_core::contract::{Anonymous, JwtKeys, ScopeRule, ScopeSource};
+use idem_core::contract::{Anonymous, JwtKeys, JwtVerifier, ScopeRule, ScopeSource};
 use wasm_bindgen_test::wasm_bindgen_test;
 
 const VECTORS: &str = include_str!("../testdata/scope-vectors.json");
@@ -11,7 +11,13 @@ const VECTORS: &str = include_str!("../testdata/scope-vectors.json");
 fn scopes_match_the_shared_vectors() {
     let doc: serde_json::Value = serde_json::from_str(VECTORS).unwrap();
     let secret = doc["secret"].as_str().unwrap().as_bytes().to_vec();
-    let jwks = JwtKeys::from_jwks(doc["jwks"].to_string().as_bytes()).unwrap();
+    let jwks = JwtVerifier::new(
+        JwtKeys::from_jwks(doc["jwks"].to_string().as_bytes()).unwrap(),
+        doc["issuer"].as_str(),
+        doc["audience"].as_str(),
+    )
+    .unwrap();
+    let hs256 = JwtVerifier::new(JwtKeys::Hs256(secret), None, None).unwrap();
     let now = doc["now"].as_u64().unwrap();
     let vectors = doc["vectors"].as_array().unwrap();
     assert!(vectors.len() >= 50, "only {} vectors", vectors.len());
@@ -26,7 +32,7 @@ fn scopes_match_the_shared_vectors() {
                 v["scope_from"].as_str().unwrap(),
                 Some(match v["keys"].as_str().unwrap() {
                     "jwks" => jwks.clone(),
-                    _ => JwtKeys::Hs256(secret.clone()),
+                    _ => hs256.clone(),
                 }),
             )
             .unwrap(),

@@ -810,6 +810,10 @@ async fn tokens_of_an_identity_provider_keep_their_principal_s_scope() {
             "jwt:sub",
             "--jwks-file",
             jwks.to_str().unwrap(),
+            "--jwt-issuer",
+            "https://id.example",
+            "--jwt-audience",
+            "payments",
         ],
     )
     .await;
@@ -822,6 +826,8 @@ async fn tokens_of_an_identity_provider_keep_their_principal_s_scope() {
         "jwks es256 payload changed",
         "jwks hs256 with the public key as secret",
         "jwks unknown kid",
+        "jwks another issuer",
+        "jwks another audience",
     ] {
         let res = http
             .post(origin.url("/v1/charges"))
@@ -854,6 +860,8 @@ async fn tokens_of_an_identity_provider_keep_their_principal_s_scope() {
             (201, false),
             (201, true),
             (201, true),
+            (401, false),
+            (401, false),
             (401, false),
             (401, false),
             (401, false)

@@ -4,10 +4,16 @@
 //!
 //! With a JWKS only RS256 and ES256 are accepted: an HS256 token is refused whatever it
 //! says (an attacker who signs with the public key as an HMAC secret gets nowhere). A
-//! token's `kid` picks the key; without one, the JWKS must hold exactly one key of the
-//! token's type. Keys that are not for signatures (`use` other than `sig`), of other
-//! types (`oct`, `OKP`, other curves) or for other algorithms are left out; a key that
-//! is malformed makes the whole JWKS an error, so a broken file fails at start-up.
+//! token's `kid` picks the key (of the token's type); without one, the JWKS must hold
+//! exactly one key of that type. Keys that are not for verifying signatures (`use`
+//! other than `sig`, `key_ops` without `verify`), of other types (`oct`, `OKP`, other
+//! curves), for other algorithms, or of an RSA size outside 2048–4096 bits are left
+//! out; a key that is malformed makes the whole JWKS an error, so a broken file fails
+//! at start-up.
+//!
+//! A provider's keys sign tokens for every application of every tenant it serves, so a
+//! [`JwtVerifier`] with a JWKS also requires the issuer (`iss`) and the audience (`aud`)
+//! the tokens must name.
 
 use super::scope::{b64url, hmac_sha256, member, same, value_end};
 use crate::json;
@@ -15,7 +21,6 @@ use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
 use p256::ecdsa::signature::Verifier;
-use rsa::traits::PublicKeyParts;
 use sha2::{Digest, Sha256};
 
 /// What a JWT's signature is checked with.
@@ -63,8 +68,78 @@ impl core::fmt::Debug for JwtKeys {
     }
 }
 
-/// RFC 7518 §3.3: an RS256 key is at least 2048 bits.
-const MIN_RSA_BITS: usize = 2048;
+/// RFC 7518 §3.3: an RS256 key is at least 2048 bits; the verifier takes at most 4096.
+const RSA_BITS: core::ops::RangeInclusive<usize> = 2048..=4096;
+
+/// How a JWT is accepted: the keys its signature is checked with, and the issuer and
+/// audience it must name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JwtVerifier {
+    keys: JwtKeys,
+    /// `iss` must be this (canonical JSON, with its quotes).
+    issuer: Option<Vec<u8>>,
+    /// `aud` must be this, or an array holding it (canonical JSON).
+    audience: Option<Vec<u8>>,
+}
+
+impl JwtVerifier {
+    /// Tokens signed with `keys`, naming `issuer` and `audience` when given — both
+    /// required with a JWKS.
+    pub fn new(
+        keys: JwtKeys,
+        issuer: Option<&str>,
+        audience: Option<&str>,
+    ) -> Result<JwtVerifier, String> {
+        let canonical = |what: &str, value: Option<&str>| match value {
+            Some("") => Err(format!("the {what} is empty")),
+            Some(value) => {
+                let mut out = Vec::with_capacity(value.len() + 2);
+                json::write_string(value.as_bytes(), &mut out);
+                Ok(Some(out))
+            }
+            None => Ok(None),
+        };
+        let (issuer, audience) = (
+            canonical("issuer", issuer)?,
+            canonical("audience", audience)?,
+        );
+        if matches!(keys, JwtKeys::Jwks(_)) && (issuer.is_none() || audience.is_none()) {
+            return Err("a JWKS's keys sign tokens for every application of their issuer: give the issuer (iss) and the audience (aud) the tokens must name".into());
+        }
+        Ok(JwtVerifier {
+            keys,
+            issuer,
+            audience,
+        })
+    }
+
+    /// The keys.
+    pub fn keys(&self) -> &JwtKeys {
+        &self.keys
+    }
+
+    /// Whether the canonical payload names the issuer and the audience.
+    pub(crate) fn check_claims(&self, payload: &[u8]) -> Result<(), &'static str> {
+        if let Some(issuer) = &self.issuer {
+            if member(payload, "iss") != Some(issuer.as_slice()) {
+                return Err("its iss is not the issuer expected");
+            }
+        }
+        if let Some(audience) = &self.audience {
+            let named = match member(payload, "aud") {
+                Some(aud) if aud.first() == Some(&b'[') => {
+                    elements(aud).contains(&audience.as_slice())
+                }
+                Some(aud) => aud == audience.as_slice(),
+                None => false,
+            };
+            if !named {
+                return Err("its aud does not name this audience");
+            }
+        }
+        Ok(())
+    }
+}
 
 impl JwtKeys {
     /// The keys a deployment gives: an HS256 secret, a JWKS, or neither — not both (a
@@ -94,7 +169,9 @@ impl JwtKeys {
             let Some(jwk) = jwk(key).map_err(|why| format!("key {i}: {why}"))? else {
                 continue;
             };
-            if jwk.kid.is_some() && usable.iter().any(|k| k.kid == jwk.kid) {
+            // (A kid may name one key of each type: RFC 7517 §4.5.)
+            let same = |k: &Jwk| k.kid == jwk.kid && k.is_rsa() == jwk.is_rsa();
+            if jwk.kid.is_some() && usable.iter().any(same) {
                 let kid = String::from_utf8_lossy(jwk.kid.as_deref().unwrap_or_default());
                 return Err(format!("key {i}: kid {kid} is used twice"));
             }
@@ -132,15 +209,21 @@ impl JwtKeys {
             Some(b"\"ES256\"") => false,
             _ => return Err("only RS256 and ES256 tokens are accepted"),
         };
-        let is_rsa = |k: &&Jwk| matches!(k.key, PublicKey::Rs256(_));
         let key = match member(header, "kid") {
-            Some(kid) if kid.first() == Some(&b'"') => keys
-                .iter()
-                .find(|k| k.kid.as_deref() == Some(kid))
-                .ok_or("its kid names no signing key of the JWKS")?,
+            Some(kid) if kid.first() == Some(&b'"') => {
+                let mut named = keys.iter().filter(|k| k.kid.as_deref() == Some(kid));
+                let first = named
+                    .next()
+                    .ok_or("its kid names no signing key of the JWKS")?;
+                // A kid may name a key of each type: the token's type picks.
+                core::iter::once(first)
+                    .chain(named)
+                    .find(|k| k.is_rsa() == rsa)
+                    .unwrap_or(first)
+            }
             Some(_) => return Err("its kid is not a string"),
             None => {
-                let mut of_type = keys.iter().filter(|k| is_rsa(k) == rsa);
+                let mut of_type = keys.iter().filter(|k| k.is_rsa() == rsa);
                 match (of_type.next(), of_type.next()) {
                     (Some(key), None) => key,
                     (None, _) => return Err("the JWKS has no key for its alg"),
@@ -168,8 +251,14 @@ impl JwtKeys {
     }
 }
 
+impl Jwk {
+    fn is_rsa(&self) -> bool {
+        matches!(self.key, PublicKey::Rs256(_))
+    }
+}
+
 /// The key of the canonical JWK object `key`; `None` when it is not an RS256 or ES256
-/// signing key.
+/// key for verifying signatures.
 fn jwk(key: &[u8]) -> Result<Option<Jwk>, String> {
     if key.first() != Some(&b'{') {
         return Err("not an object".into());
@@ -179,11 +268,9 @@ fn jwk(key: &[u8]) -> Result<Option<Jwk>, String> {
     if field("use").is_some_and(|u| u != b"\"sig\"") {
         return Ok(None);
     }
-    let kid = match field("kid") {
-        None => None,
-        Some(kid) if kid.first() == Some(&b'"') => Some(kid.to_vec()),
-        Some(_) => return Err("its kid is not a string".into()),
-    };
+    if field("key_ops").is_some_and(|ops| !elements(ops).contains(&&b"\"verify\""[..])) {
+        return Ok(None);
+    }
     let bytes = |name: &str| -> Result<Vec<u8>, String> {
         field(name)
             .and_then(|v| v.strip_prefix(b"\"")?.strip_suffix(b"\""))
@@ -195,32 +282,38 @@ fn jwk(key: &[u8]) -> Result<Option<Jwk>, String> {
             return Ok(None);
         }
         let n = rsa::BigUint::from_bytes_be(&bytes("n")?);
+        if !RSA_BITS.contains(&n.bits()) {
+            // Too weak for RS256, or more than this verifier takes: not used.
+            return Ok(None);
+        }
         let e = rsa::BigUint::from_bytes_be(&bytes("e")?);
         let key = rsa::RsaPublicKey::new(n, e).map_err(|e| format!("not an RSA key: {e}"))?;
-        if key.n().bits() < MIN_RSA_BITS {
-            return Err(format!(
-                "its modulus has {} bits; RS256 needs at least {MIN_RSA_BITS}",
-                key.n().bits()
-            ));
-        }
         PublicKey::Rs256(key)
     } else if is("kty", b"\"EC\"") && is("crv", b"\"P-256\"") {
         if field("alg").is_some_and(|a| a != b"\"ES256\"") {
             return Ok(None);
         }
         let (x, y) = (bytes("x")?, bytes("y")?);
-        if x.len() != 32 || y.len() != 32 {
+        if x.len() > 32 || y.len() > 32 {
             return Err("a P-256 key's x and y are 32 bytes each".into());
         }
+        // Some libraries drop leading zero bytes: put them back.
         let mut point = Vec::with_capacity(65);
         point.push(4);
-        point.extend_from_slice(&x);
-        point.extend_from_slice(&y);
+        for coordinate in [&x, &y] {
+            point.resize(point.len() + 32 - coordinate.len(), 0);
+            point.extend_from_slice(coordinate);
+        }
         let key = p256::ecdsa::VerifyingKey::from_sec1_bytes(&point)
             .map_err(|_| String::from("its point is not on P-256"))?;
         PublicKey::Es256(key)
     } else {
         return Ok(None);
+    };
+    let kid = match field("kid") {
+        None => None,
+        Some(kid) if kid.first() == Some(&b'"') => Some(kid.to_vec()),
+        Some(_) => return Err("its kid is not a string".into()),
     };
     Ok(Some(Jwk { kid, key }))
 }
@@ -299,7 +392,7 @@ mod tests {
             ),
             (
                 "key 1: a P-256 key's x and y",
-                with(&|d| d["keys"][1]["x"] = "AAAA".into()),
+                with(&|d| d["keys"][1]["x"] = "A".repeat(46).into()),
             ),
             (
                 "key 1: its point is not on P-256",
@@ -314,27 +407,73 @@ mod tests {
                 }),
             ),
             (
-                "key 1: kid \"rsa-1\" is used twice",
-                with(&|d| d["keys"][1]["kid"] = "rsa-1".into()),
+                "key 1: kid \"ec-1\" is used twice",
+                with(&|d| {
+                    let ec = d["keys"][1].clone();
+                    d["keys"][0] = ec;
+                }),
             ),
             (
                 "key 0: its kid is not a string",
                 with(&|d| d["keys"][0]["kid"] = 7.into()),
-            ),
-            (
-                "key 0: its modulus has 1024 bits",
-                with(&|d| {
-                    // The first 128 bytes of a 2048-bit modulus, made odd: 1024 bits.
-                    let n = b64url(d["keys"][0]["n"].as_str().unwrap().as_bytes()).unwrap();
-                    let mut short = n[..128].to_vec();
-                    short[127] |= 1;
-                    d["keys"][0]["n"] = super::super::scope::b64url_encode(&short).into();
-                }),
             ),
             ("key 2: not an object", with(&|d| d["keys"][2] = "x".into())),
         ];
         for (expected, got) in cases {
             assert!(got.contains(expected), "expected {expected:?} in {got:?}");
         }
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn keys_it_cannot_use_are_left_out_not_refused() {
+        let good: serde_json::Value = serde_json::from_str(&jwks()).unwrap();
+        let keys = |f: &dyn Fn(&mut serde_json::Value)| {
+            let mut doc = good.clone();
+            f(&mut doc);
+            format!(
+                "{:?}",
+                JwtKeys::from_jwks(doc.to_string().as_bytes()).unwrap()
+            )
+        };
+        // A 1024-bit RSA key: too weak for RS256.
+        let weak = keys(&|d| {
+            let n = b64url(d["keys"][0]["n"].as_str().unwrap().as_bytes()).unwrap();
+            let mut short = n[..128].to_vec();
+            short[127] |= 1;
+            d["keys"][0]["n"] = super::super::scope::b64url_encode(&short).into();
+        });
+        assert_eq!(weak, "JWKS [ES256 \"ec-1\"]");
+        let encrypting = keys(&|d| d["keys"][0]["key_ops"] = serde_json::json!(["encrypt"]));
+        assert_eq!(encrypting, "JWKS [ES256 \"ec-1\"]");
+        let verifying = keys(&|d| d["keys"][0]["key_ops"] = serde_json::json!(["verify"]));
+        assert_eq!(verifying, "JWKS [RS256 \"rsa-1\", ES256 \"ec-1\"]");
+        // One kid for a key of each type (RFC 7517 §4.5).
+        let shared_kid = keys(&|d| d["keys"][1]["kid"] = "rsa-1".into());
+        assert_eq!(shared_kid, "JWKS [RS256 \"rsa-1\", ES256 \"rsa-1\"]");
+        // A key of another type is skipped before its kid is read.
+        let odd = keys(&|d| {
+            d["keys"]
+                .as_array_mut()
+                .unwrap()
+                .push(serde_json::json!({"kty": "oct", "kid": 7, "k": "AA"}))
+        });
+        assert_eq!(odd, "JWKS [RS256 \"rsa-1\", ES256 \"ec-1\"]");
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_jwks_needs_an_issuer_and_an_audience() {
+        let keys = JwtKeys::from_jwks(jwks().as_bytes()).unwrap();
+        let err = JwtVerifier::new(keys.clone(), Some("https://id.example"), None).unwrap_err();
+        assert!(err.contains("issuer (iss) and the audience (aud)"), "{err}");
+        assert!(JwtVerifier::new(keys.clone(), None, Some("payments")).is_err());
+        assert!(JwtVerifier::new(keys, Some("https://id.example"), Some("payments")).is_ok());
+        let secret = JwtKeys::Hs256(b"s".to_vec());
+        assert!(
+            JwtVerifier::new(secret.clone(), None, None).is_ok(),
+            "optional with a secret"
+        );
+        assert!(JwtVerifier::new(secret, Some(""), None)
+            .unwrap_err()
+            .contains("empty"));
     }
 }

@@ -23,7 +23,7 @@ pub use answer::{
     edge_ttl_ms, forwarded_headers, forwarded_request_header, relayed_answer_header,
     relayed_answer_headers, replay_headers, stored_headers, stored_headers_of, OriginDisposition,
 };
-pub use jwt::JwtKeys;
+pub use jwt::{JwtKeys, JwtVerifier};
 pub use problem::{Problem, Rejection};
 pub use request::{check_declared_length, fingerprint, guards, listed, normal_path, route, Route};
 pub use scope::{Anonymous, ScopeRule, ScopeSource};

@@ -12,7 +12,7 @@
 //! A request with no identity is scoped `anonymous` or refused (401), as configured; a
 //! JWT that does not verify is always refused, never taken for anonymous.
 
-pub use super::jwt::JwtKeys;
+pub use super::jwt::{JwtKeys, JwtVerifier};
 use super::{Problem, Rejection};
 use crate::json;
 use crate::Scope;
@@ -28,12 +28,12 @@ pub enum ScopeSource {
     Authorization,
     /// This header's value (a lower-case name), hashed.
     Header(String),
-    /// This claim of the bearer JWT, its signature verified with `keys`.
+    /// This claim of the bearer JWT, once `jwt` accepts the token.
     JwtClaim {
         /// The claim, e.g. `sub`.
         claim: String,
-        /// The HS256 secret, or a JWKS's public keys.
-        keys: JwtKeys,
+        /// Its keys (an HS256 secret, or a JWKS's public keys), issuer and audience.
+        jwt: JwtVerifier,
     },
 }
 
@@ -77,9 +77,9 @@ impl Default for ScopeRule {
 }
 
 impl ScopeSource {
-    /// Parses `authorization`, `header:<name>` or `jwt:<claim>`; a JWT needs `keys`.
+    /// Parses `authorization`, `header:<name>` or `jwt:<claim>`; a JWT needs `jwt`.
     /// The error names what is wrong.
-    pub fn parse(spec: &str, keys: Option<JwtKeys>) -> Result<ScopeSource, String> {
+    pub fn parse(spec: &str, jwt: Option<JwtVerifier>) -> Result<ScopeSource, String> {
         let spec = spec.trim();
         if spec.eq_ignore_ascii_case("authorization") {
             return Ok(ScopeSource::Authorization);
@@ -97,13 +97,23 @@ impl ScopeSource {
             if claim.is_empty() {
                 return Err("jwt: needs a claim, e.g. jwt:sub".into());
             }
-            return match keys {
-                Some(JwtKeys::Hs256(secret)) if secret.is_empty() => {
+            // A name a payload's member can hold as written (it is compared with the
+            // member's canonical, escaped bytes).
+            if claim
+                .chars()
+                .any(|c| c == '"' || c == '\\' || c.is_control())
+            {
+                return Err(format!(
+                    "jwt:{claim:?}: a claim's name has no quote, backslash or control character"
+                ));
+            }
+            return match jwt {
+                Some(jwt) if matches!(jwt.keys(), JwtKeys::Hs256(s) if s.is_empty()) => {
                     Err("jwt:<claim> needs the HS256 secret, and it is empty".into())
                 }
-                Some(keys) => Ok(ScopeSource::JwtClaim {
+                Some(jwt) => Ok(ScopeSource::JwtClaim {
                     claim: claim.into(),
-                    keys,
+                    jwt,
                 }),
                 None => Err("jwt:<claim> needs the HS256 secret or a JWKS".into()),
             };
@@ -147,12 +157,12 @@ impl ScopeRule {
                 Some(value) if !value.is_empty() => Ok(Scope::from_header(name, value)),
                 _ => self.anonymous(&format!("send the {name} header")),
             },
-            ScopeSource::JwtClaim { claim, keys } => {
+            ScopeSource::JwtClaim { claim, jwt } => {
                 let Some(value) = single("authorization")? else {
                     return self.anonymous("send Authorization: Bearer <JWT>");
                 };
                 let token = bearer(value).ok_or_else(|| invalid("not a bearer token"))?;
-                let payload = verify_jwt(token, keys, now_secs).map_err(invalid)?;
+                let payload = verify_jwt(token, jwt, now_secs).map_err(invalid)?;
                 match member(&payload, claim) {
                     Some(v) if identity(v) => Ok(Scope::from_claim(claim, v)),
                     _ => Err(invalid(&format!(
@@ -201,12 +211,14 @@ fn bearer(value: &[u8]) -> Option<&[u8]> {
 
 /// The canonical JSON payload of an HS256 JWT whose signature, `exp` and `nbf` hold.
 pub fn verify_hs256(token: &[u8], secret: &[u8], now_secs: u64) -> Result<Vec<u8>, &'static str> {
-    verify_jwt(token, &JwtKeys::Hs256(secret.to_vec()), now_secs)
+    let jwt = JwtVerifier::new(JwtKeys::Hs256(secret.to_vec()), None, None)
+        .map_err(|_| "no HS256 secret")?;
+    verify_jwt(token, &jwt, now_secs)
 }
 
-/// The canonical JSON payload of a JWT whose signature (under `keys`), `exp` and `nbf`
-/// hold.
-pub fn verify_jwt(token: &[u8], keys: &JwtKeys, now_secs: u64) -> Result<Vec<u8>, &'static str> {
+/// The canonical JSON payload of a JWT that `jwt` accepts: its signature, `exp`, `nbf`,
+/// and the issuer and audience `jwt` requires.
+pub fn verify_jwt(token: &[u8], jwt: &JwtVerifier, now_secs: u64) -> Result<Vec<u8>, &'static str> {
     let mut parts = token.split(|b| *b == b'.');
     let (Some(head), Some(body), Some(sig), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -220,7 +232,7 @@ pub fn verify_jwt(token: &[u8], keys: &JwtKeys, now_secs: u64) -> Result<Vec<u8>
     // token says.
     let signature = b64url(sig).ok_or("its signature is not base64url")?;
     let signed = &token[..head.len() + 1 + body.len()];
-    keys.check(&header, signed, &signature)?;
+    jwt.keys().check(&header, signed, &signature)?;
     let payload = b64url(body)
         .and_then(|p| json::canonicalize(&p).ok())
         .filter(|p| p.first() == Some(&b'{'))
@@ -235,6 +247,7 @@ pub fn verify_jwt(token: &[u8], keys: &JwtKeys, now_secs: u64) -> Result<Vec<u8>
             return Err("it is not valid yet");
         }
     }
+    jwt.check_claims(&payload)?;
     Ok(payload)
 }
 
@@ -411,7 +424,7 @@ mod tests {
     fn jwt() -> ScopeSource {
         ScopeSource::JwtClaim {
             claim: "sub".into(),
-            keys: JwtKeys::Hs256(SECRET.to_vec()),
+            jwt: JwtVerifier::new(JwtKeys::Hs256(SECRET.to_vec()), None, None).unwrap(),
         }
     }
 
@@ -553,7 +566,11 @@ mod tests {
             ScopeSource::parse("header:X-Api-Key", None),
             Ok(ScopeSource::Header("x-api-key".into()))
         );
-        let jwt = ScopeSource::parse("jwt:sub", Some(JwtKeys::Hs256(b"s3cret".to_vec()))).unwrap();
+        let hs256 = |s: &[u8]| JwtVerifier::new(JwtKeys::Hs256(s.to_vec()), None, None).unwrap();
+        let jwt = ScopeSource::parse("jwt:sub", Some(hs256(b"s3cret"))).unwrap();
+        assert!(ScopeSource::parse("jwt:a\"b", Some(hs256(b"s")))
+            .unwrap_err()
+            .contains("no quote"));
         assert!(!format!("{jwt:?}").contains("s3cret"));
         assert!(ScopeSource::parse("jwt:sub", None)
             .unwrap_err()
