@@ -1336,6 +1336,96 @@ async fn the_edge_and_the_proxy_charge_once_in_front_of_any_api() {
 /// a refreshed token's retry is replayed at the edge — behind an origin that scopes by
 /// the token's value, where it would charge again; no identity, or a token that does
 /// not verify, is refused there and never reaches the origin.
+/// An identity provider's tokens at the edge: the JWKS written as a table in
+/// wrangler's [vars] (the worker reads it as JSON), with its issuer and audience. One
+/// principal's RS256 token, then its refreshed ES256 token, are one caller — the second
+/// replayed at the edge, one charge; another issuer's token and an altered one are
+/// refused there, and never forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_scopes_by_an_identity_provider_s_tokens() {
+    let vectors: serde_json::Value =
+        serde_json::from_str(include_str!("../../shared/testdata/scope-vectors.json")).unwrap();
+    let token = |name: &str| -> String {
+        vectors["vectors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("no vector {name:?}"))["headers"]["authorization"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    // JSON as a TOML inline table.
+    fn inline(v: &serde_json::Value) -> String {
+        match v {
+            serde_json::Value::Object(m) => {
+                let members: Vec<String> = m
+                    .iter()
+                    .map(|(k, v)| format!("{k} = {}", inline(v)))
+                    .collect();
+                format!("{{ {} }}", members.join(", "))
+            }
+            serde_json::Value::Array(a) => {
+                format!("[{}]", a.iter().map(inline).collect::<Vec<_>>().join(", "))
+            }
+            other => other.to_string(),
+        }
+    }
+    let jwks = format!("{UNQUOTED}{}", inline(&vectors["jwks"]));
+    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let (origin, ledger) = TestOrigin::demo_on(store).await;
+    let edge = Edge::start(
+        &origin.url(""),
+        &[
+            ("SCOPE_FROM", "jwt:sub"),
+            ("JWKS", &jwks),
+            ("JWT_ISSUER", "https://id.example"),
+            ("JWT_AUDIENCE", "payments"),
+            ("ANONYMOUS", "refused"),
+        ],
+    )
+    .await;
+    let http = client();
+    let mut seen = Vec::new();
+    for name in [
+        "jwks rs256",
+        "jwks es256, refreshed",
+        "jwks another issuer",
+        "jwks rs256 payload changed",
+    ] {
+        let res = http
+            .post(format!("{}/v1/charges", edge.base))
+            .header("idempotency-key", "jwks-edge-1")
+            .header("content-type", "application/json")
+            .header("authorization", token(name))
+            .body(charge_body("cus_1", 100, 0))
+            .send()
+            .await
+            .unwrap();
+        let edge_did = res.headers()["idem-edge"].to_str().unwrap().to_owned();
+        let status = res.status().as_u16();
+        let body: serde_json::Value = res.json().await.unwrap_or_default();
+        let kind = body["type"].as_str().unwrap_or("-").to_owned();
+        seen.push(format!("{status} {edge_did} {kind}"));
+    }
+    let charges = ledger.len();
+    report(
+        "edge",
+        &format!("JWKS (a [vars] table) at the edge: {seen:?}; {charges} charge"),
+    );
+    assert_eq!(
+        seen,
+        [
+            "201 forwarded -",
+            "201 replayed -",
+            "401 refused urn:idem:problem:identity-invalid",
+            "401 refused urn:idem:problem:identity-invalid",
+        ]
+    );
+    assert_eq!(charges, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_edge_scopes_by_a_verified_jwt_claim() {
     use idem_core::contract::scope::sign_hs256;
