@@ -38,22 +38,31 @@ fn reference_table() -> String {
     out
 }
 
-#[test]
-fn readme_configuration_reference_matches_the_cli() {
+/// Fails unless the README holds `expected` between `<!-- {marker}:start -->` and
+/// `<!-- {marker}:end -->`, and prints it to paste.
+fn readme_holds(marker: &str, what: &str, expected: &str) {
     let readme =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
-    let start = readme
-        .find("<!-- config:start -->\n")
-        .expect("README has the config:start marker")
-        + "<!-- config:start -->\n".len();
-    let end = readme
-        .find("<!-- config:end -->")
-        .expect("README has the config:end marker");
-    let expected = reference_table();
-    assert!(
-        readme[start..end] == expected,
-        "README.md's configuration reference is out of date; replace it with:\n\n{expected}"
+    let (open, close) = (
+        format!("<!-- {marker}:start -->\n"),
+        format!("<!-- {marker}:end -->"),
     );
+    let start = readme
+        .find(&open)
+        .unwrap_or_else(|| panic!("README has no {open}"))
+        + open.len();
+    let end = readme
+        .find(&close)
+        .unwrap_or_else(|| panic!("README has no {close}"));
+    assert!(
+        readme[start..end] == *expected,
+        "README.md's {what} is out of date; replace it with:\n\n{expected}"
+    );
+}
+
+#[test]
+fn readme_configuration_reference_matches_the_cli() {
+    readme_holds("config", "configuration reference", &reference_table());
 }
 
 /// The route file's keys as the README shows them.
@@ -67,20 +76,7 @@ fn route_keys_table() -> String {
 
 #[test]
 fn readme_route_file_reference_matches_the_parser() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
-    let start = readme
-        .find("<!-- routes:start -->\n")
-        .expect("README has the routes:start marker")
-        + "<!-- routes:start -->\n".len();
-    let end = readme
-        .find("<!-- routes:end -->")
-        .expect("README has the routes:end marker");
-    let expected = route_keys_table();
-    assert!(
-        readme[start..end] == expected,
-        "README.md's route file reference is out of date; replace it with:\n\n{expected}"
-    );
+    readme_holds("routes", "route file reference", &route_keys_table());
 }
 
 /// Every variable compose.yaml gives the origin is one `idem-origin` reads.

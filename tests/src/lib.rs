@@ -13,6 +13,7 @@ pub mod procs;
 pub mod proof;
 pub mod proxy;
 pub mod redis;
+pub mod scope_vectors;
 pub mod upstream;
 
 pub use origin::{charge_body, client, faketime_lib, post_charge, OriginProcess, TestOrigin};

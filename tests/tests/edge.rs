@@ -1343,19 +1343,8 @@ async fn the_edge_and_the_proxy_charge_once_in_front_of_any_api() {
 /// refused there, and never forwarded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_edge_scopes_by_an_identity_provider_s_tokens() {
-    let vectors: serde_json::Value =
-        serde_json::from_str(include_str!("../../shared/testdata/scope-vectors.json")).unwrap();
-    let token = |name: &str| -> String {
-        vectors["vectors"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|v| v["name"] == name)
-            .unwrap_or_else(|| panic!("no vector {name:?}"))["headers"]["authorization"]
-            .as_str()
-            .unwrap()
-            .to_owned()
-    };
+    use idem_tests::scope_vectors::{authorization as token, document};
+    let vectors = document();
     // JSON as a TOML inline table.
     fn inline(v: &serde_json::Value) -> String {
         match v {

@@ -789,17 +789,8 @@ anonymous = "scoped"
 /// HS256 token signed with the public key, is refused before anything reaches the API.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_of_an_identity_provider_keep_their_principal_s_scope() {
-    let vectors: serde_json::Value =
-        serde_json::from_str(include_str!("../../shared/testdata/scope-vectors.json")).unwrap();
-    let token = |name: &str| -> String {
-        let v = vectors["vectors"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|v| v["name"] == name)
-            .unwrap_or_else(|| panic!("no vector {name:?}"));
-        v["headers"]["authorization"].as_str().unwrap().to_owned()
-    };
+    use idem_tests::scope_vectors::{authorization as token, document};
+    let vectors = document();
     let jwks = std::env::temp_dir().join(format!("idem-jwks-{}.json", std::process::id()));
     std::fs::write(&jwks, vectors["jwks"].to_string()).unwrap();
     let payments = Payments::start().await;
