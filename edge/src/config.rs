@@ -37,6 +37,24 @@ fn scope_rule(var: &impl Fn(&str) -> Option<String>) -> Result<ScopeRule, String
     Ok(ScopeRule { source, anonymous })
 }
 
+/// `REQUIRE_KEY_PATHS`: patterns separated by commas, or a list (written as a TOML
+/// array in [vars], it arrives as JSON); each checked as the origin checks its own.
+fn key_paths(value: &str) -> Result<Vec<String>, String> {
+    let paths: Vec<String> = match value.trim_start().starts_with('[') {
+        true => serde_json::from_str(value)
+            .map_err(|_| String::from("a list must hold strings only"))?,
+        false => value
+            .split(',')
+            .map(|p| p.trim().to_owned())
+            .filter(|p| !p.is_empty())
+            .collect(),
+    };
+    for path in &paths {
+        idem_core::contract::check_pattern(path)?;
+    }
+    Ok(paths)
+}
+
 thread_local! {
     /// The last JWKS parsed, by its text: the vars are read on every request, and an
     /// isolate runs one request at a time, so the keys are checked once per isolate.
@@ -182,14 +200,10 @@ impl EdgeConfig {
             max_body_bytes: num("MAX_BODY_BYTES", d.max_body_bytes as u64)? as usize,
             max_stored_body_bytes: num("MAX_STORED_BODY_BYTES", d.max_stored_body_bytes as u64)?
                 as usize,
-            require_key_paths: var("REQUIRE_KEY_PATHS")
-                .map(|v| {
-                    v.split(',')
-                        .map(|p| p.trim().to_owned())
-                        .filter(|p| !p.is_empty())
-                        .collect()
-                })
-                .unwrap_or(d.require_key_paths),
+            require_key_paths: match var("REQUIRE_KEY_PATHS") {
+                None => d.require_key_paths,
+                Some(v) => key_paths(&v).map_err(|e| format!("REQUIRE_KEY_PATHS: {e}"))?,
+            },
             scope: scope_rule(&var)?,
         })
     }
@@ -274,6 +288,16 @@ mod tests {
             .unwrap_err()
             .contains("must not exceed TTL_MS"));
         assert!(with("TTL_MS", "86400000").is_ok());
+        let listed = with("REQUIRE_KEY_PATHS", "[\"/v1/charges\", \"/v2/*\"]").unwrap();
+        assert_eq!(
+            listed.require_key_paths,
+            ["/v1/charges", "/v2/*"],
+            "a TOML array"
+        );
+        for bad in ["v1/charges", "/v1/charges/", "[1]"] {
+            let err = with("REQUIRE_KEY_PATHS", bad).unwrap_err();
+            assert!(err.starts_with("REQUIRE_KEY_PATHS: "), "{bad}: {err}");
+        }
     }
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -259,6 +259,7 @@ async fn pass<R: EdgeRuntime>(
 pub fn route(config: &EdgeConfig, head: &Head) -> Route {
     contract::route(
         contract::guards(&DEFAULT_METHODS, &head.method),
+        head.path(),
         head.values(IDEMPOTENCY_KEY),
         || contract::listed(&config.require_key_paths, head.path()),
     )

@@ -165,7 +165,11 @@ async fn connect_postgres(config: &Config, url: &str) -> Result<PostgresStore, S
 /// The idempotency layer as configured.
 pub fn layer(config: &Config, store: Arc<dyn Store>) -> Result<IdempotencyLayer, String> {
     let required: Vec<String> = match &config.require_key_on {
-        Some(paths) => paths.iter().map(|p| p.trim().to_owned()).collect(),
+        Some(paths) => paths
+            .iter()
+            .map(|p| p.trim().to_owned())
+            .filter(|p| !p.is_empty())
+            .collect(),
         None if config.upstream.is_some() => Vec::new(),
         None => vec!["/v1/charges".into()],
     };

@@ -423,6 +423,12 @@ impl Config {
         if self.store_timeout.is_zero() || self.sweep_interval.is_zero() {
             return Err("--store-timeout and --sweep-interval must be greater than zero".into());
         }
+        for pattern in self.require_key_on.iter().flatten().map(|p| p.trim()) {
+            if !pattern.is_empty() {
+                idem_core::contract::check_pattern(pattern)
+                    .map_err(|e| format!("--require-key-on: {e}"))?;
+            }
+        }
         // Last: a route's error must not stand for a flag's.
         self.routes()?;
         Ok(())
@@ -567,6 +573,13 @@ mod tests {
             Config::try_parse_from(["idem-origin", "--ttl", "1s", "--lease", "30s"]).unwrap();
         assert!(short.validate().unwrap_err().contains("--ttl"));
         assert!(Config::try_parse_from(["idem-origin", "--store", "cassandra"]).is_err());
+        let trailing_comma =
+            Config::try_parse_from(["idem-origin", "--require-key-on", "/v1/charges,"]).unwrap();
+        assert_eq!(
+            trailing_comma.validate(),
+            Ok(()),
+            "an empty entry is no pattern"
+        );
         assert!(Config::try_parse_from(["idem-origin", "--listen", "nowhere"]).is_err());
     }
 }

@@ -180,30 +180,7 @@ type Problem = (std::ops::Range<usize>, String);
 /// One entry's settings, or the span and message of what is wrong with it.
 fn check(entry: &RouteEntry, dir: &Path, flags: &Config) -> Result<Route, Problem> {
     let path = entry.path.get_ref();
-    let star = path.find('*');
-    let visible = |c: char| c.is_ascii_graphic() && !matches!(c, '?' | '#');
-    if !path.starts_with('/')
-        || star.is_some_and(|at| at != path.len() - 1)
-        || !path.chars().all(visible)
-    {
-        return Err((
-            entry.path.span(),
-            format!("path {path:?} must start with /, hold visible ASCII without ? or #, and may end in * (a prefix) or /* (a path and what is under it), e.g. \"/v1/payouts/*\""),
-        ));
-    }
-    // As requests are matched: in normal form (a pattern written otherwise would
-    // never match, or not where it seems to).
-    if !path.ends_with('*') || path.ends_with("/*") {
-        let base = path.strip_suffix("/*").unwrap_or(path);
-        let normal = contract::normal_path(base);
-        if normal != base && !(base.is_empty() && path == "/*") {
-            let star = if path.ends_with("/*") { "/*" } else { "" };
-            return Err((
-                entry.path.span(),
-                format!("path {path:?} is matched as \"{normal}{star}\": write it so"),
-            ));
-        }
-    }
+    contract::check_pattern(path).map_err(|e| (entry.path.span(), format!("path {e}")))?;
     let duration =
         |value: &Option<Spanned<String>>, key: &str| -> Result<Option<Duration>, Problem> {
             value

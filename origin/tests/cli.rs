@@ -165,3 +165,19 @@ fn a_bad_route_file_is_refused_with_its_line() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_path_pattern_that_could_never_match_is_refused() {
+    for (pattern, says) in [
+        ("v1/charges", "must start with /"),
+        ("/v1/charges/", "is matched as \"/v1/charges\""),
+    ] {
+        let o = run(&["--require-key-on", pattern], &[]);
+        assert_eq!(o.status.code(), Some(2), "{pattern}");
+        assert!(
+            stderr(&o).contains("--require-key-on: ") && stderr(&o).contains(says),
+            "{pattern}: {}",
+            stderr(&o)
+        );
+    }
+}

@@ -102,7 +102,8 @@ def verified(head, body, sig, header, keys):
         return False
 
     def usable(k):
-        if k.get("use", "sig") != "sig" or "verify" not in k.get("key_ops", ["verify"]):
+        ops = k.get("key_ops", ["verify"])
+        if k.get("use", "sig") != "sig" or not isinstance(ops, list) or "verify" not in ops:
             return False
         if k.get("kty") == "RSA":
             return k.get("alg", "RS256") == "RS256" and 2048 <= int.from_bytes(unb64(k["n"]), "big").bit_length() <= 4096
@@ -160,7 +161,7 @@ def claim_value(token, claim, keys):
     try:
         head, body, sig = token.split(".")
         header = strict_json(unb64(head))
-        if not isinstance(header, dict) or not verified(head, body, sig, header, keys):
+        if not isinstance(header, dict) or "crit" in header or not verified(head, body, sig, header, keys):
             return None
         raw = unb64(body)
         payload = strict_json(raw)
@@ -281,6 +282,7 @@ def cases():
         ("api key joined by a runtime", "header:x-api-key", "scoped", {"x-api-key": "key-a, key-b"}),
         ("authorization sent twice, first wins", "authorization", "scoped", {"authorization": ["Bearer sk_live_1", "Bearer other"]}),
         ("jwt exp of 20 digits", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"u","exp":99999999999999999999}')}),
+        ("jwt with crit", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"u"}', header=b'{"alg":"HS256","crit":["b64"],"b64":false}')}),
     ] + jwks_cases()
 
 

@@ -89,7 +89,7 @@ where
     }
     let (parts, body) = req.into_parts();
     let keys = parts.headers.get_all(IDEMPOTENCY_KEY).iter();
-    let key = match contract::route(true, keys.map(|v| v.as_bytes()), || {
+    let key = match contract::route(true, parts.uri.path(), keys.map(|v| v.as_bytes()), || {
         (config.key_required)(&parts)
     }) {
         Route::Guard(key) => key,

@@ -25,7 +25,10 @@ pub use answer::{
 };
 pub use jwt::{JwtKeys, JwtVerifier};
 pub use problem::{Problem, Rejection};
-pub use request::{check_declared_length, fingerprint, guards, listed, normal_path, route, Route};
+pub use request::{
+    ambiguous_path, check_declared_length, check_pattern, fingerprint, guards, listed, normal_path,
+    route, Route,
+};
 pub use scope::{Anonymous, ScopeRule, ScopeSource};
 pub use wait::{prefer_wait, wait_ms, wait_ms_or, Waiting};
 

@@ -52,11 +52,15 @@ pub enum Problem {
     /// 401: the bearer JWT did not verify (signature, algorithm, `exp`, `nbf`, the
     /// claim). Never taken for anonymous. Nothing was claimed.
     IdentityInvalid,
+    /// 400: a guarded request's path is spelled so that servers disagree on what it
+    /// names (an encoded `/` or `\`, a `;` parameter, a `.` or `..` segment): idem
+    /// could apply one route's settings and the API serve another's. Nothing ran.
+    PathAmbiguous,
 }
 
 impl Problem {
     /// All problems, for documentation and tests.
-    pub const ALL: [Problem; 16] = [
+    pub const ALL: [Problem; 17] = [
         Problem::KeyMissing,
         Problem::KeyMalformed,
         Problem::BodyTooLarge,
@@ -73,12 +77,16 @@ impl Problem {
         Problem::UpstreamOutcomeUnknown,
         Problem::IdentityMissing,
         Problem::IdentityInvalid,
+        Problem::PathAmbiguous,
     ];
 
     /// The HTTP status.
     pub fn status(self) -> u16 {
         match self {
-            Problem::KeyMissing | Problem::KeyMalformed | Problem::BodyUnreadable => 400,
+            Problem::KeyMissing
+            | Problem::KeyMalformed
+            | Problem::BodyUnreadable
+            | Problem::PathAmbiguous => 400,
             Problem::BodyTooLarge => 413,
             Problem::IdentityMissing | Problem::IdentityInvalid => 401,
             Problem::InFlight | Problem::Fenced => 409,
@@ -111,6 +119,7 @@ impl Problem {
             Problem::UpstreamOutcomeUnknown => "urn:idem:problem:upstream-outcome-unknown",
             Problem::IdentityMissing => "urn:idem:problem:identity-missing",
             Problem::IdentityInvalid => "urn:idem:problem:identity-invalid",
+            Problem::PathAmbiguous => "urn:idem:problem:path-ambiguous",
         }
     }
 
@@ -135,6 +144,7 @@ impl Problem {
             Problem::UpstreamOutcomeUnknown => "The upstream's outcome is unknown",
             Problem::IdentityMissing => "Who is asking is needed to keep the key apart",
             Problem::IdentityInvalid => "The caller's token was not accepted",
+            Problem::PathAmbiguous => "The request's path is spelled ambiguously",
         }
     }
 
@@ -163,6 +173,7 @@ impl Problem {
             Problem::UpstreamOutcomeUnknown => "the request was sent to the upstream and its answer was lost; it will not be sent again for this key",
             Problem::IdentityMissing => "send the identity this API scopes keys by",
             Problem::IdentityInvalid => "the bearer token was not accepted",
+            Problem::PathAmbiguous => "send the path as the API spells it: no encoded / or \\ (%2F, %5C), no ; parameters, no . or .. segments",
         }
     }
 

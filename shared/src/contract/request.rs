@@ -4,6 +4,7 @@
 use super::problem::{Problem, Rejection};
 use crate::{Fingerprint, IdempotencyKey, RequestParts};
 use alloc::borrow::Cow;
+use alloc::format;
 use alloc::string::String;
 
 /// What to do with a request, decided on its method, path and headers.
@@ -17,16 +18,23 @@ pub enum Route {
     Guard(IdempotencyKey),
 }
 
-/// Routes a request. `guarded`: its method is one of the guarded ones; `keys`: the
-/// value of every `Idempotency-Key` header it carries, in order; `key_required`:
-/// whether its route requires a key (asked only when there is none).
+/// Routes a request. `guarded`: its method is one of the guarded ones; `path`: its
+/// path as sent; `keys`: the value of every `Idempotency-Key` header it carries, in
+/// order; `key_required`: whether its route requires a key (asked only when there is
+/// none).
 pub fn route<'a>(
     guarded: bool,
+    path: &str,
     keys: impl IntoIterator<Item = &'a [u8]>,
     key_required: impl FnOnce() -> bool,
 ) -> Route {
     if !guarded {
         return Route::PassThrough;
+    }
+    // Which route's settings apply is decided on the path: one that servers read
+    // differently could get one route's here and another's at the API.
+    if ambiguous_path(path) {
+        return Route::Reject(Rejection::new(Problem::PathAmbiguous));
     }
     let mut keys = keys.into_iter();
     match (keys.next(), keys.next()) {
@@ -70,6 +78,61 @@ pub fn listed(paths: &[impl AsRef<str>], path: &str) -> bool {
             normal_path(p) == path
         }
     })
+}
+
+/// Checks a path pattern as [`listed`] reads it: `*`, or a path that starts with `/`,
+/// in visible ASCII without `?` or `#`, whose only `*` ends it, written in normal form
+/// (a pattern written otherwise could never match, or not where it seems to). The
+/// error says what to write.
+pub fn check_pattern(pattern: &str) -> Result<(), String> {
+    if pattern == "*" {
+        return Ok(());
+    }
+    let visible = |c: char| c.is_ascii_graphic() && !matches!(c, '?' | '#');
+    let star = pattern.find('*');
+    if !pattern.starts_with('/')
+        || star.is_some_and(|at| at != pattern.len() - 1)
+        || !pattern.chars().all(visible)
+    {
+        return Err(format!("{pattern:?} must start with /, hold visible ASCII without ? or #, and may end in * (a prefix) or /* (a path and what is under it), e.g. \"/v1/payouts/*\""));
+    }
+    let (base, star) = match (pattern.strip_suffix("/*"), pattern.strip_suffix('*')) {
+        (Some(base), _) => (base, "/*"),
+        (None, Some(prefix)) => (prefix, "*"),
+        (None, None) => (pattern, ""),
+    };
+    if base.is_empty() {
+        return Ok(());
+    }
+    let normal = normal_path(base);
+    // A plain prefix may end in a slash (`/v1/*` aside): `/v1/pay*`, `/v1/x/*`.
+    let same = normal == base
+        || (star == "*"
+            && base.ends_with('/')
+            && normal_path(base.trim_end_matches('/')) == base.trim_end_matches('/')
+            && !base.ends_with("//"));
+    if !same || ambiguous_path(base) {
+        return Err(format!(
+            "{pattern:?} is matched as \"{normal}{star}\": write it so"
+        ));
+    }
+    Ok(())
+}
+
+/// Whether servers disagree on what `path` names: it holds an encoded `/` or `\` (Go
+/// and WSGI decode them, others don't), a `;` parameter (Tomcat drops it), or a `.` or
+/// `..` segment, plain or encoded (some resolve them, some route them as written).
+pub fn ambiguous_path(path: &str) -> bool {
+    let lower = |i: usize| path.as_bytes().get(i).map(u8::to_ascii_lowercase);
+    let encoded_separator = path.match_indices('%').any(|(i, _)| {
+        lower(i + 1) == Some(b'2') && lower(i + 2) == Some(b'f')
+            || lower(i + 1) == Some(b'5') && lower(i + 2) == Some(b'c')
+    });
+    let dot_segment = |segment: &str| {
+        let decoded = segment.to_ascii_lowercase().replace("%2e", ".");
+        decoded == "." || decoded == ".."
+    };
+    encoded_separator || path.contains(';') || path.split('/').any(dot_segment)
 }
 
 /// `path` as servers commonly take it (RFC 3986 §6.2.2): percent-encoded unreserved
@@ -195,6 +258,7 @@ mod tests {
     fn r(method: &str, path: &str, keys: &[&[u8]]) -> Route {
         route(
             guards(&super::super::DEFAULT_METHODS, method),
+            path,
             keys.iter().copied(),
             || listed(&["/v1/charges"], path),
         )
@@ -234,6 +298,73 @@ mod tests {
             r("PATCH", "/x", &[b"\"k1\""]),
             Route::Guard(IdempotencyKey::parse(b"k1").unwrap())
         );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn patterns_are_checked_as_they_are_read() {
+        for good in [
+            "*",
+            "/*",
+            "/v1/charges",
+            "/v1/*",
+            "/v1*",
+            "/v1/pay*",
+            "/v1/x/*",
+            "/",
+        ] {
+            assert_eq!(check_pattern(good), Ok(()), "{good}");
+        }
+        for (bad, says) in [
+            ("", "must start with /"),
+            ("v1*", "must start with /"),
+            ("/v1/*/x", "must start with /"),
+            ("/a?b", "must start with /"),
+            ("/caf\u{e9}", "must start with /"),
+            ("/v1/charges/", "is matched as \"/v1/charges\""),
+            ("/v1//c*", "is matched as \"/v1/c*\""),
+            ("/v1/%63h*", "is matched as \"/v1/ch*\""),
+            ("/v1/./x/*", "is matched as \"/v1/x/*\""),
+        ] {
+            let error = check_pattern(bad).unwrap_err();
+            assert!(error.contains(says), "{bad}: {error}");
+        }
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_guarded_request_on_an_ambiguous_path_is_refused() {
+        for path in [
+            "/v1%2Fcharges",
+            "/v1%2fcharges",
+            "/v1%5Ccharges",
+            "/v1/charges;jsessionid=1",
+            "/v1/charges/..",
+            "/v1/charges/%2e%2E",
+            "/v1/./charges",
+            "/v1/charges/%2E",
+        ] {
+            assert!(ambiguous_path(path), "{path}");
+            assert_eq!(
+                problem(r("POST", path, &[b"\"k1\""])),
+                Some(Problem::PathAmbiguous),
+                "{path}"
+            );
+            assert_eq!(
+                r("GET", path, &[]),
+                Route::PassThrough,
+                "not idem's business"
+            );
+        }
+        for path in [
+            "/v1/charges",
+            "/v1/charges/",
+            "//v1/charges",
+            "/v1/%63harges",
+            "/v1/a.b",
+            "/v1/..x",
+            "/%25",
+        ] {
+            assert!(!ambiguous_path(path), "{path}");
+        }
     }
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -228,6 +228,11 @@ pub fn verify_jwt(token: &[u8], jwt: &JwtVerifier, now_secs: u64) -> Result<Vec<
     let header = b64url(head)
         .and_then(|h| json::canonicalize(&h).ok())
         .ok_or("its header is not JSON")?;
+    // RFC 7515 §4.1.11: extensions the token says must be understood, and idem
+    // understands none.
+    if member(&header, "crit").is_some() {
+        return Err("it names critical extensions (crit), which idem does not implement");
+    }
     // Only the algorithms of `keys`: "none" and every other are refused, whatever the
     // token says.
     let signature = b64url(sig).ok_or("its signature is not base64url")?;
