@@ -223,15 +223,27 @@ async fn post(
     body: String,
     prefer_wait: bool,
 ) -> reqwest::Response {
-    let mut req = http
-        .post(format!("{base}/v1/charges"))
-        .header("idempotency-key", key)
-        .header("content-type", "application/json")
-        .body(body);
-    if prefer_wait {
-        req = req.header("prefer", "wait=10");
+    // An overloaded local runtime may drop a connection (as in the races): a client
+    // retries that with the same key, which is what the key is for.
+    let mut attempts = 0;
+    loop {
+        let mut req = http
+            .post(format!("{base}/v1/charges"))
+            .header("idempotency-key", key)
+            .header("content-type", "application/json")
+            .body(body.clone());
+        if prefer_wait {
+            req = req.header("prefer", "wait=10");
+        }
+        match req.send().await {
+            Ok(res) => return res,
+            Err(e) if (e.is_request() || e.is_connect()) && attempts < 3 => {
+                attempts += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("the edge answers: {e}"),
+        }
     }
-    req.send().await.expect("the edge answers")
 }
 
 fn tally(seen: &mut BTreeMap<String, usize>, res: &reqwest::Response) {
