@@ -140,6 +140,13 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
         }
         None => router(layer, store.clone(), demo),
     };
+    metrics::gauge!(
+        "idem_build_info",
+        "version" => env!("CARGO_PKG_VERSION"),
+        "store" => store.name(),
+        "mode" => if config.upstream.is_some() { "proxy" } else { "demo" },
+    )
+    .set(1.0);
     Ok(Origin {
         router,
         store,

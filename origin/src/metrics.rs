@@ -32,8 +32,10 @@ pub fn install() -> PrometheusHandle {
             // Another recorder may already be installed (an embedding application's);
             // then ours only renders what it was given, which is nothing.
             let _ = metrics::set_global_recorder(recorder);
-            // Every metric the library records gets its help text from the start.
+            // Every metric the library records gets its help text from the start, and
+            // every counter its series at 0.
             idem::metrics::describe();
+            idem::metrics::register_counters();
             handle
         })
         .clone()

@@ -105,3 +105,53 @@ async fn exported_metrics_are_the_catalogued_ones() {
         );
     }
 }
+
+/// A fresh process exports every counter of the catalog at 0, for each label value it
+/// lists, and `idem_build_info`, before any request: a dashboard or an alert on
+/// `rate(…)` sees its series from the first scrape after a deploy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_there_from_the_first_scrape() {
+    let (mut child, base) = idem_tests::OriginProcess::spawn(&["--store", "memory"]).await;
+    let text = client()
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut missing = Vec::new();
+    for m in CATALOG
+        .iter()
+        .filter(|m| m.kind == idem::metrics::Kind::Counter)
+    {
+        let values: Vec<&str> = m
+            .values
+            .split(", ")
+            .map(|v| v.trim_matches('`'))
+            .filter(|v| !v.is_empty())
+            .collect();
+        let series: Vec<String> = match (m.labels, values.is_empty()) {
+            ([], _) => vec![format!("{} 0", m.name)],
+            ([label], false) => values
+                .iter()
+                .map(|v| format!("{}{{{label}=\"{v}\"}} 0", m.name))
+                .collect(),
+            // Label values nobody can list in advance: none until recorded.
+            _ => continue,
+        };
+        missing.extend(series.into_iter().filter(|s| !text.lines().any(|l| l == s)));
+    }
+    let version = env!("CARGO_PKG_VERSION");
+    let build =
+        format!("idem_build_info{{version=\"{version}\",store=\"memory\",mode=\"demo\"}} 1");
+    if !text.lines().any(|l| l == build) {
+        missing.push(build);
+    }
+    assert!(
+        missing.is_empty(),
+        "not exported before the first request: {missing:?}\n{text}"
+    );
+}

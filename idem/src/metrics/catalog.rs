@@ -80,6 +80,7 @@ pub const CATALOG: &[Metric] = &[
     metric("idem_outbox_skipped_heartbeats_total", Counter, &[], "", "heartbeats not written behind because the queue was full"),
     metric("idem_outbox_lost_total", Counter, &[], "", "records not written before the shutdown drain deadline"),
     metric("idem_redis_cluster_reconnects_total", Counter, &[], "", "cluster connections rebuilt after repeated failures"),
+    metric("idem_build_info", Gauge, &["version", "store", "mode"], "`demo`, `proxy`", "1, from start-up: the running build's version, its store and its mode"),
 ];
 
 /// Gives every metric of [`CATALOG`] its help text (and the latency its unit) in the
@@ -92,6 +93,29 @@ pub fn describe() {
             Kind::Histogram => {
                 metrics::describe_histogram!(m.name, metrics::Unit::Seconds, m.help)
             }
+        }
+    }
+}
+
+/// Registers every counter of [`CATALOG`] at 0 — once per value of its label where
+/// the catalog lists them — so that dashboards and alerts on `rate(…)` see the series
+/// from the first scrape, not from the first request that moves them. Counters whose
+/// label values can't be known in advance appear when first recorded.
+pub fn register_counters() {
+    for m in CATALOG.iter().filter(|m| m.kind == Kind::Counter) {
+        let values = m
+            .values
+            .split(", ")
+            .map(|v| v.trim_matches('`'))
+            .filter(|v| !v.is_empty());
+        match m.labels {
+            [] => metrics::counter!(m.name).increment(0),
+            [label] => {
+                for value in values {
+                    metrics::counter!(m.name, *label => value).increment(0);
+                }
+            }
+            _ => {}
         }
     }
 }

@@ -6,7 +6,7 @@
 
 mod catalog;
 
-pub use catalog::{describe, readme_table, Kind, Metric, CATALOG};
+pub use catalog::{describe, readme_table, register_counters, Kind, Metric, CATALOG};
 
 use std::future::Future;
 use std::time::Instant;
