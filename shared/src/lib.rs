@@ -28,6 +28,7 @@ pub mod json;
 mod key;
 mod record;
 mod scope;
+mod stamp;
 
 pub use decision::{
     complete, decide, heartbeat, release, Claim, Decision, Holder, Policy, Refusal, Transition,
@@ -36,6 +37,7 @@ pub use fingerprint::{Fingerprint, RequestParts};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use record::{DecodeError, Record, StoredResponse, EXPIRY_GRACE_MS};
 pub use scope::{RecordKey, Scope};
+pub use stamp::Stamp;
 
 /// Milliseconds since the Unix epoch. The core never reads a clock; callers pass this in.
 pub type Millis = u64;

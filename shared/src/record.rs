@@ -99,6 +99,21 @@ impl Record {
         (self.token(), self.state_code()) >= (current.token(), current.state_code())
     }
 
+    /// Whether this record, written behind into the authority (the tiered async
+    /// outbox, or a written-behind claim before a transactional completion), may
+    /// replace `current` there when the authority's clock reads `now`: it supersedes it,
+    /// and it never buries a completion that has not expired — a stale claim must not
+    /// hide an answer, nor may a holder's later completion replace the one its
+    /// handler's transaction committed. (Postgres states exactly this in SQL.)
+    pub fn may_write_behind(&self, current: Option<&Record>, now: Millis) -> bool {
+        match current {
+            None => true,
+            Some(current) => {
+                self.supersedes(current) && !(current.is_completed() && current.expires_at() > now)
+            }
+        }
+    }
+
     /// Whether this record is strictly further along than `other`: a higher token, or
     /// the same token completed where `other` is still in progress.
     pub fn is_newer_than(&self, other: &Record) -> bool {

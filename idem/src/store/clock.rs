@@ -9,7 +9,8 @@
 //! [`Stamp`]). This module keeps the offset between the store's clock and ours, so that
 //! the next `now` is usually right at the first try.
 
-use idem_core::{Millis, Policy};
+use idem_core::Millis;
+pub use idem_core::Stamp;
 use std::sync::atomic::{AtomicI64, Ordering};
 
 /// The store's clock: the local clock plus the offset last observed.
@@ -50,43 +51,6 @@ fn shift(t: Millis, by: i64) -> Millis {
     }
 }
 
-/// The instant a write was computed at, and how far from the store's clock that may be.
-///
-/// A store refuses (as [`Skewed`]) a write whose `now` differs from its own clock by
-/// more than `tolerance`: the caller recomputes the record at the store's time and
-/// tries again. Within the tolerance a lease or an expiry may be off by at most that
-/// much, which is why it is a small fraction of the lease.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Stamp {
-    /// The caller's estimate of the store's clock.
-    pub now: Millis,
-    /// The largest accepted difference from the store's clock.
-    pub tolerance: u64,
-}
-
-impl Stamp {
-    /// `now` with the tolerance the policy allows: a tenth of the lease, at least 50 ms.
-    pub fn new(now: Millis, policy: &Policy) -> Stamp {
-        Stamp {
-            now,
-            tolerance: (policy.lease_ms / 10).max(50),
-        }
-    }
-
-    /// Whether the store's clock reading `store_now` accepts this stamp.
-    pub fn accepted_by(&self, store_now: Millis) -> bool {
-        self.now.abs_diff(store_now) <= self.tolerance
-    }
-
-    /// The same tolerance at the store's time.
-    pub fn at(self, store_now: Millis) -> Stamp {
-        Stamp {
-            now: store_now,
-            ..self
-        }
-    }
-}
-
 /// A write refused because its stamp was too far from the store's clock, which read `0`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Skewed(pub Millis);
@@ -105,28 +69,5 @@ mod tests {
         assert!(clock.now().abs_diff(local - 5_000) < 1_000);
         clock.observe(0);
         assert!(clock.now() < 1_000, "never below the epoch");
-    }
-
-    #[test]
-    fn stamps_accept_only_nearby_store_clocks() {
-        let p = Policy {
-            lease_ms: 30_000,
-            ttl_ms: 60_000,
-        };
-        let s = Stamp::new(100_000, &p);
-        assert_eq!(s.tolerance, 3_000);
-        assert!(s.accepted_by(103_000) && s.accepted_by(97_000));
-        assert!(!s.accepted_by(103_001) && !s.accepted_by(96_999));
-        assert_eq!(
-            Stamp::new(
-                0,
-                &Policy {
-                    lease_ms: 100,
-                    ttl_ms: 1
-                }
-            )
-            .tolerance,
-            50
-        );
     }
 }

@@ -154,7 +154,8 @@ const HOLDER_WRITE: &str = concat!(
 /// The write-behind upsert: many records in one statement, each applied only if it
 /// supersedes the stored row — `Record::supersedes` in SQL — and never over a
 /// completed row that has not expired: a stale claim must not bury an answer, nor may
-/// a holder's later completion replace the one its handler's transaction committed.
+/// a holder's later completion replace the one its handler's transaction committed
+/// (`Record::may_write_behind`, row by row).
 const UPSERT_SUPERSEDING: &str = concat!(
     "INSERT INTO idem_records (id, token, state, expires_at, record)
     SELECT * FROM unnest($1::text[], $2::int8[], $3::int2[], $4::int8[], $5::bytea[])

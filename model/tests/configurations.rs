@@ -1,0 +1,262 @@
+//! Every configuration idem ships, model-checked under the faults it claims to survive
+//! (every property holds), and under the faults it documents as its limits (the
+//! checker must find the counterexample the README describes).
+//!
+//! `IDEM_MODEL_DEEP=1` checks a longer run with three attempts everywhere.
+
+use idem_model::*;
+use std::collections::BTreeSet;
+
+/// The faults every shared store survives: replicas dying before the effect, replies
+/// lost after writes landed, and one replica's clock further ahead than a lease.
+const SURVIVED: Faults = Faults {
+    crash: true,
+    pause: false,
+    lost_replies: true,
+    holder_skew: SKEW_BEYOND,
+    store_skew: 0,
+    failover: false,
+    edge_state_loss: false,
+};
+
+fn deep() -> bool {
+    std::env::var_os("IDEM_MODEL_DEEP").is_some_and(|v| v == "1")
+}
+
+/// A configuration and the properties it is expected to violate.
+struct Case {
+    config: Config,
+    violated: &'static [&'static str],
+}
+
+fn case(config: Config, violated: &'static [&'static str]) -> Case {
+    let config = match deep() {
+        true => {
+            let mut attempts = config.attempts.clone();
+            if attempts.len() < 3 {
+                attempts.push(0);
+            }
+            config.attempts(&attempts).ticks(7)
+        }
+        false => config,
+    };
+    Case { config, violated }
+}
+
+/// The configurations whose every property must hold.
+fn claimed() -> Vec<Case> {
+    vec![
+        case(
+            Config::new("memory", Deployment::Memory)
+                .attempts(&[0, 0, 1])
+                .faults(SURVIVED),
+            &[],
+        ),
+        case(
+            Config::new("postgres on-conflict", Deployment::PostgresOnConflict)
+                .attempts(&[0, 0, 1])
+                .faults(SURVIVED),
+            &[],
+        ),
+        case(
+            Config::new("postgres advisory-lock", Deployment::PostgresAdvisoryLock)
+                .attempts(&[0, 0, 1])
+                .faults(SURVIVED),
+            &[],
+        ),
+        case(
+            Config::new("redis, no failover", Deployment::Redis)
+                .attempts(&[0, 0, 1])
+                .faults(SURVIVED),
+            &[],
+        ),
+        case(
+            Config::new("tiered sync, Redis failing over", Deployment::TieredSync).faults(Faults {
+                failover: true,
+                store_skew: SKEW_BEYOND,
+                ..SURVIVED
+            }),
+            &[],
+        ),
+        case(
+            Config::new("tiered async, no failover", Deployment::TieredAsync).faults(SURVIVED),
+            &[],
+        ),
+        case(
+            Config::new(
+                "postgres on-conflict, a replica within the tolerance",
+                Deployment::PostgresOnConflict,
+            )
+            .faults(Faults {
+                holder_skew: SKEW_WITHIN,
+                ..SURVIVED
+            }),
+            &[],
+        ),
+        case(
+            Config::new(
+                "edge over origin, edge losing state",
+                Deployment::EdgeOverOrigin,
+            )
+            .faults(Faults {
+                edge_state_loss: true,
+                ..SURVIVED
+            }),
+            &[],
+        ),
+        case(
+            Config::new(
+                "postgres on-conflict, transactional, pauses",
+                Deployment::PostgresOnConflict,
+            )
+            .transactional()
+            .faults(Faults {
+                pause: true,
+                ..SURVIVED
+            }),
+            &[],
+        ),
+        case(
+            Config::new(
+                "postgres advisory-lock, transactional, pauses",
+                Deployment::PostgresAdvisoryLock,
+            )
+            .transactional()
+            .faults(Faults {
+                pause: true,
+                ..SURVIVED
+            }),
+            &[],
+        ),
+    ]
+}
+
+/// The configurations whose documented limits the checker must find.
+fn limits() -> Vec<Case> {
+    use idem_model::properties::*;
+    vec![
+        // The handler's effect commits on its own: a holder that stalls past its lease
+        // after it (or dies before completing) leaves a takeover to run it again.
+        case(
+            Config::new(
+                "postgres on-conflict, separate, pauses",
+                Deployment::PostgresOnConflict,
+            )
+            .faults(Faults {
+                pause: true,
+                ..SURVIVED
+            }),
+            &[AT_MOST_ONCE, ONE_ANSWER],
+        ),
+        // A claim acknowledged by a master that dies before replicating it is gone: the
+        // promoted replica lets a retry run the handler again, under the same token.
+        case(
+            Config::new("redis, failover", Deployment::RedisFailover).faults(Faults {
+                failover: true,
+                ..SURVIVED
+            }),
+            &[AT_MOST_ONCE, ONE_ANSWER, TOKENS_INCREASE],
+        ),
+        // Tiered async: a write acknowledged by the master and lost with it before
+        // replication and before the outbox wrote it behind.
+        case(
+            Config::new("tiered async, failover", Deployment::TieredAsync).faults(Faults {
+                failover: true,
+                ..SURVIVED
+            }),
+            &[AT_MOST_ONCE, ONE_ANSWER, TOKENS_INCREASE],
+        ),
+        // The code before the store's clock judged (issue 11): a replica whose clock
+        // runs a lease ahead takes over a live holder.
+        case(
+            Config::new(
+                "postgres on-conflict, replica's clock (before the fix)",
+                Deployment::PostgresOnConflict,
+            )
+            .faults(SURVIVED)
+            .with_bug(Bug::ReplicaClock),
+            &[AT_MOST_ONCE, ONE_ANSWER, NO_KEY_STUCK],
+        ),
+        // A takeover that swaps on the token alone overwrites the completion a paused
+        // holder committed (with its effect) since the takeover read the record.
+        case(
+            Config::new(
+                "postgres on-conflict, transactional, token-only swap (bug)",
+                Deployment::PostgresOnConflict,
+            )
+            .transactional()
+            .faults(Faults {
+                pause: true,
+                ..SURVIVED
+            })
+            .with_bug(Bug::TokenOnlySwap),
+            &[AT_MOST_ONCE, ONE_ANSWER],
+        ),
+        // Holder writes without their precondition: the fenced holder completes.
+        case(
+            Config::new(
+                "postgres on-conflict, separate, unguarded holder writes (bug)",
+                Deployment::PostgresOnConflict,
+            )
+            .faults(Faults {
+                pause: true,
+                ..SURVIVED
+            })
+            .with_bug(Bug::UnguardedHolderWrite),
+            &[AT_MOST_ONCE, ONE_ANSWER, FENCED_NEVER_COMPLETES],
+        ),
+    ]
+}
+
+fn run(cases: Vec<Case>) {
+    let mut failures = Vec::new();
+    for Case { config, violated } in cases {
+        let outcome = check(&config);
+        eprintln!("{}", outcome.summary());
+        assert!(
+            outcome.complete,
+            "{}: not every state was explored",
+            config.name
+        );
+        let expected: BTreeSet<&str> = violated.iter().copied().collect();
+        let found: BTreeSet<&str> = PROPERTIES
+            .iter()
+            .copied()
+            .filter(|p| outcome.found(p))
+            .collect();
+        for p in found.difference(&expected) {
+            failures.push(format!(
+                "{}: \"{p}\" has a counterexample:\n{}",
+                config.name, outcome.found[p]
+            ));
+        }
+        for p in expected.difference(&found) {
+            failures.push(format!(
+                "{}: \"{p}\" was expected to fail (the README says so) and holds",
+                config.name
+            ));
+        }
+        if !outcome.found(properties::A_RETRY_REPLAYS) {
+            failures.push(format!(
+                "{}: no retry is ever replayed: the model is vacuous",
+                config.name
+            ));
+        }
+        for p in &expected {
+            if let Some(trace) = outcome.found.get(p) {
+                eprintln!("  counterexample to \"{p}\":\n{trace}");
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn every_property_holds_where_it_is_claimed() {
+    run(claimed());
+}
+
+#[test]
+fn the_documented_limits_have_counterexamples() {
+    run(limits());
+}
