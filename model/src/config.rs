@@ -61,6 +61,10 @@ pub struct Faults {
     pub failover: bool,
     /// The edge's Durable Object loses its stored record.
     pub edge_state_loss: bool,
+    /// Redis loses its records once (a restart without persistence, a flush, an
+    /// eviction) at a moment when every outbox has written behind: tiered stores must
+    /// answer from Postgres through the cold path.
+    pub redis_loss: bool,
 }
 
 /// One configuration of the checker.
@@ -154,4 +158,8 @@ pub enum Bug {
     TokenOnlySwap,
     /// Holder writes without their precondition (`token = $t AND state = in-progress`).
     UnguardedHolderWrite,
+    /// Before this model: in tiered async, a holder's write refused by a newer claim in
+    /// Redis gave up, even when that claim was a retry's provisional one, made after Redis
+    /// lost the holder's record, that the authority would have replaced.
+    FencedByProvisionalClaim,
 }

@@ -30,6 +30,8 @@ pub enum Action {
     Failover,
     /// The edge's Durable Object loses its record.
     LoseEdgeState,
+    /// Redis loses its records, every outbox having written behind.
+    LoseRedis,
 }
 
 /// The claim protocol under one [`Config`].
@@ -55,27 +57,26 @@ impl ProtocolModel {
     }
 
     /// Whether every live holder's lease outlasts the next tick: a holder that does not
-    /// pause renews in time.
+    /// pause renews in time (its heartbeat runs every third of a lease).
     fn holders_timely(&self, state: &State) -> bool {
-        let Some(record) = state.main.record() else {
-            return true;
-        };
-        let idem_core::Record::InProgress {
-            token, lease_until, ..
-        } = record
-        else {
-            return true;
-        };
         let next = state.main.now(state.now + TICK);
-        state.attempts.iter().all(|a| {
-            let holds = match &a.pc {
-                Pc::Running { token: t } | Pc::Finishing { token: t, .. } => *t == token,
-                // Tiered async: claimed in Redis, reading Postgres before it runs.
-                Pc::ColdRead { ours } => crate::steps::token_of(ours) == token,
-                _ => false,
-            };
-            !holds || lease_until > next
+        state.attempts.iter().all(|a| match (&a.pc, a.lease) {
+            (Pc::Running { .. } | Pc::Finishing { .. } | Pc::ColdRead { .. }, Some(lease)) => {
+                lease > next
+            }
+            _ => true,
         })
+    }
+
+    /// Whether Postgres holds exactly what Redis holds (tiered): every write Redis
+    /// acknowledged was written behind, so Redis losing its records loses nothing.
+    fn written_behind(&self, state: &State) -> bool {
+        let (redis, pg) = match self.config.deployment {
+            Deployment::TieredAsync => (&state.main, &state.other),
+            Deployment::TieredSync => (&state.other, &state.main),
+            _ => return true,
+        };
+        redis.bytes.is_some() && redis.bytes == pg.bytes
     }
 
     fn writes(&self, attempt: &Attempt) -> bool {
@@ -114,6 +115,7 @@ impl Model for ProtocolModel {
                     0
                 },
                 pc: Pc::Idle,
+                lease: None,
                 seen: None,
                 mirror: None,
                 outbox: Vec::new(),
@@ -126,6 +128,7 @@ impl Model for ProtocolModel {
             other: Slot::default(),
             replica: self.config.has_redis_replica().then(Slot::default),
             failed_over: false,
+            redis_lost: false,
             edge: Slot::default(),
             edge_lost: false,
             attempts,
@@ -178,6 +181,9 @@ impl Model for ProtocolModel {
                 actions.push(Action::Failover);
             }
         }
+        if c.faults.redis_loss && !state.redis_lost && self.written_behind(state) {
+            actions.push(Action::LoseRedis);
+        }
         if c.faults.edge_state_loss && !state.edge_lost && state.edge.bytes.is_some() {
             actions.push(Action::LoseEdgeState);
         }
@@ -214,6 +220,13 @@ impl Model for ProtocolModel {
                 redis.bytes = promoted.bytes;
                 redis.offset = skew;
                 next.failed_over = true;
+            }
+            Action::LoseRedis => {
+                self.redis_mut(&mut next).bytes = None;
+                if let Some(replica) = next.replica.as_mut() {
+                    replica.bytes = None;
+                }
+                next.redis_lost = true;
             }
             Action::LoseEdgeState => {
                 next.edge.bytes = None;

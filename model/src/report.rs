@@ -2,8 +2,8 @@
 
 use crate::config::Config;
 use crate::model::{Action, ProtocolModel};
-use crate::state::State;
-use stateright::{Checker, Model};
+use crate::state::{Answer, Pc, State};
+use stateright::{Checker, Expectation, Model};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::time::{Duration, Instant};
@@ -56,7 +56,7 @@ pub fn check(config: &Config) -> Outcome {
     let took = started.elapsed();
     let mut found = BTreeMap::new();
     for (name, path) in checker.discoveries() {
-        found.insert(name, trace(checker.model(), path.into_vec()));
+        found.insert(name, trace(checker.model(), name, path.into_vec()));
     }
     Outcome {
         config: config.clone(),
@@ -68,68 +68,128 @@ pub fn check(config: &Config) -> Outcome {
     }
 }
 
-/// A trace in words: each step, then what it left in the stores and the attempts.
-fn trace(model: &ProtocolModel, path: Vec<(State, Option<Action>)>) -> String {
+/// A trace in words, up to the state that decides `property`: each step with the
+/// attempt it moved (or the fault), then the stores.
+fn trace(model: &ProtocolModel, property: &str, path: Vec<(State, Option<Action>)>) -> String {
+    let condition = model
+        .properties()
+        .into_iter()
+        .find(|p| p.name == property)
+        .expect("a property of the model");
+    let decided = |s: &State| match condition.expectation {
+        Expectation::Sometimes => (condition.condition)(model, s),
+        _ => !(condition.condition)(model, s),
+    };
     let mut out = String::new();
     for (state, action) in path {
-        let Some(action) = action else {
-            let _ = writeln!(out, "  end: {}", describe(model, &state));
+        if decided(&state) {
             break;
+        }
+        let Some(action) = action else { break };
+        let next = model
+            .next_state(&state, action)
+            .expect("a step of the path");
+        let what = match action {
+            Action::Step(i) | Action::LoseReply(i) | Action::Heartbeat(i) | Action::Crash(i) => {
+                let verb = match action {
+                    Action::LoseReply(_) => "steps, its write lands, the reply is lost",
+                    Action::Heartbeat(_) => "renews its lease",
+                    Action::Crash(_) => "dies",
+                    _ => "steps",
+                };
+                format!(
+                    "attempt {i} {verb}: {} -> {}",
+                    pc(&state.attempts[i].pc),
+                    pc(&next.attempts[i].pc)
+                )
+            }
+            Action::Mirror(i) => format!("attempt {i}'s replica mirrors Postgres into Redis"),
+            Action::WriteBehind(i) => format!("attempt {i}'s outbox writes behind"),
+            Action::Tick => "the clock ticks".to_owned(),
+            Action::Replicate => "Redis replicates to its replica".to_owned(),
+            Action::Failover => "the Redis master dies; its replica is promoted".to_owned(),
+            Action::LoseEdgeState => "the edge's Durable Object loses its record".to_owned(),
+            Action::LoseRedis => {
+                "Redis loses its records (every outbox had written behind)".to_owned()
+            }
         };
-        let _ = writeln!(out, "  t+{:>4} ms  {:?}", state.now - crate::T0, action);
-        let _ = writeln!(
-            out,
-            "             -> {}",
-            describe(
-                model,
-                &model
-                    .next_state(&state, action)
-                    .expect("a step of the path")
-            )
-        );
+        let _ = writeln!(out, "    t+{:<5} {what}", state.now - crate::T0);
+        let _ = writeln!(out, "            {}", describe(model, &next));
+        if decided(&next) {
+            break;
+        }
     }
     out
 }
 
+fn token(t: u64) -> String {
+    match t % 1024 {
+        0 => format!("@{}", t / 1024 - crate::T0),
+        n => format!("@{}+{n}", t / 1024 - crate::T0),
+    }
+}
+
+fn pc(pc: &Pc) -> String {
+    match pc {
+        Pc::Idle => "sends".to_owned(),
+        Pc::Insert => "claiming".to_owned(),
+        Pc::ColdRead { .. } => "claimed in Redis, reading Postgres".to_owned(),
+        Pc::Replace { .. } => "swapping in a claim".to_owned(),
+        Pc::Running { token: t } => format!("holds token{}", token(*t)),
+        Pc::Finishing { token: t, response } => {
+            format!("effect #{response} done, completing token{}", token(*t))
+        }
+        Pc::Recovering { .. } => "reading its commit".to_owned(),
+        Pc::Answered(a) => match a {
+            Answer::Executed { response, stored } => {
+                format!(
+                    "answered #{response} ({})",
+                    if *stored { "stored" } else { "not stored" }
+                )
+            }
+            Answer::Replayed(r) => format!("answered #{r} (replayed)"),
+            Answer::Conflict => "answered 409".to_owned(),
+            Answer::Mismatch => "answered 422".to_owned(),
+            Answer::Unavailable => "answered 503".to_owned(),
+        },
+        Pc::Crashed => "dead".to_owned(),
+    }
+}
+
 fn describe(model: &ProtocolModel, s: &State) -> String {
     let record = |slot: &crate::stores::Slot| match slot.record() {
-        None => "-".to_owned(),
+        None => "none".to_owned(),
         Some(idem_core::Record::InProgress {
-            token, lease_until, ..
-        }) => {
-            format!(
-                "in-progress(token {}, lease to t+{})",
-                token - crate::T0 * 1024,
-                lease_until.saturating_sub(crate::T0)
-            )
-        }
+            token: t,
+            lease_until,
+            ..
+        }) => format!(
+            "in progress, token{}, lease to {}",
+            token(t),
+            lease_until.saturating_sub(crate::T0)
+        ),
         Some(idem_core::Record::Completed {
-            token, response, ..
-        }) => {
-            format!(
-                "completed(token {}, response #{})",
-                token - crate::T0 * 1024,
-                response.body[0]
-            )
-        }
+            token: t, response, ..
+        }) => format!("completed #{}, token{}", response.body[0], token(t)),
     };
-    let mut out = format!("main {}", record(&s.main));
-    if model.config.deployment == crate::Deployment::TieredSync
-        || model.config.deployment == crate::Deployment::TieredAsync
-    {
-        let _ = write!(out, ", other {}", record(&s.other));
+    let names = match model.config.deployment {
+        crate::Deployment::TieredSync => ("postgres", "redis"),
+        crate::Deployment::TieredAsync => ("redis", "postgres"),
+        crate::Deployment::EdgeOverOrigin => ("origin", ""),
+        crate::Deployment::Memory => ("memory", ""),
+        crate::Deployment::Redis | crate::Deployment::RedisFailover => ("redis", ""),
+        _ => ("postgres", ""),
+    };
+    let mut out = format!("{}: {}", names.0, record(&s.main));
+    if !names.1.is_empty() {
+        let _ = write!(out, "; {}: {}", names.1, record(&s.other));
     }
     if let Some(replica) = &s.replica {
-        let _ = write!(out, ", replica {}", record(replica));
+        let _ = write!(out, "; redis replica: {}", record(replica));
     }
     if model.config.deployment == crate::Deployment::EdgeOverOrigin {
-        let _ = write!(out, ", edge {}", record(&s.edge));
+        let _ = write!(out, "; edge: {}", record(&s.edge));
     }
-    let _ = write!(
-        out,
-        "; attempts {:?}; executions {:?}",
-        s.attempts.iter().map(|a| &a.pc).collect::<Vec<_>>(),
-        s.ghost.executions
-    );
+    let _ = write!(out, "; effects {}", s.ghost.executions.len());
     out
 }

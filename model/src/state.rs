@@ -58,6 +58,9 @@ pub struct Attempt {
     pub clock: i64,
     /// Where it is.
     pub pc: Pc,
+    /// While it holds a claim: when its lease ends (on the store's clock) by its last
+    /// claim or renewal that landed. A holder that does not pause renews before then.
+    pub lease: Option<Millis>,
     /// Tiered sync: the record Redis held (or our provisional claim) when the claim began.
     pub seen: Option<Vec<u8>>,
     /// Tiered sync: a mirror write to Redis still to be made — swap out the record seen,
@@ -96,6 +99,8 @@ pub struct State {
     pub replica: Option<Slot>,
     /// Whether the failover happened.
     pub failed_over: bool,
+    /// Whether Redis lost its records already.
+    pub redis_lost: bool,
     /// The edge's Durable Object.
     pub edge: Slot,
     /// Whether the Durable Object lost its state already.

@@ -27,6 +27,14 @@ fn response_id(r: &StoredResponse) -> u8 {
     r.body[0]
 }
 
+/// When a claim's lease ends.
+fn lease_of(record: &Record) -> Millis {
+    match record {
+        Record::InProgress { lease_until, .. } => *lease_until,
+        Record::Completed { .. } => 0,
+    }
+}
+
 /// The token of an encoded record.
 pub(crate) fn token_of(bytes: &[u8]) -> u64 {
     decode(bytes).token()
@@ -93,6 +101,7 @@ impl ProtocolModel {
         ghost.token_regressed |= token <= ghost.max_claim && ghost.max_claim != 0;
         ghost.max_claim = ghost.max_claim.max(token);
         state.attempts[i].pc = Pc::Running { token };
+        state.attempts[i].lease = Some(lease_of(record));
     }
 
     /// Tiered: what a new holder's claim leaves to do behind the deciding store.
@@ -284,7 +293,8 @@ impl ProtocolModel {
             Insert::Stored if self.config.deployment == Deployment::TieredAsync => {
                 state.attempts[i].pc = Pc::ColdRead {
                     ours: fresh.record.encode(),
-                }
+                };
+                state.attempts[i].lease = Some(lease_of(&fresh.record));
             }
             Insert::Stored => {
                 Self::claimed(state, i, &fresh.record);
@@ -427,6 +437,24 @@ impl ProtocolModel {
                 if holder.already_wrote(current.as_ref(), change) {
                     return Some(Ok(()));
                 }
+                let fenced = current.as_ref().is_some_and(|c| c.token() != token);
+                if fenced && self.config.deployment == Deployment::TieredAsync && !self.old_tiered()
+                {
+                    // Another claim in Redis: a takeover, or a retry's provisional claim
+                    // after Redis lost ours. The authority tells them apart.
+                    if holder.holds_in_authority(state.other.record().as_ref(), at.now) {
+                        let current = current.expect("fenced by a record");
+                        let now = state.now;
+                        let swapped = state
+                            .main
+                            .replace(&current, &next, at, now, self.config.bug);
+                        if swapped != Swap::Replaced {
+                            return None; // changed meanwhile: written again
+                        }
+                        self.after_write(state, i, &next);
+                        return Some(Ok(()));
+                    }
+                }
                 let missing = current.is_none();
                 if missing && self.config.deployment == Deployment::TieredAsync {
                     // Redis lost the record: the authority decides whether this holder
@@ -444,6 +472,12 @@ impl ProtocolModel {
                 Some(Err(current))
             }
         }
+    }
+
+    /// Whether this is tiered async as it was before a holder fenced by a provisional
+    /// claim asked the authority.
+    fn old_tiered(&self) -> bool {
+        self.config.bug == Some(crate::config::Bug::FencedByProvisionalClaim)
     }
 
     /// What follows a landed holder write: the ghost's check of completions, and the
@@ -465,8 +499,14 @@ impl ProtocolModel {
             Pc::Running { token } | Pc::Finishing { token, .. } => token,
             _ => return,
         };
-        // A refused heartbeat only tells the handler its lease is lost.
-        let _ = self.holder_write(state, i, token, &Transition::Renew, false);
+        // A refused heartbeat only tells the handler its lease is lost, and stops.
+        let holder = self.holder(state, i, token);
+        let renewed = holder.renewed(self.stamp(state, i).now, &POLICY);
+        match self.holder_write(state, i, token, &Transition::Renew, false) {
+            Some(Ok(())) => state.attempts[i].lease = Some(lease_of(&renewed)),
+            Some(Err(_)) => state.attempts[i].lease = None,
+            None => {}
+        }
     }
 
     /// Transactional: the effect and the completion commit together, under the

@@ -17,6 +17,7 @@ const SURVIVED: Faults = Faults {
     store_skew: 0,
     failover: false,
     edge_state_loss: false,
+    redis_loss: false,
 };
 
 fn deep() -> bool {
@@ -74,12 +75,21 @@ fn claimed() -> Vec<Case> {
             Config::new("tiered sync, Redis failing over", Deployment::TieredSync).faults(Faults {
                 failover: true,
                 store_skew: SKEW_BEYOND,
+                redis_loss: true,
+                holder_skew: 0,
                 ..SURVIVED
             }),
             &[],
         ),
         case(
-            Config::new("tiered async, no failover", Deployment::TieredAsync).faults(SURVIVED),
+            Config::new(
+                "tiered async, Redis losing its records",
+                Deployment::TieredAsync,
+            )
+            .faults(Faults {
+                redis_loss: true,
+                ..SURVIVED
+            }),
             &[],
         ),
         case(
@@ -160,11 +170,21 @@ fn limits() -> Vec<Case> {
         // Tiered async: a write acknowledged by the master and lost with it before
         // replication and before the outbox wrote it behind.
         case(
-            Config::new("tiered async, failover", Deployment::TieredAsync).faults(Faults {
-                failover: true,
-                ..SURVIVED
-            }),
-            &[AT_MOST_ONCE, ONE_ANSWER, TOKENS_INCREASE],
+            Config::new("tiered async, failover", Deployment::TieredAsync)
+                .faults(Faults {
+                    failover: true,
+                    lost_replies: true,
+                    ..Faults::default()
+                })
+                .ticks(4),
+            // A holder whose record the failover lost, still owning the key in Postgres,
+            // writes over the claim a retry made meanwhile: both ran.
+            &[
+                AT_MOST_ONCE,
+                ONE_ANSWER,
+                FENCED_NEVER_COMPLETES,
+                TOKENS_INCREASE,
+            ],
         ),
         // The code before the store's clock judged (issue 11): a replica whose clock
         // runs a lease ahead takes over a live holder.
@@ -190,6 +210,23 @@ fn limits() -> Vec<Case> {
                 ..SURVIVED
             })
             .with_bug(Bug::TokenOnlySwap),
+            &[AT_MOST_ONCE, ONE_ANSWER],
+        ),
+        // Found by this model: tiered async before a holder fenced by a provisional
+        // claim asked the authority. Redis loses its records (all written behind); a
+        // retry's cold path puts its provisional claim in Redis; the live holder's
+        // heartbeat is refused as fenced and stops; the lease runs out in Postgres; the
+        // retry takes over and runs the handler again.
+        case(
+            Config::new(
+                "tiered async, Redis losing its records, before the fix",
+                Deployment::TieredAsync,
+            )
+            .faults(Faults {
+                redis_loss: true,
+                ..SURVIVED
+            })
+            .with_bug(Bug::FencedByProvisionalClaim),
             &[AT_MOST_ONCE, ONE_ANSWER],
         ),
         // Holder writes without their precondition: the fenced holder completes.

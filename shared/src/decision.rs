@@ -232,6 +232,18 @@ impl Holder {
         }
     }
 
+    /// Whether the authority — the store every takeover asks first (tiered async's
+    /// Postgres, before any takeover decided on Redis' record) — still gives this holder
+    /// the key at `now`: it holds this holder's claim, in progress, under a lease that
+    /// has not ended. Then no takeover can have been decided over this claim, and another
+    /// claim found in front of the authority was made after the front lost this holder's
+    /// record (a retry's provisional claim on the cold path): this holder's write goes
+    /// over it rather than giving up its key to it.
+    pub fn holds_in_authority(&self, authority: Option<&Record>, now: Millis) -> bool {
+        self.check(authority).is_ok()
+            && matches!(authority, Some(Record::InProgress { lease_until, .. }) if now < *lease_until)
+    }
+
     /// Whether this holder's claim is older than a whole TTL at `now` (tokens carry
     /// their claim's instant, see `next_token`). Such a claim must not be written again
     /// into a store that learns claims behind the one that made them: by then its
@@ -464,6 +476,25 @@ mod tests {
         };
         assert_eq!(stranger.own_completion(Some(&done)), None);
         assert_eq!(h.own_completion(Some(&c.record)), None);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_authority_tells_a_live_holder_from_a_taken_over_one() {
+        let c = claim(decide(None, &FP, 0, &P));
+        let h = c.holder();
+        assert!(h.holds_in_authority(Some(&c.record), 999));
+        assert!(
+            !h.holds_in_authority(Some(&c.record), 1_000),
+            "the lease ended"
+        );
+        assert!(!h.holds_in_authority(None, 0), "the authority never saw it");
+        let done = h.completed(ok_response(), 10, &P);
+        assert!(!h.holds_in_authority(Some(&done), 10), "completed");
+        let next = claim(decide(Some(&c.record), &FP, 1_000, &P));
+        assert!(
+            !h.holds_in_authority(Some(&next.record), 1_001),
+            "taken over"
+        );
     }
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -200,6 +200,35 @@ impl TieredStore {
                         return Err(e);
                     }
                 };
+                if let HolderWrite::Refused(Refusal::Fenced { .. }) = written {
+                    // Another claim in Redis: a takeover (final), or a retry's provisional
+                    // claim made after Redis lost this holder's record, on its way to being
+                    // replaced by the authority's. Giving up to the latter would stop this
+                    // live holder's heartbeats and let a retry run the handler again once
+                    // the lease ran out (found by the model checker). The authority tells
+                    // them apart; the holder's write goes over a provisional claim.
+                    let authority = self.pg.get_record(key).await?;
+                    if holder.holds_in_authority(authority.as_ref(), now) {
+                        let replaced = match self.redis.get(key).await? {
+                            Some(current) if current.token() != holder.token => {
+                                let at = Stamp::new(now, policy);
+                                let (swap, _) =
+                                    self.redis.replace(key, &current, &next, at).await?;
+                                swap == Swap::Replaced
+                            }
+                            _ => false,
+                        };
+                        if !replaced {
+                            if let (true, Some(slot)) = (change.is_final(), slot) {
+                                outbox.park(key.clone(), holder.token, slot, crate::now());
+                            }
+                            // It changed meanwhile: the layer writes again and sees.
+                            return Err(StoreError::Contention);
+                        }
+                        metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
+                        written = HolderWrite::Written;
+                    }
+                }
                 if written == HolderWrite::Refused(Refusal::Missing) {
                     // Redis lost the record (failover, flush) after it was written behind:
                     // the authority decides whether this holder still owns the key. (A
