@@ -35,11 +35,6 @@ fn lease_of(record: &Record) -> Millis {
     }
 }
 
-/// The token of an encoded record.
-pub(crate) fn token_of(bytes: &[u8]) -> u64 {
-    decode(bytes).token()
-}
-
 fn decode(bytes: &[u8]) -> Record {
     Record::decode(bytes).expect("records the model stored decode")
 }
