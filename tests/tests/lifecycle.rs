@@ -474,6 +474,17 @@ async fn tiered_demo(
     TestOrigin,
     Arc<idem_origin::charges::MemoryLedger>,
 ) {
+    let (db, ns, store) = tiered_store(label, durability).await;
+    let (origin, ledger) = TestOrigin::demo_on(store).await;
+    (db, ns, origin, ledger)
+}
+
+/// A tiered store over the shared Redis (a namespace of its own) and a fresh Postgres
+/// schema.
+async fn tiered_store(
+    label: &str,
+    durability: idem::store::Durability,
+) -> (TestDb, String, Arc<dyn Store>) {
     use idem::store::tiered::outbox::OutboxOptions;
     use idem::store::{RedisOptions, RedisStore, TieredStore};
     let db = TestDb::new(label).await;
@@ -498,8 +509,7 @@ async fn tiered_demo(
         durability,
         OutboxOptions::default(),
     ));
-    let (origin, ledger) = TestOrigin::demo_on(store).await;
-    (db, ns, origin, ledger)
+    (db, ns, store)
 }
 
 /// Writes `record` into Redis behind the store's back, as a stale copy would be.
@@ -598,6 +608,111 @@ async fn tiered_async_asks_the_authority_before_taking_over_a_stale_redis_record
         "stale-redis",
         &["the retry replays the completion, 1 charge each — for the claim itself, and for a provisional claim with a higher token"],
     );
+}
+
+/// Found by the model checker (idem-model, "tiered async, Redis losing its records"):
+/// Redis loses its records while everything was written behind, and a retry's cold path
+/// puts its provisional claim in Redis just as the live holder's heartbeat comes. The
+/// heartbeat, refused as fenced, stopped for good; the cold path then put the holder's
+/// claim back, but nobody renewed it, and once the lease ran out a retry ran the handler
+/// again. The holder now asks Postgres, which still gives it a live lease, and writes
+/// over the provisional claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiered_async_a_live_holder_outlasts_a_retry_s_provisional_claim() {
+    use idem::store::{CasRecords, Durability, RedisOptions, RedisStore, Stamp};
+    use idem_core::{IdempotencyKey, Policy, Record, RecordKey, Scope};
+    let (db, ns, store) = tiered_store("provisional", Durability::Async).await;
+    let lease = Duration::from_millis(1_500);
+    let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
+    let layer = IdempotencyLayer::new(store.clone())
+        .require_key_on(["/v1/charges"])
+        .lease(lease);
+    let demo = idem_origin::charges::Demo::new(ledger.clone());
+    let origin =
+        TestOrigin::serve_router(idem_origin::app::router(layer, store.clone(), demo), store).await;
+    let http = client();
+    let body = charge_body("c", 100, 4_000);
+    let url = origin.url("");
+    let started = Instant::now();
+    let first = tokio::spawn({
+        let (http, url, body) = (http.clone(), url.clone(), body.clone());
+        async move {
+            let r = post_charge(&http, &url, Some("prov"), &body).await;
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    });
+    let record_key = RecordKey::new(
+        &Scope::anonymous(),
+        &IdempotencyKey::parse(b"prov").unwrap(),
+    );
+    let authority = || async {
+        db.client()
+            .await
+            .query_opt(
+                "SELECT record FROM idem_records WHERE id = $1",
+                &[&record_key.as_str()],
+            )
+            .await
+            .unwrap()
+            .map(|row| Record::decode(row.get::<_, &[u8]>(0)).unwrap())
+    };
+    // The claim is written behind.
+    let claim = loop {
+        if let Some(r) = authority().await {
+            break r;
+        }
+        assert!(started.elapsed() < Duration::from_secs(2), "written behind");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // Redis lost the holder's record; a retry's cold path has put its provisional claim
+    // there (its Redis insert landed, its Postgres read is under way).
+    let now = idem::now();
+    let provisional = Record::InProgress {
+        fingerprint: *claim.fingerprint(),
+        token: now * 1024,
+        lease_until: now + 1_500,
+        expires_at: now + 60_000,
+    };
+    put_in_redis(&ns, &record_key, &provisional).await;
+    // A heartbeat comes (every lease / 3).
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    // The cold path goes on: it swaps its provisional claim for the authority's record.
+    let redis = RedisStore::connect(
+        &idem_tests::redis_url(),
+        RedisOptions {
+            namespace: ns.clone(),
+            ..RedisOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let policy = Policy {
+        lease_ms: 1_500,
+        ttl_ms: 86_400_000,
+    };
+    let known = authority().await.expect("the authority's record");
+    let (swap, _) = redis
+        .replace(
+            &record_key,
+            &provisional,
+            &known,
+            Stamp::new(redis.now(), &policy),
+        )
+        .await
+        .unwrap();
+    // A retry once the lease would have run out without heartbeats, the first still running.
+    tokio::time::sleep(Duration::from_millis(3_000).saturating_sub(started.elapsed())).await;
+    let retry = post_charge(&http, &url, Some("prov"), &body).await;
+    let retry_status = retry.status().as_u16();
+    let (first_status, _) = first.await.unwrap();
+    let charges = ledger.count_for_key("prov");
+    report(
+        "lifecycle",
+        &format!("tiered async, a retry's provisional claim in Redis as the holder's heartbeat comes: the cold path's swap {swap:?}, the retry after the lease {retry_status}, the first {first_status}; {charges} charge(s)"),
+    );
+    assert_eq!(first_status, 201);
+    assert_eq!(retry_status, 409, "the holder is alive and renewing");
+    assert_eq!(charges, 1);
 }
 
 /// Tiered sync: a release whose mirror to Redis failed leaves Redis holding the
