@@ -23,6 +23,17 @@ impl Default for Policy {
     }
 }
 
+impl Policy {
+    /// Whether a claim whose round trip took `round_trip_ms` may still run its handler.
+    /// Its lease started when the claim was computed, before it was sent, and may end
+    /// a clock tolerance early on the store's clock; a reply slower than that may come
+    /// when another attempt has already taken the key over.
+    pub fn claim_in_time(&self, round_trip_ms: u64) -> bool {
+        let tolerance = crate::Stamp::new(0, self).tolerance;
+        round_trip_ms.saturating_add(tolerance) < self.lease_ms
+    }
+}
+
 /// The right to execute: the new record to write and how to write it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Claim {
@@ -495,6 +506,13 @@ mod tests {
             !h.holds_in_authority(Some(&next.record), 1_001),
             "taken over"
         );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_claim_that_came_back_after_its_lease_does_not_run() {
+        // lease 1 s, tolerance 100 ms: a reply within 899 ms runs.
+        assert!(P.claim_in_time(0) && P.claim_in_time(899));
+        assert!(!P.claim_in_time(900) && !P.claim_in_time(u64::MAX));
     }
 
     #[wasm_bindgen_test(unsupported = test)]

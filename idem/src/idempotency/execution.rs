@@ -112,6 +112,8 @@ pub(crate) struct Claimed {
     pub(crate) lease_lost: CancellationToken,
     /// Set when the handler opened a transaction.
     pub(crate) opened: Arc<AtomicBool>,
+    /// When the claim was sent: its lease runs from (at the latest) then.
+    pub(crate) claimed_at: Instant,
 }
 
 /// Runs the handler in a tracked task and answers the client with its answer.
@@ -185,6 +187,7 @@ async fn run_to_completion<S>(
         holder,
         lease_lost,
         opened,
+        claimed_at,
     } = claimed;
     let idempotency_key = req
         .extensions()
@@ -192,7 +195,14 @@ async fn run_to_completion<S>(
         .map(|c| c.key.as_str().to_owned())
         .unwrap_or_default();
     // Renews the lease until its final write consumes it, or it is dropped on any unwind.
-    let mut guard = ClaimGuard::hold(&config, key.clone(), holder, lease_lost, &idempotency_key);
+    let mut guard = ClaimGuard::hold(
+        &config,
+        key.clone(),
+        holder,
+        lease_lost,
+        claimed_at,
+        &idempotency_key,
+    );
     let limit = config.max_stored_body_bytes;
     let run = AssertUnwindSafe(async move {
         let res = match inner.oneshot(req).await {
@@ -339,6 +349,7 @@ impl ClaimGuard {
         key: RecordKey,
         holder: Holder,
         lease_lost: CancellationToken,
+        claimed_at: Instant,
         idempotency_key: &str,
     ) -> ClaimGuard {
         ClaimGuard {
@@ -348,6 +359,7 @@ impl ClaimGuard {
                 key.clone(),
                 holder,
                 lease_lost,
+                claimed_at,
             )),
             config: config.clone(),
             key,
@@ -541,8 +553,11 @@ impl Heartbeat {
         key: RecordKey,
         holder: Holder,
         lease_lost: CancellationToken,
+        claimed_at: Instant,
     ) -> Heartbeat {
-        Heartbeat(tokio::spawn(keep_alive(config, key, holder, lease_lost)))
+        Heartbeat(tokio::spawn(keep_alive(
+            config, key, holder, lease_lost, claimed_at,
+        )))
     }
 }
 
@@ -557,6 +572,7 @@ async fn keep_alive(
     key: RecordKey,
     holder: Holder,
     lease_lost: CancellationToken,
+    claimed_at: Instant,
 ) {
     let lease = Duration::from_millis(config.policy.lease_ms);
     let every = (lease / 3).max(Duration::from_millis(1));
@@ -567,8 +583,9 @@ async fn keep_alive(
     // the handler is told before then, whatever the attempts are doing.
     let margin = crate::store::Stamp::new(0, &config.policy).tolerance;
     let told_after = lease.saturating_sub(Duration::from_millis(margin));
-    let mut renewed_at = Instant::now();
-    let mut wait = every;
+    // The lease runs from when the claim was sent, not from when its reply came.
+    let mut renewed_at = claimed_at;
+    let mut wait = every.saturating_sub(claimed_at.elapsed());
     loop {
         let store = &config.store;
         let beat = async {

@@ -128,6 +128,8 @@ where
 
     loop {
         let store = &config.store;
+        // The claim's lease starts when it is computed: count it from before sending.
+        let sent = Instant::now();
         let decision = metrics::timed(
             store.name(),
             "claim",
@@ -163,6 +165,19 @@ where
                 }
             }
         };
+        let round_trip = u64::try_from(sent.elapsed().as_millis()).unwrap_or(u64::MAX);
+        if !config.policy.claim_in_time(round_trip) {
+            // Another attempt may have taken the key over already: running now could run
+            // the handler twice. Free the claim if it is still ours; the client retries.
+            let holder = claim.holder();
+            let _ = store
+                .release(&record_key, &holder, store.now(), &config.policy)
+                .await;
+            return unavailable(&StoreError::Unavailable(format!(
+                "the claim took {round_trip} ms, too close to its {} ms lease",
+                config.policy.lease_ms
+            )));
+        }
         metrics::outcome(Outcome::Executed);
         if took_over {
             metrics::takeover();
@@ -191,6 +206,7 @@ where
             holder,
             lease_lost,
             opened,
+            claimed_at: sent.into_std(),
         };
         return execute(config, inner, req, claimed).await;
     }
