@@ -310,7 +310,10 @@ async fn claim<R: EdgeRuntime>(
     loop {
         match records.send(&op).await {
             Ok(Reply::Execute { token, .. }) => return Claimed::Execute(token),
-            Ok(Reply::Replay { response }) => return Claimed::Answered(replayed(&response)),
+            Ok(Reply::Replay {
+                response,
+                expires_at,
+            }) => return Claimed::Answered(replayed(&response, expires_at, runtime.now())),
             Ok(Reply::Mismatch) => {
                 return Claimed::Answered(refused(&Rejection::new(Problem::Mismatch)))
             }
@@ -428,14 +431,19 @@ fn relay<B>(method: &str, answer: Answer<B>, handled: Handled) -> Answer<B> {
     }
 }
 
-/// A stored answer, replayed.
-fn replayed(response: &WireResponse) -> Answer {
+/// A stored answer, replayed, with the key's TTL left at `now` (its copy expires with
+/// the origin's record).
+fn replayed(response: &WireResponse, expires_at: Millis, now: Millis) -> Answer {
     let Some(stored) = response.to_stored() else {
         return refused(&Rejection::unreadable_replay());
     };
     let mut headers: Vec<(String, String)> = contract::replay_headers(&stored.headers)
+        .filter(|(n, _)| !n.eq_ignore_ascii_case(contract::KEY_TTL))
         .map(|(n, v)| (n.to_owned(), String::from_utf8_lossy(v).into_owned()))
         .collect();
+    if let Some(ttl) = contract::key_ttl(expires_at, now) {
+        headers.push((contract::KEY_TTL.into(), ttl));
+    }
     headers.push((EDGE_HEADER.into(), Handled::Replayed.as_str().into()));
     Answer {
         status: stored.status,

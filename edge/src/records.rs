@@ -38,8 +38,13 @@ pub enum Op {
 pub enum Reply {
     /// Run it (forward to the origin) as holder `token`.
     Execute { token: u64, took_over: bool },
-    /// Answer with this stored response.
-    Replay { response: WireResponse },
+    /// Answer with this stored response, kept until `expires_at` (0 from an older
+    /// Durable Object: the key's TTL is then not advertised).
+    Replay {
+        response: WireResponse,
+        #[serde(default)]
+        expires_at: Millis,
+    },
     /// Another attempt holds the key.
     InFlight { lease_until: Millis },
     /// The key belongs to a different request.
@@ -188,9 +193,13 @@ pub fn apply(
                     },
                     Some(c.record),
                 ),
-                Decision::Replay { response: r, .. } => (
+                Decision::Replay {
+                    response: r,
+                    expires_at,
+                } => (
                     Reply::Replay {
                         response: WireResponse::from(&r),
+                        expires_at,
                     },
                     None,
                 ),
@@ -449,7 +458,8 @@ mod tests {
         assert_eq!(
             run(&mut stored, &claim(FP), 1_300),
             Reply::Replay {
-                response: response()
+                response: response(),
+                expires_at: 10_000,
             }
         );
     }

@@ -184,7 +184,24 @@ impl Seen {
                 .headers
                 .iter()
                 .filter(|(n, _)| !RUNTIME_HEADERS.contains(&n.as_str()))
-                .cloned()
+                .map(|(n, v)| match n.as_str() {
+                    // Seconds left, read on each runtime's clock: they may straddle a
+                    // second. Both must say the TTL (24 h) give or take a few seconds.
+                    "idempotency-ttl" => {
+                        let near = v
+                            .parse::<u64>()
+                            .is_ok_and(|s| (86_390..=86_400).contains(&s));
+                        (
+                            n.clone(),
+                            if near {
+                                "~86400".into()
+                            } else {
+                                format!("unexpected {v}")
+                            },
+                        )
+                    }
+                    _ => (n.clone(), v.clone()),
+                })
                 .collect(),
             body: String::from_utf8_lossy(&answer.body).into_owned(),
         }

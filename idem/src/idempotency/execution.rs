@@ -299,6 +299,14 @@ async fn run_to_completion<S>(
             parts.headers.insert(contract::ORIGIN_DISPOSITION, v);
         }
     }
+    // Only an answer whose record is stored binds the key; never the handler's own claim.
+    parts.headers.remove(contract::KEY_TTL);
+    if let Some(OriginDisposition::Stored { expires_at }) = disposition {
+        let ttl = contract::key_ttl(expires_at, config.store.now());
+        if let Some(v) = ttl.and_then(|v| HeaderValue::from_str(&v).ok()) {
+            parts.headers.insert(contract::KEY_TTL, v);
+        }
+    }
     let pending = landed.is_none();
     let response = match landed {
         // The handler's transaction committed an answer that it then failed to
@@ -310,6 +318,7 @@ async fn run_to_completion<S>(
             if let Ok(v) = HeaderValue::from_str(&d.header_value()) {
                 res.headers_mut().insert(contract::ORIGIN_DISPOSITION, v);
             }
+            super::response::advertise_ttl(&mut res, expires_at, config.store.now());
             res
         }
         // The client may be gone; the write goes on regardless.

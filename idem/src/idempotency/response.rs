@@ -17,8 +17,13 @@ pub(crate) fn refusal(rejection: &Rejection) -> Response<Body> {
 }
 
 /// The stored answer, marked `Idempotent-Replayed: true`, and stored until
-/// `expires_at` (the disposition an edge in front keeps its copy by).
-pub(crate) fn replay(stored: StoredResponse, expires_at: idem_core::Millis) -> Response<Body> {
+/// `expires_at` (the disposition an edge in front keeps its copy by; the key's TTL
+/// the client is told, at `now`).
+pub(crate) fn replay(
+    stored: StoredResponse,
+    expires_at: idem_core::Millis,
+    now: idem_core::Millis,
+) -> Response<Body> {
     let StoredResponse {
         status,
         headers,
@@ -29,7 +34,21 @@ pub(crate) fn replay(stored: StoredResponse, expires_at: idem_core::Millis) -> R
     if let Ok(v) = HeaderValue::from_str(&disposition.header_value()) {
         res.headers_mut().insert(contract::ORIGIN_DISPOSITION, v);
     }
+    advertise_ttl(&mut res, expires_at, now);
     res
+}
+
+/// Tells the client how long its key stays bound ([`contract::KEY_TTL`]).
+pub(crate) fn advertise_ttl<B>(
+    res: &mut Response<B>,
+    expires_at: idem_core::Millis,
+    now: idem_core::Millis,
+) {
+    let ttl = contract::key_ttl(expires_at, now).and_then(|v| HeaderValue::from_str(&v).ok());
+    match ttl {
+        Some(v) => res.headers_mut().insert(contract::KEY_TTL, v),
+        None => res.headers_mut().remove(contract::KEY_TTL),
+    };
 }
 
 /// The stored answer as it was stored.

@@ -145,7 +145,7 @@ where
                 expires_at,
             }) => {
                 metrics::outcome(Outcome::Replayed);
-                return replay(response, expires_at);
+                return replay(response, expires_at, store.now());
             }
             Ok(Decision::Mismatch) => {
                 metrics::outcome(Outcome::Mismatch);

@@ -50,6 +50,13 @@ pub fn replay_headers(stored: &[(String, Vec<u8>)]) -> impl Iterator<Item = (&st
         .chain(core::iter::once((IDEMPOTENT_REPLAYED, &b"true"[..])))
 }
 
+/// The [`super::KEY_TTL`] value of an answer whose record expires at `expires_at`, read
+/// at `now` on the clock that wrote or read the record: the whole seconds left, rounded
+/// down; `None` once it has expired (no promise to make).
+pub fn key_ttl(expires_at: crate::Millis, now: crate::Millis) -> Option<alloc::string::String> {
+    (expires_at > now).then(|| format!("{}", (expires_at - now) / 1000))
+}
+
 /// Hop-by-hop headers (RFC 9110 §7.6.1): they describe one connection, never the
 /// message, and are not passed on.
 fn hop_by_hop(name: &str) -> bool {
@@ -256,6 +263,15 @@ mod tests {
     use crate::StoredResponse;
     use alloc::vec;
     use wasm_bindgen_test::wasm_bindgen_test;
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_key_ttl_is_the_whole_seconds_left() {
+        assert_eq!(key_ttl(86_400_000, 0).as_deref(), Some("86400"));
+        assert_eq!(key_ttl(10_999, 1_000).as_deref(), Some("9"));
+        assert_eq!(key_ttl(1_500, 1_000).as_deref(), Some("0"));
+        assert_eq!(key_ttl(1_000, 1_000), None);
+        assert_eq!(key_ttl(0, 1_000), None);
+    }
 
     #[wasm_bindgen_test(unsupported = test)]
     fn stores_the_cached_headers_in_their_order_with_every_value() {

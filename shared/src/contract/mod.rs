@@ -20,7 +20,7 @@ pub mod scope;
 pub mod wait;
 
 pub use answer::{
-    edge_ttl_ms, forwarded_headers, forwarded_request_header, relayed_answer_header,
+    edge_ttl_ms, forwarded_headers, forwarded_request_header, key_ttl, relayed_answer_header,
     relayed_answer_headers, replay_headers, stored_headers, stored_headers_of, OriginDisposition,
 };
 pub use jwt::{JwtKeys, JwtVerifier};
@@ -36,6 +36,13 @@ pub use wait::{prefer_wait, wait_ms, wait_ms_or, Waiting};
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// Response header marking a replay.
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
+/// Response header advertising how long the key stays bound to its request: the whole
+/// seconds left until its record expires ([`key_ttl`]). On every answer whose record is
+/// stored — the first, once written, and each replay — so a client knows until when a
+/// retry is safe, and after when the key is free again. (The name follows the IETF
+/// httpapi working group's discussion of the Idempotency-Key draft; the draft itself
+/// does not define one yet.)
+pub const KEY_TTL: &str = "idempotency-ttl";
 /// Methods guarded by default; every other method passes through untouched.
 pub const DEFAULT_METHODS: [&str; 2] = ["POST", "PATCH"];
 /// Response headers stored and replayed by default (besides the status and body).
