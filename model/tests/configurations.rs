@@ -311,16 +311,21 @@ fn run(cases: Vec<Case>) -> String {
             .filter(|p| outcome.found(p))
             .collect();
         for p in found.difference(&expected) {
-            failures.push(format!(
+            let failure = format!(
                 "{}: \"{p}\" has a counterexample:\n{}",
                 config.name, outcome.found[p]
-            ));
+            );
+            // Said at once: a long (deep) run shows it before the end.
+            eprintln!("UNEXPECTED {failure}");
+            failures.push(failure);
         }
         for p in expected.difference(&found) {
-            failures.push(format!(
+            let failure = format!(
                 "{}: \"{p}\" was expected to fail (the README says so) and holds",
                 config.name
-            ));
+            );
+            eprintln!("UNEXPECTED {failure}");
+            failures.push(failure);
         }
         if !outcome.found(properties::A_RETRY_REPLAYS) {
             failures.push(format!(
