@@ -10,23 +10,38 @@ use axum::Router;
 use http::Request;
 use http_body_util::BodyExt;
 use idem::core::{Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, Transition};
-use idem::idempotency::IdempotencyLayer;
+use idem::idempotency::{IdempotencyContext, IdempotencyLayer};
 use idem::store::{HolderWrite, MemoryStore, Store, StoreError};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tower::ServiceExt;
 
-/// The memory store, whose first claim's reply is held back `delay` after the claim
-/// took effect (a slow network, a retransmit, a busy runtime).
-struct SlowFirstReply {
+/// The memory store, whose `slow`-th claim's reply (from 1) is held back `delay` after
+/// the claim took effect (a slow network, a retransmit, a busy runtime); with
+/// `no_renewals`, every heartbeat fails as if the store were out for it.
+struct SlowReply {
     inner: MemoryStore,
     delay: Duration,
-    delayed: AtomicBool,
+    slow: usize,
+    claims: AtomicUsize,
+    no_renewals: bool,
+}
+
+impl SlowReply {
+    fn new(slow: usize, delay: Duration, no_renewals: bool) -> Self {
+        SlowReply {
+            inner: MemoryStore::new(),
+            delay,
+            slow,
+            claims: AtomicUsize::new(0),
+            no_renewals,
+        }
+    }
 }
 
 #[async_trait]
-impl Store for SlowFirstReply {
+impl Store for SlowReply {
     fn name(&self) -> &'static str {
         "memory"
     }
@@ -42,7 +57,7 @@ impl Store for SlowFirstReply {
             .inner
             .claim_with_record(key, fingerprint, now, policy)
             .await;
-        if !self.delayed.swap(true, Ordering::SeqCst) {
+        if self.claims.fetch_add(1, Ordering::SeqCst) + 1 == self.slow {
             tokio::time::sleep(self.delay).await;
         }
         done
@@ -56,6 +71,9 @@ impl Store for SlowFirstReply {
         now: Millis,
         policy: &Policy,
     ) -> Result<HolderWrite, StoreError> {
+        if self.no_renewals && *change == Transition::Renew {
+            return Err(StoreError::Unavailable("out for heartbeats".into()));
+        }
         self.inner
             .write_as_holder(key, holder, change, now, policy)
             .await
@@ -87,11 +105,7 @@ async fn charge(app: &Router) -> u16 {
 
 #[tokio::test]
 async fn a_claim_whose_reply_comes_after_its_lease_never_runs() {
-    let store = Arc::new(SlowFirstReply {
-        inner: MemoryStore::new(),
-        delay: Duration::from_millis(600),
-        delayed: AtomicBool::new(false),
-    });
+    let store = Arc::new(SlowReply::new(1, Duration::from_millis(600), false));
     let calls = Arc::new(AtomicUsize::new(0));
     let app = Router::new()
         .route(
@@ -127,4 +141,72 @@ async fn a_claim_whose_reply_comes_after_its_lease_never_runs() {
     assert_eq!(retry, 201, "the retry took over the expired claim");
     assert_eq!(first, 503, "the slow claim does not run");
     assert_eq!(calls, 1, "the handler ran once");
+}
+
+/// The answer's status and whether the handler was told it took over.
+async fn charge_told(app: &Router) -> (u16, Option<String>) {
+    let req = Request::post("/charge")
+        .header("idempotency-key", "late-takeover")
+        .body(Body::from("{}"))
+        .unwrap();
+    let res = app.clone().oneshot(req).await.unwrap();
+    let status = res.status().as_u16();
+    let told = res
+        .headers()
+        .get("took-over")
+        .map(|v| v.to_str().unwrap().to_owned());
+    res.into_body().collect().await.unwrap();
+    (status, told)
+}
+
+/// A late *takeover* is not released: releasing it would make the next attempt a fresh
+/// claim, and its handler (proxy mode: its upstream) would not know that an earlier
+/// attempt may have run.
+#[tokio::test]
+async fn a_late_takeover_leaves_the_next_attempt_a_takeover() {
+    // The first attempt's heartbeats fail, so its lease runs out while it runs; the
+    // second's claim (a takeover) comes back 300 ms late.
+    let store = Arc::new(SlowReply::new(2, Duration::from_millis(300), true));
+    let app = Router::new()
+        .route(
+            "/charge",
+            post(|req: Request<Body>| async move {
+                let took_over = req
+                    .extensions()
+                    .get::<IdempotencyContext>()
+                    .map(|c| c.took_over)
+                    .unwrap_or_default();
+                tokio::time::sleep(Duration::from_millis(1_500)).await;
+                (
+                    http::StatusCode::CREATED,
+                    [("took-over", took_over.to_string())],
+                    "charged",
+                )
+            }),
+        )
+        .layer(
+            IdempotencyLayer::new(store)
+                .require_key_when(|_| true)
+                .lease(Duration::from_millis(400)),
+        );
+    let first = tokio::spawn({
+        let app = app.clone();
+        async move { charge_told(&app).await }
+    });
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let (late, _) = charge_told(&app).await;
+    // Past the late takeover's own lease.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let (third, told) = charge_told(&app).await;
+    let _ = first.await.unwrap();
+    eprintln!(
+        "the late takeover answered {late}; the next attempt {third}, told it took over: {told:?}"
+    );
+    assert_eq!(late, 503, "the late takeover does not run");
+    assert_eq!(third, 201);
+    assert_eq!(
+        told.as_deref(),
+        Some("true"),
+        "the next attempt knows it took over"
+    );
 }

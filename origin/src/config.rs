@@ -405,8 +405,10 @@ impl Config {
         if self.outbox_capacity == 0 || self.outbox_batch == 0 {
             return Err("--outbox-capacity and --outbox-batch must be at least 1".into());
         }
-        if self.lease.is_zero() {
-            return Err("--lease must be greater than zero".into());
+        if self.lease < crate::routes::MIN_LEASE {
+            return Err(
+                "--lease must be at least 250ms: a claim must come back within two thirds of it, less the clock tolerance (50 ms at least)".into(),
+            );
         }
         if self.ttl < self.lease {
             return Err(format!(

@@ -28,6 +28,9 @@ use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// The shortest lease a claim can run under (see `Policy::claim_in_time`).
+pub const MIN_LEASE: Duration = Duration::from_millis(250);
 use toml::Spanned;
 
 /// The keys of a `[[route]]`: (key, example, meaning), as the README's reference
@@ -37,7 +40,7 @@ pub const ROUTE_KEYS: &[(&str, &str, &str)] = &[
     ("methods", r#"["POST", "PUT"]"#, "The methods guarded on this path, instead of the flags' (not in addition); others pass through. Not empty. Default: POST and PATCH. GET, HEAD and OPTIONS can't be guarded."),
     ("require_key", "true", "Whether a guarded request without an `Idempotency-Key` is refused with `400`. Default: whether `--require-key-on` lists the path."),
     ("ttl", r#""7d""#, "How long an answer is replayed; at least 1s. Default: `--ttl`."),
-    ("lease", r#""10s""#, "How long a claim lives without a heartbeat; at least 100ms, at most `ttl`. Default: `--lease`."),
+    ("lease", r#""10s""#, "How long a claim lives without a heartbeat; at least 250ms, at most `ttl`. Default: `--lease`."),
     ("wait", r#""5s""#, "How long a retry that finds its key in flight waits for the first answer when it sends no `Prefer: wait` (a stated one wins). Default: 0, `409` at once; at most `max_wait`."),
     ("max_wait", r#""30s""#, "The most a request may wait, asked or by `wait`. Default: `--max-wait`."),
     ("scope_from", r#""jwt:sub""#, "Who a key belongs to, as `--scope-from`: `authorization`, `header:<name>` or `jwt:<claim>`. Default: `--scope-from`."),
@@ -190,10 +193,10 @@ fn check(entry: &RouteEntry, dir: &Path, flags: &Config) -> Result<Route, Proble
         };
     let ttl = duration(&entry.ttl, "ttl")?;
     let lease = duration(&entry.lease, "lease")?;
-    // The edge's floors: below them every retry finds the claim expired or the answer
-    // gone, and runs again.
-    if lease.is_some_and(|l| l < Duration::from_millis(100)) {
-        return Err((span_of_lease(entry), "lease must be at least 100ms".into()));
+    // Below it a claim can't come back in time to run (`Policy::claim_in_time`: its round
+    // trip plus the clock tolerance, at least 50 ms, within two thirds of the lease).
+    if lease.is_some_and(|l| l < MIN_LEASE) {
+        return Err((span_of_lease(entry), "lease must be at least 250ms".into()));
     }
     if ttl.is_some_and(|t| t < Duration::from_secs(1)) {
         return Err((
@@ -452,9 +455,9 @@ jwt_audience = "payments"
             ("[[route]]\npath = \"v1/a\"\n", "routes.toml:2:8: path \"v1/a\" must start with /"),
             ("[[route]]\npath = \"/v1/*/a\"\n", "routes.toml:2:8: path"),
             ("[[route]]\npath = \"/a\"\nttl = \"1s\"\n", "routes.toml:3:7: ttl (1s) must be at least lease (30s)"),
-            ("[[route]]\npath = \"/a\"\nlease = \"0s\"\n", "routes.toml:3:9: lease must be at least 100ms"),
-            ("[[route]]\npath = \"/a\"\nlease = \"1ms\"\n", "routes.toml:3:9: lease must be at least 100ms"),
-            ("[[route]]\npath = \"/a\"\nttl = \"500ms\"\nlease = \"100ms\"\n", "routes.toml:3:7: ttl must be at least 1s"),
+            ("[[route]]\npath = \"/a\"\nlease = \"0s\"\n", "routes.toml:3:9: lease must be at least 250ms"),
+            ("[[route]]\npath = \"/a\"\nlease = \"1ms\"\n", "routes.toml:3:9: lease must be at least 250ms"),
+            ("[[route]]\npath = \"/a\"\nttl = \"500ms\"\nlease = \"250ms\"\n", "routes.toml:3:7: ttl must be at least 1s"),
             ("[[route]]\npath = \"/a\"\nmethods = []\n", "routes.toml:3:11: methods: an empty list would guard nothing"),
             ("[[route]]\npath = \"/a?b=1\"\n", "routes.toml:2:8: path \"/a?b=1\" must start with /"),
             ("[[route]]\npath = \"/caf\u{e9}\"\n", "routes.toml:2:8: path"),

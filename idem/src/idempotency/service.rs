@@ -168,11 +168,17 @@ where
         let round_trip = u64::try_from(sent.elapsed().as_millis()).unwrap_or(u64::MAX);
         if !config.policy.claim_in_time(round_trip) {
             // Another attempt may have taken the key over already: running now could run
-            // the handler twice. Free the claim if it is still ours; the client retries.
-            let holder = claim.holder();
-            let _ = store
-                .release(&record_key, &holder, store.now(), &config.policy)
+            // the handler twice. A fresh claim is freed if it is still ours (nothing ran);
+            // a takeover is left to its lease, so that the next attempt takes over again
+            // and knows an earlier attempt may have run (proxy mode never re-sends then).
+            if !took_over {
+                let holder = claim.holder();
+                let _ = tokio::time::timeout(
+                    Duration::from_millis(config.policy.lease_ms),
+                    store.release(&record_key, &holder, store.now(), &config.policy),
+                )
                 .await;
+            }
             return unavailable(&StoreError::Unavailable(format!(
                 "the claim took {round_trip} ms, too close to its {} ms lease",
                 config.policy.lease_ms
