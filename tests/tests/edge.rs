@@ -223,8 +223,8 @@ async fn post(
     body: String,
     prefer_wait: bool,
 ) -> reqwest::Response {
-    // An overloaded local runtime may drop a connection (as in the races): a client
-    // retries that with the same key, which is what the key is for.
+    // An overloaded local runtime may drop a connection, or answer 503 by itself (as in
+    // the races): a client retries that with the same key, which is what the key is for.
     let mut attempts = 0;
     loop {
         let mut req = http
@@ -236,6 +236,16 @@ async fn post(
             req = req.header("prefer", "wait=10");
         }
         match req.send().await {
+            // The local runtime's own 503 (no idem-edge header: neither the worker nor
+            // the origin answered it) is retried the same way, with the same key.
+            Ok(res)
+                if res.status() == 503
+                    && !res.headers().contains_key("idem-edge")
+                    && attempts < 3 =>
+            {
+                attempts += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
             Ok(res) => return res,
             Err(e) if (e.is_request() || e.is_connect()) && attempts < 3 => {
                 attempts += 1;
