@@ -7,6 +7,7 @@
 //!   cargo features `postgres`, `redis` and `tiered` (Redis over the Postgres
 //!   authority).
 //! * [`metrics`] — what the layer records through the `metrics` facade.
+//! * [`admin`] — the admin API: look up, list and purge records.
 //! * [`core`] — the sans-I/O core every decision comes from (`idem-core`).
 //!
 //! ```
@@ -21,6 +22,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod idempotency;
 pub mod metrics;
 pub mod store;

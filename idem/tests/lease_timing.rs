@@ -83,6 +83,19 @@ impl Store for SlowReply {
         self.inner.get(key).await
     }
 
+    async fn delete_if_same(&self, key: &RecordKey, expected: &Record) -> Result<bool, StoreError> {
+        self.inner.delete_if_same(key, expected).await
+    }
+
+    async fn in_progress(
+        &self,
+        claimed_before: Millis,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<idem::store::InProgressPage, StoreError> {
+        self.inner.in_progress(claimed_before, cursor, limit).await
+    }
+
     async fn sweep(&self, now: Millis, batch: usize) -> Result<u64, StoreError> {
         self.inner.sweep(now, batch).await
     }

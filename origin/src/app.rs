@@ -29,6 +29,8 @@ pub struct Origin {
     pub ledger: Arc<dyn Ledger>,
     /// The executions the layer started: shutdown drains them before flushing.
     pub executions: idem::idempotency::Executions,
+    /// The admin API, for its own listener (`--admin-listen`); `None` when off.
+    pub admin: Option<Router>,
 }
 
 /// Connects the configured stores and builds the router.
@@ -127,6 +129,18 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
         transactional,
         faults: config.demo_faults,
     };
+    let admin = config.admin_tokens()?.map(|tokens| {
+        let admin =
+            idem::admin::router(store.clone(), tokens).route("/healthz", get(|| async { "ok\n" }));
+        match config.metrics_on_admin {
+            true => admin.route(
+                "/metrics",
+                get(metrics).with_state(crate::metrics::install()),
+            ),
+            false => admin,
+        }
+    });
+    let metrics_here = !config.metrics_on_admin;
     let router = match &config.upstream {
         Some(url) => {
             let upstream = Upstream::new(UpstreamOptions {
@@ -136,9 +150,9 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
                 release_header: config.release_header.clone(),
                 unknown_outcome: config.upstream_unknown_outcome,
             })?;
-            proxy_router(layer, store.clone(), upstream)
+            proxied(layer, upstream).merge(ops(store.clone(), None, metrics_here))
         }
-        None => router(layer, store.clone(), demo),
+        None => serve_demo(layer, store.clone(), demo, metrics_here),
     };
     metrics::gauge!(
         "idem_build_info",
@@ -152,6 +166,7 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
         store,
         ledger,
         executions,
+        admin,
     })
 }
 
@@ -225,27 +240,27 @@ struct Health {
     store: Arc<dyn Store>,
     /// The demo's ledger; none in proxy mode.
     ledger: Option<Arc<dyn Ledger>>,
-    metrics: PrometheusHandle,
 }
 
 /// idem's own routes: `/healthz`, `/readyz` (the store, and the demo's ledger when
-/// there is a demo) and `/metrics`.
-fn ops(store: Arc<dyn Store>, ledger: Option<Arc<dyn Ledger>>) -> Router {
-    let health = Health {
-        store,
-        ledger,
-        metrics: crate::metrics::install(),
-    };
-    Router::new()
+/// there is a demo) and, unless it moved to the admin listener, `/metrics`.
+fn ops(store: Arc<dyn Store>, ledger: Option<Arc<dyn Ledger>>, with_metrics: bool) -> Router {
+    let health = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .with_state(health)
+        .with_state(Health { store, ledger });
+    match with_metrics {
+        true => health.route(
+            "/metrics",
+            get(metrics).with_state(crate::metrics::install()),
+        ),
+        false => health,
+    }
 }
 
 /// Proxy mode: every request but idem's own routes goes to `upstream`, through `layer`.
 pub fn proxy_router(layer: IdempotencyLayer, store: Arc<dyn Store>, upstream: Upstream) -> Router {
-    proxied(layer, upstream).merge(ops(store, None))
+    proxied(layer, upstream).merge(ops(store, None, true))
 }
 
 /// Every request to `upstream`, through `layer`: proxy mode without idem's own routes.
@@ -255,7 +270,16 @@ pub fn proxied(layer: IdempotencyLayer, upstream: Upstream) -> Router {
 
 /// The demo API behind `layer`, plus `/healthz`, `/readyz` and `/metrics`.
 pub fn router(layer: IdempotencyLayer, store: Arc<dyn Store>, demo: charges::Demo) -> Router {
-    let ops = ops(store, Some(demo.ledger.clone()));
+    serve_demo(layer, store, demo, true)
+}
+
+fn serve_demo(
+    layer: IdempotencyLayer,
+    store: Arc<dyn Store>,
+    demo: charges::Demo,
+    with_metrics: bool,
+) -> Router {
+    let ops = ops(store, Some(demo.ledger.clone()), with_metrics);
     charges::routes(demo)
         .layer(layer)
         .merge(ops)
@@ -317,10 +341,10 @@ async fn readyz(State(h): State<Health>) -> impl IntoResponse {
     )
 }
 
-async fn metrics(State(h): State<Health>) -> impl IntoResponse {
+async fn metrics(State(handle): State<PrometheusHandle>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        h.metrics.render(),
+        handle.render(),
     )
 }
 

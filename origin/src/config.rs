@@ -297,6 +297,21 @@ pub struct Config {
     /// Log format.
     #[arg(long, env = "IDEM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+
+    /// Serve the admin API (look up, list and purge records) on this address, apart
+    /// from the API's listener; off without it. Needs --admin-token-file.
+    #[arg(long, env = "IDEM_ADMIN_LISTEN")]
+    pub admin_listen: Option<SocketAddr>,
+
+    /// The admin API's bearer tokens: one per line, `<operator>:<token>` (the
+    /// operator's name goes into every admin log line) or a bare token; at least 16
+    /// characters each.
+    #[arg(long, env = "IDEM_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<std::path::PathBuf>,
+
+    /// Serve /metrics on the admin listener only, not on --listen.
+    #[arg(long, env = "IDEM_METRICS_ON_ADMIN")]
+    pub metrics_on_admin: bool,
 }
 
 impl Config {
@@ -360,8 +375,28 @@ impl Config {
     }
 
     /// Checks the combinations clap can't; the message names the flag to fix.
+    /// The admin API's tokens when it is on; the error says what is missing or wrong.
+    pub fn admin_tokens(&self) -> Result<Option<idem::admin::Tokens>, String> {
+        match (&self.admin_listen, &self.admin_token_file) {
+            (None, None) if self.metrics_on_admin => {
+                Err("--metrics-on-admin needs --admin-listen".into())
+            }
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err("--admin-token-file is for --admin-listen, which is not set".into()),
+            (Some(_), None) => Err(
+                "--admin-listen needs --admin-token-file: the admin API is never served without tokens"
+                    .into(),
+            ),
+            (Some(listen), Some(_)) if *listen == self.listen => {
+                Err("--admin-listen must differ from --listen".into())
+            }
+            (Some(_), Some(file)) => idem::admin::Tokens::from_file(file).map(Some),
+        }
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         self.scope_rule()?;
+        self.admin_tokens()?;
         if let Some(url) = &self.upstream {
             crate::proxy::parse_upstream_url(url)?;
             if self.upstream_timeout.is_zero() {

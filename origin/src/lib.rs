@@ -7,8 +7,10 @@
 //! * [`metrics`] — the Prometheus exporter for what the library records.
 //! * [`proxy`] — proxy mode (`--upstream`): any HTTP service behind the layer.
 //! * [`routes`] — the route file (`--routes`): settings per path.
+//! * [`admin_cli`] — `idem-origin admin …`: the admin API from a shell.
 #![forbid(unsafe_code)]
 
+pub mod admin_cli;
 pub mod app;
 pub mod charges;
 pub mod config;

@@ -12,6 +12,9 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    if std::env::args_os().nth(1).is_some_and(|a| a == "admin") {
+        return idem_origin::admin_cli::run(std::env::args_os().skip(1)).await;
+    }
     let config = Config::parse();
     init_tracing(config.log_format);
     if let Err(e) = config.validate() {
@@ -41,6 +44,26 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let admin = match (&origin.admin, config.admin_listen) {
+        (Some(router), Some(addr)) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => {
+                tracing::info!(listen = %addr, "admin API listening");
+                let app = router
+                    .clone()
+                    .into_make_service_with_connect_info::<std::net::SocketAddr>();
+                Some(tokio::spawn(async move {
+                    if let Err(e) = axum::serve(listener, app).await {
+                        tracing::error!(error = %e, "the admin listener failed");
+                    }
+                }))
+            }
+            Err(e) => {
+                eprintln!("idem-origin: error: cannot listen on {addr} (--admin-listen): {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        _ => None,
+    };
     let sweeper = idem::store::spawn_sweeper(origin.store.clone(), config.sweep_interval);
     tracing::info!(listen = %config.listen, store = origin.store.name(), "idem-origin listening");
     // The peer's address reaches handlers (proxy mode sends it on in X-Forwarded-For).
@@ -51,6 +74,9 @@ async fn main() -> ExitCode {
         .with_graceful_shutdown(shutdown_signal())
         .await;
     sweeper.abort();
+    if let Some(admin) = admin {
+        admin.abort();
+    }
     // The server answered every client it had; executions whose client left, and
     // final writes still retrying, may still run: wait for them (bounded), then write
     // out what the store still buffers (the async tiered store's outbox).

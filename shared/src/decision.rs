@@ -139,7 +139,7 @@ pub fn decide(
 /// Tokens grow by at least one per claim, and are never below `now × 1024`: a claim
 /// made after its key's record was deleted still fences out every earlier holder.
 fn next_token(previous: Option<u64>, now: Millis) -> u64 {
-    let floor = now.saturating_mul(1024);
+    let floor = now.saturating_mul(crate::record::TOKENS_PER_MS);
     match previous {
         Some(t) => t.saturating_add(1).max(floor),
         None => floor.max(1),
@@ -263,7 +263,7 @@ impl Holder {
     /// record may have expired and been swept everywhere, after a takeover completed —
     /// writing it back would resurrect it.
     pub fn claim_outlived(&self, now: Millis, policy: &Policy) -> bool {
-        let claimed_by = self.token / 1024;
+        let claimed_by = self.token / crate::record::TOKENS_PER_MS;
         now > claimed_by.saturating_add(policy.ttl_ms.max(policy.lease_ms))
     }
 

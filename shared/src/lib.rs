@@ -26,6 +26,7 @@ mod decision;
 mod fingerprint;
 pub mod json;
 mod key;
+mod purge;
 mod record;
 mod scope;
 mod stamp;
@@ -35,7 +36,8 @@ pub use decision::{
 };
 pub use fingerprint::{Fingerprint, RequestParts};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
-pub use record::{DecodeError, Record, StoredResponse, EXPIRY_GRACE_MS};
+pub use purge::{decide_purge, PurgeDecision};
+pub use record::{DecodeError, Record, StoredResponse, EXPIRY_GRACE_MS, TOKENS_PER_MS};
 pub use scope::{RecordKey, Scope};
 pub use stamp::Stamp;
 

@@ -5,6 +5,10 @@ use alloc::string::String;
 use alloc::vec::Vec;
 use core::fmt;
 
+/// Tokens are never below the claim's time × this ([`crate::decide`]'s floor), so a
+/// token also tells when its holder claimed the key ([`Record::claimed_at`]).
+pub const TOKENS_PER_MS: u64 = 1024;
+
 /// How long past its expiry a record is kept by stores that delete records by
 /// themselves ([`Record::delete_after`]).
 pub const EXPIRY_GRACE_MS: Millis = 1_000;
@@ -85,6 +89,19 @@ impl Record {
     /// same instant still sees its token and small clock differences don't matter.
     pub fn delete_after(&self) -> Millis {
         self.expires_at().saturating_add(EXPIRY_GRACE_MS)
+    }
+
+    /// When the holder that wrote this record claimed the key (store time, ms), read
+    /// off its token: a token is the claim's time × [`TOKENS_PER_MS`], or one more than
+    /// the token it replaced if that was higher (then this is a bound from above).
+    pub fn claimed_at(&self) -> Millis {
+        self.token() / TOKENS_PER_MS
+    }
+
+    /// Whether this is an in-progress record whose holder claimed the key before
+    /// `instant`: what an operator lists to find attempts orphaned by a crash.
+    pub fn in_progress_claimed_before(&self, instant: Millis) -> bool {
+        !self.is_completed() && self.claimed_at() < instant
     }
 
     /// Whether the record holds a final response.

@@ -1,28 +1,95 @@
 //! A bounded in-process cache of completed records in front of any store, so that a
 //! replay costs no backend round trip.
 //!
-//! Safe because a completed record never changes until it expires: takeovers,
+//! Safe because a completed record never changes until it expires — takeovers,
 //! heartbeats and releases only ever replace an in-progress record, and the sweeper
-//! deletes only expired ones. An entry is used only while the core still decides to
-//! replay it (or to refuse a different request with its key), so it stops answering
-//! the moment the record expires. In-progress records are never cached.
+//! deletes only expired ones — except when an operator purges it. An entry is used
+//! only while the core still decides to replay it (or to refuse a different request
+//! with its key), so it stops answering the moment the record expires. In-progress
+//! records are never cached.
+//!
+//! Purges reach every replica's cache through the store's [`PurgeChannel`]. The cache
+//! serves only while it can prove it hears that channel: it publishes a probe every
+//! [`PROBE_EVERY`] and stops serving (and empties itself) when one is not heard back
+//! within [`PROBE_DEADLINE`] or the subscription ends. So a purge stops replays from
+//! every replica's memory within the channel's delivery time while it is healthy, and
+//! within [`STALENESS_BOUND`] whatever happens to it.
 
-use super::{HolderWrite, Store, StoreError};
+use super::{HolderWrite, InProgressPage, PurgeChannel, Store, StoreError};
 use async_trait::async_trait;
 use idem_core::{
     decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, Transition,
 };
 use quick_cache::sync::Cache;
 use quick_cache::Weighter;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 /// Bookkeeping bytes counted per entry on top of the key and the response.
 const ENTRY_OVERHEAD: u64 = 128;
 
+/// How often a listening cache publishes a probe on the purge channel.
+pub const PROBE_EVERY: Duration = Duration::from_millis(500);
+/// How long a probe may take to come back before the cache stops serving.
+pub const PROBE_DEADLINE: Duration = Duration::from_millis(1000);
+/// How often the listener looks at its probe.
+const TICK: Duration = Duration::from_millis(100);
+/// The longest a cache serves an entry after its record was purged, whatever happens
+/// to the purge channel: a probe's period, its deadline and a tick.
+pub const STALENESS_BOUND: Duration = Duration::from_millis(1600);
+
 /// A [`Store`] that answers replays of completed records from memory.
 pub struct ReplayCache {
     inner: Arc<dyn Store>,
+    state: Arc<Entries>,
+}
+
+/// The entries, and whether they may be served.
+struct Entries {
     completed: Cache<String, Arc<Record>, ByWeight>,
+    /// Always with a store no other process shares; with a purge channel, only while
+    /// the listener hears its own probes.
+    serving: AtomicBool,
+    /// Moves on every invalidation: a record read before one is not kept after it.
+    generation: AtomicU64,
+}
+
+impl Entries {
+    fn serving(&self) -> bool {
+        self.serving.load(Ordering::SeqCst)
+    }
+
+    /// Forgets `key`. The generation moves first: a record read before this and
+    /// inserted after the removal is taken out again by its keeper ([`Self::keep`]).
+    fn invalidate(&self, key: &str) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        self.completed.remove(key);
+    }
+
+    /// Stops serving and forgets everything: purges may be missed from now on.
+    fn stop_serving(&self) {
+        self.serving.store(false, Ordering::SeqCst);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        self.completed.clear();
+    }
+
+    fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    /// Keeps a completed `record` read when the generation was `read_at`, unless an
+    /// invalidation came in between.
+    fn keep(&self, key: &RecordKey, record: Record, read_at: u64) {
+        if !record.is_completed() || !self.serving() || self.generation() != read_at {
+            return;
+        }
+        self.completed
+            .insert(key.as_str().to_owned(), Arc::new(record));
+        if self.generation() != read_at {
+            self.completed.remove(key.as_str());
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -47,21 +114,116 @@ impl Weighter<String, Arc<Record>> for ByWeight {
 
 impl ReplayCache {
     /// Caches up to `max_bytes` of completed records (keys and responses) in front of
-    /// `inner`.
+    /// `inner`. With a store other processes share, it listens on the store's purge
+    /// channel (a task on the current Tokio runtime) and serves once it hears it.
     pub fn new(inner: Arc<dyn Store>, max_bytes: u64) -> Self {
         // quick_cache sizes its tables from an entry estimate: assume ~1 KiB each.
         let estimated_entries = (max_bytes / 1024).clamp(16, 1 << 20) as usize;
-        ReplayCache {
-            inner,
+        let channel = inner.purge_channel();
+        let state = Arc::new(Entries {
             completed: Cache::with_weighter(estimated_entries, max_bytes, ByWeight),
+            serving: AtomicBool::new(channel.is_none()),
+            generation: AtomicU64::new(0),
+        });
+        if let Some(channel) = channel {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(listen(Arc::downgrade(&state), channel));
+                }
+                Err(_) => tracing::warn!(
+                    "replay cache built outside a Tokio runtime: it cannot hear purges, so it stays off"
+                ),
+            }
         }
+        ReplayCache { inner, state }
     }
 
-    fn keep(&self, key: &RecordKey, record: Record) {
-        if record.is_completed() {
-            self.completed
-                .insert(key.as_str().to_owned(), Arc::new(record));
+    /// Whether the cache answers from memory now (it does not while it cannot prove
+    /// that it hears purges).
+    pub fn is_serving(&self) -> bool {
+        self.state.serving()
+    }
+}
+
+/// Listens on `channel` for as long as the cache lives: invalidates purged keys,
+/// probes the subscription, and serves only while probes come back.
+async fn listen(entries: Weak<Entries>, channel: Arc<dyn PurgeChannel>) {
+    let listener = format!(
+        "{:x}{:x}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0)
+    );
+    let mut probes = 0u64;
+    loop {
+        let subscribed = channel.subscribe().await;
+        let Some(state) = entries.upgrade() else {
+            return;
+        };
+        // Purges published while not subscribed were missed: start empty.
+        state.stop_serving();
+        drop(state);
+        let mut messages = match subscribed {
+            Ok(messages) => messages,
+            Err(e) => {
+                tracing::warn!(error = %e, "replay cache: cannot subscribe to purges; replays go to the store");
+                tokio::time::sleep(PROBE_DEADLINE).await;
+                continue;
+            }
+        };
+        let mut ticks = tokio::time::interval(TICK);
+        // The probe in flight, and when it was sent; when the last one was.
+        let mut pending: Option<(String, tokio::time::Instant)> = None;
+        let mut last_sent: Option<tokio::time::Instant> = None;
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {
+                    let now = tokio::time::Instant::now();
+                    if let Some((_, sent)) = &pending {
+                        if now.duration_since(*sent) > PROBE_DEADLINE {
+                            tracing::warn!("replay cache: a purge probe was not heard back; replays go to the store until it is");
+                            break;
+                        }
+                        continue;
+                    }
+                    if last_sent.is_some_and(|t| now.duration_since(t) < PROBE_EVERY) {
+                        continue;
+                    }
+                    probes += 1;
+                    let probe = format!("probe:{listener}:{probes}");
+                    // Pending before publishing: an echo may beat the publish's reply.
+                    pending = Some((probe.clone(), now));
+                    last_sent = Some(now);
+                    if let Err(e) = channel.publish(&probe).await {
+                        tracing::warn!(error = %e, "replay cache: cannot publish a purge probe");
+                    }
+                }
+                message = messages.recv() => {
+                    let Some(message) = message else {
+                        tracing::warn!("replay cache: the purge subscription ended; replays go to the store until it is back");
+                        break;
+                    };
+                    let Some(state) = entries.upgrade() else {
+                        return;
+                    };
+                    if pending.as_ref().is_some_and(|(p, _)| *p == message) {
+                        pending = None;
+                        if !state.serving.swap(true, Ordering::SeqCst) {
+                            tracing::info!("replay cache: hearing purges; serving replays from memory");
+                        }
+                    } else if !message.starts_with("probe:") {
+                        state.invalidate(&message);
+                    }
+                }
+            }
         }
+        match entries.upgrade() {
+            Some(state) => state.stop_serving(),
+            None => return,
+        }
+        tokio::time::sleep(TICK).await;
     }
 }
 
@@ -82,21 +244,25 @@ impl Store for ReplayCache {
         now: Millis,
         policy: &Policy,
     ) -> Result<(Decision, Option<Record>), StoreError> {
-        if let Some(record) = self.completed.get(key.as_str()) {
-            match decide(Some(&record), fp, now, policy) {
-                decision @ (Decision::Replay { .. } | Decision::Mismatch) => {
-                    crate::metrics::replay_cache_hit();
-                    return Ok((decision, None));
-                }
-                // Expired: the store decides afresh.
-                _ => {
-                    self.completed.remove(key.as_str());
+        let entries = &self.state;
+        if entries.serving() {
+            if let Some(record) = entries.completed.get(key.as_str()) {
+                match decide(Some(&record), fp, now, policy) {
+                    decision @ (Decision::Replay { .. } | Decision::Mismatch) => {
+                        crate::metrics::replay_cache_hit();
+                        return Ok((decision, None));
+                    }
+                    // Expired: the store decides afresh.
+                    _ => {
+                        entries.completed.remove(key.as_str());
+                    }
                 }
             }
         }
+        let read_at = entries.generation();
         let (decision, record) = self.inner.claim_with_record(key, fp, now, policy).await?;
         if let (Decision::Replay { .. }, Some(r)) = (&decision, &record) {
-            self.keep(key, r.clone());
+            entries.keep(key, r.clone(), read_at);
         }
         Ok((decision, record))
     }
@@ -109,6 +275,7 @@ impl Store for ReplayCache {
         now: Millis,
         policy: &Policy,
     ) -> Result<HolderWrite, StoreError> {
+        let read_at = self.state.generation();
         let written = self
             .inner
             .write_as_holder(key, holder, change, now, policy)
@@ -116,7 +283,8 @@ impl Store for ReplayCache {
         if let (HolderWrite::Written, Transition::Complete(_)) = (&written, change) {
             // The record the store writes is the core's, so the cache can make the same
             // (its expiry within the store's clock tolerance).
-            self.keep(key, change.record(holder, now, policy));
+            self.state
+                .keep(key, change.record(holder, now, policy), read_at);
         }
         Ok(written)
     }
@@ -132,13 +300,34 @@ impl Store for ReplayCache {
         holder: &Holder,
         record: &Record,
     ) -> Result<(), StoreError> {
+        let read_at = self.state.generation();
         self.inner.committed(key, holder, record).await?;
-        self.keep(key, record.clone());
+        self.state.keep(key, record.clone(), read_at);
         Ok(())
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
         self.inner.get(key).await
+    }
+
+    async fn delete_if_same(&self, key: &RecordKey, expected: &Record) -> Result<bool, StoreError> {
+        let deleted = self.inner.delete_if_same(key, expected).await?;
+        // This replica forgets it at once, whatever the channel does.
+        self.state.invalidate(key.as_str());
+        Ok(deleted)
+    }
+
+    async fn in_progress(
+        &self,
+        claimed_before: Millis,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<InProgressPage, StoreError> {
+        self.inner.in_progress(claimed_before, cursor, limit).await
+    }
+
+    fn purge_channel(&self) -> Option<Arc<dyn PurgeChannel>> {
+        self.inner.purge_channel()
     }
 
     async fn sweep(&self, now: Millis, batch: usize) -> Result<u64, StoreError> {

@@ -1,7 +1,7 @@
 //! The embedded default store: a map behind a mutex. Fast, and gone when the process
 //! exits — not durable, and not shared between processes.
 
-use super::{HolderWrite, Store, StoreError};
+use super::{HolderWrite, InProgressPage, Store, StoreError};
 use async_trait::async_trait;
 use idem_core::{
     decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, Transition,
@@ -85,6 +85,34 @@ impl Store for MemoryStore {
         Ok(self.lock().get(key).cloned())
     }
 
+    async fn delete_if_same(&self, key: &RecordKey, expected: &Record) -> Result<bool, StoreError> {
+        let mut map = self.lock();
+        if map.get(key) != Some(expected) {
+            return Ok(false);
+        }
+        map.remove(key);
+        Ok(true)
+    }
+
+    async fn in_progress(
+        &self,
+        claimed_before: Millis,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<InProgressPage, StoreError> {
+        let map = self.lock();
+        let mut found: Vec<(RecordKey, Record)> = map
+            .iter()
+            .filter(|(k, r)| {
+                r.in_progress_claimed_before(claimed_before)
+                    && cursor.is_none_or(|after| k.as_str() > after)
+            })
+            .map(|(k, r)| (k.clone(), r.clone()))
+            .collect();
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(page_by_key(found, limit))
+    }
+
     async fn sweep(&self, now: Millis, batch: usize) -> Result<u64, StoreError> {
         // Nothing that has not expired on this store's clock (the process's) goes.
         let now = now.min(crate::now());
@@ -103,5 +131,19 @@ impl Store for MemoryStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         Ok(())
+    }
+}
+
+/// The first `limit` of `sorted` (by key), and the last key as the next page's cursor
+/// when more follow.
+pub(crate) fn page_by_key(mut sorted: Vec<(RecordKey, Record)>, limit: usize) -> InProgressPage {
+    let more = sorted.len() > limit;
+    sorted.truncate(limit);
+    let next = more
+        .then(|| sorted.last().map(|(k, _)| k.as_str().to_owned()))
+        .flatten();
+    InProgressPage {
+        records: sorted,
+        next,
     }
 }

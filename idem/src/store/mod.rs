@@ -10,6 +10,7 @@ use idem_core::{
     Transition,
 };
 use std::fmt;
+use std::sync::Arc;
 
 pub use clock::{Stamp, StoreClock};
 
@@ -18,6 +19,7 @@ pub mod clock;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub mod purge;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(any(feature = "postgres", feature = "redis"))]
@@ -34,6 +36,7 @@ pub use cache::ReplayCache;
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{PgStrategy, PostgresStore};
+pub use purge::{InProgressPage, PurgeChannel, Purged};
 #[cfg(any(feature = "postgres", feature = "redis"))]
 pub(crate) use shared::{claim_by_cas, decode, holder_write_at, Written};
 pub use sweeper::spawn_sweeper;
@@ -155,6 +158,29 @@ pub trait Store: Send + Sync + 'static {
     /// Reads the key's record, expired or not.
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError>;
 
+    /// Deletes the key's record only if it is still exactly `expected` — a purge the
+    /// core allowed ([`idem_core::decide_purge`]) — and announces the key on the
+    /// store's [`PurgeChannel`] in the same atomic step; whether it deleted.
+    async fn delete_if_same(&self, key: &RecordKey, expected: &Record) -> Result<bool, StoreError>;
+
+    /// In-progress records whose holders claimed them before `claimed_before`
+    /// ([`Record::in_progress_claimed_before`]), a page at a time: the first with
+    /// `cursor` `None`, each next one with the previous page's `next`. A page may hold
+    /// fewer than `limit` records and still have a next one (a store bounds the work
+    /// one page does).
+    async fn in_progress(
+        &self,
+        claimed_before: Millis,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<InProgressPage, StoreError>;
+
+    /// Where this store announces purges to the other processes that share it;
+    /// `None` when none does (the memory store).
+    fn purge_channel(&self) -> Option<Arc<dyn PurgeChannel>> {
+        None
+    }
+
     /// Deletes up to `batch` records that expired strictly before `now` (and before
     /// the store's own clock); returns how many.
     async fn sweep(&self, now: Millis, batch: usize) -> Result<u64, StoreError>;
@@ -210,6 +236,41 @@ pub trait StoreExt: Store {
     ) -> Result<HolderWrite, StoreError> {
         self.write_as_holder(key, holder, &Transition::Complete(response), now, policy)
             .await
+    }
+
+    /// Purges the key's record as an operator asked, at the store's `now`: refused
+    /// while an attempt holds it under a live lease, unless `force`
+    /// ([`idem_core::decide_purge`]). The delete is a compare-and-delete of the record
+    /// the decision read, retried when a concurrent write changed it.
+    async fn purge(&self, key: &RecordKey, now: Millis, force: bool) -> Result<Purged, StoreError> {
+        const ATTEMPTS: u32 = 8;
+        for attempt in 0..ATTEMPTS {
+            if attempt > 0 {
+                // A write raced the purge (a holder's completion, a write-behind): let
+                // it land, then read again.
+                tokio::time::sleep(std::time::Duration::from_millis(10 << attempt)).await;
+            }
+            let record = self.get(key).await?;
+            match (idem_core::decide_purge(record.as_ref(), now, force), record) {
+                (idem_core::PurgeDecision::Absent, _) | (_, None) => {
+                    // Announced all the same: a purge repeated after a failure half-way
+                    // still reaches every replica's cache.
+                    if let Some(channel) = self.purge_channel() {
+                        channel.publish(key.as_str()).await?;
+                    }
+                    return Ok(Purged::Absent);
+                }
+                (idem_core::PurgeDecision::LeaseLive { .. }, Some(r)) => {
+                    return Ok(Purged::LeaseLive(r))
+                }
+                (idem_core::PurgeDecision::Delete, Some(r)) => {
+                    if self.delete_if_same(key, &r).await? {
+                        return Ok(Purged::Deleted(r));
+                    }
+                }
+            }
+        }
+        Err(StoreError::Contention)
     }
 
     /// Frees the key so that a retry may run.

@@ -74,7 +74,8 @@ impl Default for PgOptions {
     }
 }
 
-/// Postgres-backed [`Store`].
+/// Postgres-backed [`Store`]. Cloning it shares its pools.
+#[derive(Clone)]
 pub struct PostgresStore {
     pool: Pool,
     /// Heartbeats' own connections: a flood of new claims holding every pooled
@@ -85,9 +86,24 @@ pub struct PostgresStore {
     transaction_pool: Pool,
     options: PgOptions,
     clock: Arc<StoreClock>,
+    /// How to open a connection outside the pools (the purge channel's `LISTEN`).
+    connector: Connector,
 }
 
-const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("postgres/0001_records.sql"))];
+/// A connection's settings and TLS, as the pools open them.
+#[derive(Clone)]
+enum Connector {
+    Plain(tokio_postgres::Config),
+    Tls(
+        tokio_postgres::Config,
+        tokio_postgres_rustls::MakeRustlsConnect,
+    ),
+}
+
+const MIGRATIONS: &[(i32, &str)] = &[
+    (1, include_str!("postgres/0001_records.sql")),
+    (2, include_str!("postgres/0002_in_progress.sql")),
+];
 /// Arbitrary constant: serialises concurrent migrators across processes.
 const MIGRATION_LOCK: i64 = 0x1de4_0001;
 
@@ -99,6 +115,7 @@ macro_rules! clock_ms {
     };
 }
 
+mod purge;
 pub mod transaction;
 
 pub use transaction::{Authority, BeginError, CommitError, FencedTransaction};
@@ -284,12 +301,14 @@ impl PostgresStore {
             options.timeout,
             options.ca_file.as_deref(),
         )?;
+        let connector = connector(url, options.timeout, options.ca_file.as_deref(), None)?;
         let store = PostgresStore {
             pool,
             heartbeat_pool,
             transaction_pool,
             options,
             clock: Arc::new(StoreClock::new()),
+            connector,
         };
         store.with_client(async |c| migrate(c).await).await?;
         Ok(store)
@@ -657,6 +676,31 @@ fn pool_with(
     ca_file: Option<&std::path::Path>,
     statement_timeout: Option<Duration>,
 ) -> Result<Pool, StoreError> {
+    let recycling = || ManagerConfig {
+        recycling_method: RecyclingMethod::Fast,
+    };
+    let manager = match connector(url, timeout, ca_file, statement_timeout)? {
+        Connector::Plain(config) => Manager::from_config(config, NoTls, recycling()),
+        Connector::Tls(config, tls) => Manager::from_config(config, tls, recycling()),
+    };
+    Pool::builder(manager)
+        .max_size(size.max(1))
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(timeout))
+        .create_timeout(Some(timeout))
+        .recycle_timeout(Some(timeout))
+        .build()
+        .map_err(|e| StoreError::Unavailable(format!("cannot build the connection pool: {e}")))
+}
+
+/// How to connect to `url`: its settings, and TLS as its `sslmode` says (see
+/// [`super::tls`]).
+fn connector(
+    url: &str,
+    timeout: Duration,
+    ca_file: Option<&std::path::Path>,
+    statement_timeout: Option<Duration>,
+) -> Result<Connector, StoreError> {
     let invalid = |e: String| StoreError::Unavailable(format!("invalid database URL: {e}"));
     let tls = super::tls::split_pg_url(url).map_err(invalid)?;
     let mut config =
@@ -677,11 +721,8 @@ fn pool_with(
         .keepalives_idle(Duration::from_secs(15))
         .keepalives_interval(Duration::from_secs(5))
         .keepalives_retries(3);
-    let recycling = || ManagerConfig {
-        recycling_method: RecyclingMethod::Fast,
-    };
-    let manager = match tls.verify {
-        None => Manager::from_config(config, NoTls, recycling()),
+    match tls.verify {
+        None => Ok(Connector::Plain(config)),
         Some(verify) => {
             let ca = ca_file.map(std::path::Path::to_path_buf).or(tls.ca_file);
             // A CA given is a CA used: `prefer`/`require` with one verify the chain
@@ -692,21 +733,12 @@ fn pool_with(
             };
             let client = super::tls::client_config(verify, ca.as_deref())
                 .map_err(StoreError::Unavailable)?;
-            Manager::from_config(
+            Ok(Connector::Tls(
                 config,
                 tokio_postgres_rustls::MakeRustlsConnect::new(client),
-                recycling(),
-            )
+            ))
         }
-    };
-    Pool::builder(manager)
-        .max_size(size.max(1))
-        .runtime(Runtime::Tokio1)
-        .wait_timeout(Some(timeout))
-        .create_timeout(Some(timeout))
-        .recycle_timeout(Some(timeout))
-        .build()
-        .map_err(|e| StoreError::Unavailable(format!("cannot build the connection pool: {e}")))
+    }
 }
 
 #[async_trait]
@@ -846,6 +878,24 @@ impl Store for PostgresStore {
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
         self.get_record(key).await
+    }
+
+    async fn delete_if_same(&self, key: &RecordKey, expected: &Record) -> Result<bool, StoreError> {
+        self.delete_record_if_same(key, expected).await
+    }
+
+    async fn in_progress(
+        &self,
+        claimed_before: Millis,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<crate::store::InProgressPage, StoreError> {
+        self.in_progress_records(claimed_before, cursor, limit)
+            .await
+    }
+
+    fn purge_channel(&self) -> Option<Arc<dyn crate::store::PurgeChannel>> {
+        Some(Arc::new(self.clone()))
     }
 
     async fn sweep(&self, now: Millis, batch: usize) -> Result<u64, StoreError> {

@@ -124,9 +124,15 @@ impl SelfHealingCluster {
     }
 }
 
+mod purge;
+
 /// Redis-backed [`Store`].
 pub struct RedisStore {
     conn: Conn,
+    /// The URLs given, and the CA that verifies them: the purge channel subscribes on
+    /// a connection of its own.
+    nodes: Vec<String>,
+    ca: Option<Vec<u8>>,
     timeout: Duration,
     namespace: String,
     clock: StoreClock,
@@ -174,6 +180,8 @@ impl RedisStore {
             None => {
                 let probe = RedisStore {
                     conn: Self::single(nodes[0], timeout, ca.as_ref()).await?,
+                    nodes: Vec::new(),
+                    ca: None,
                     timeout,
                     namespace: String::new(),
                     clock: StoreClock::new(),
@@ -189,6 +197,8 @@ impl RedisStore {
         };
         let store = RedisStore {
             conn,
+            nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
+            ca,
             timeout,
             namespace: options.namespace,
             clock: StoreClock::new(),
@@ -668,6 +678,24 @@ impl Store for RedisStore {
     }
 
     /// Redis expires records itself.
+    async fn delete_if_same(&self, key: &RecordKey, expected: &Record) -> Result<bool, StoreError> {
+        self.delete_record_if_same(key, expected).await
+    }
+
+    async fn in_progress(
+        &self,
+        claimed_before: Millis,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<super::InProgressPage, StoreError> {
+        self.in_progress_records(claimed_before, cursor, limit)
+            .await
+    }
+
+    fn purge_channel(&self) -> Option<Arc<dyn super::PurgeChannel>> {
+        Some(Arc::new(self.channel()))
+    }
+
     async fn sweep(&self, _now: Millis, _batch: usize) -> Result<u64, StoreError> {
         Ok(0)
     }

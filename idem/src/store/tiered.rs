@@ -432,6 +432,52 @@ impl Store for TieredStore {
         }
     }
 
+    /// Redis first, then Postgres: a purge that fails half-way leaves the record in
+    /// Postgres only, which the cold path copies back — never in Redis alone, whose
+    /// copy would go on replaying. A tier holding a record newer than `expected` (a
+    /// takeover since, or in `async` mode a write not yet behind) means the record
+    /// changed: nothing more is deleted and the purge reads again.
+    async fn delete_if_same(&self, key: &RecordKey, expected: &Record) -> Result<bool, StoreError> {
+        let in_redis = match self.redis.read(key).await {
+            Ok(r) => r,
+            // Sync mode serves without Redis, but a purge must not leave a copy there.
+            Err(e) => return Err(e),
+        };
+        if let Some(r) = &in_redis {
+            if r.is_newer_than(expected) || !self.redis.delete_if_same(key, r).await? {
+                return Ok(false);
+            }
+        }
+        match self.pg.get_record(key).await? {
+            Some(p) if p.is_newer_than(expected) => Ok(false),
+            Some(p) => self.pg.delete_if_same(key, &p).await,
+            None => {
+                // Postgres had nothing to announce the purge with: say it ourselves.
+                use super::PurgeChannel;
+                self.pg.publish(key.as_str()).await?;
+                Ok(in_redis.is_some())
+            }
+        }
+    }
+
+    /// Postgres' in sync mode (it holds every claim); Redis' in async mode, where a
+    /// claim whose replica crashed may never have been written behind.
+    async fn in_progress(
+        &self,
+        claimed_before: Millis,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<super::InProgressPage, StoreError> {
+        match self.outbox {
+            Some(_) => self.redis.in_progress(claimed_before, cursor, limit).await,
+            None => self.pg.in_progress(claimed_before, cursor, limit).await,
+        }
+    }
+
+    fn purge_channel(&self) -> Option<Arc<dyn super::PurgeChannel>> {
+        self.pg.purge_channel()
+    }
+
     async fn sweep(&self, now: Millis, batch: usize) -> Result<u64, StoreError> {
         if let Some(outbox) = &self.outbox {
             outbox.purge_parked(now);

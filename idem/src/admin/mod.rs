@@ -1,0 +1,486 @@
+//! The admin API: what idem holds for a key, the attempts a crash orphaned, and
+//! purging a record — for the on-call engineer, on a listener of its own.
+//!
+//! * `GET /admin/v1/records?key=…&scope=…&identity=…` — a record by the request's
+//!   `Idempotency-Key` and its caller, given as the request gives it (`scope` is
+//!   `authorization`, `header:<name>`, `jwt:<claim>` or `anonymous`; `identity` is the
+//!   `Authorization` value, the header's value or the claim's value).
+//! * `GET /admin/v1/records/{record_key}` — a record by its record key (64 hex digits,
+//!   as logs and listings show it). Both take `body=true` to include the stored body.
+//! * `GET /admin/v1/in-progress?older_than=30s&limit=100&cursor=…` — in-progress
+//!   records whose holders claimed them longer ago than `older_than`, a page at a time.
+//! * `DELETE /admin/v1/records/{record_key}[?force=true]` — purges a record, and
+//!   every replica's replay cache forgets it ([`crate::store::cache`] says how fast).
+//!   Refused (409) while an attempt holds the key under a live lease, unless forced.
+//!
+//! Every request needs `Authorization: Bearer <token>` of a token in the token file
+//! ([`Tokens`]): none is a 401 problem, a wrong one a 403, and neither changes
+//! anything. Every action is logged (target `idem::admin`) with its operator, peer
+//! address, record key and outcome.
+
+pub mod auth;
+pub mod view;
+
+pub use auth::Tokens;
+
+use crate::store::{Purged, Store, StoreError};
+use axum::extract::{ConnectInfo, Path, Query, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Extension, Router};
+use http::{header, HeaderValue, StatusCode};
+use idem_core::contract::{JwtKeys, JwtVerifier, ScopeSource};
+use idem_core::{IdempotencyKey, RecordKey, Scope};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+/// Most records one listing page returns.
+pub const MAX_PAGE: usize = 1000;
+const DEFAULT_PAGE: usize = 100;
+
+#[derive(Clone)]
+struct Admin {
+    store: Arc<dyn Store>,
+    tokens: Arc<Tokens>,
+}
+
+/// Who made an admin request.
+#[derive(Clone, Debug)]
+struct Actor {
+    operator: String,
+    peer: String,
+}
+
+/// The admin API over `store`, for the operators of `tokens`. Serve it with
+/// `into_make_service_with_connect_info::<SocketAddr>()` so that logs name the peer.
+pub fn router(store: Arc<dyn Store>, tokens: Tokens) -> Router {
+    let admin = Admin {
+        store,
+        tokens: Arc::new(tokens),
+    };
+    Router::new()
+        .route("/admin/v1/records", get(lookup))
+        .route(
+            "/admin/v1/records/{record_key}",
+            get(get_record).delete(purge),
+        )
+        .route("/admin/v1/in-progress", get(in_progress))
+        .route_layer(middleware::from_fn_with_state(admin.clone(), authenticate))
+        .with_state(admin)
+}
+
+/// An admin problem (RFC 9457): `urn:idem:problem:admin-<kind>`.
+fn problem(status: StatusCode, kind: &str, detail: impl Into<String>) -> Response {
+    problem_with(status, kind, detail, Value::Null)
+}
+
+fn problem_with(
+    status: StatusCode,
+    kind: &str,
+    detail: impl Into<String>,
+    extra: Value,
+) -> Response {
+    let mut body = json!({
+        "type": format!("urn:idem:problem:admin-{kind}"),
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": detail.into(),
+    });
+    if let (Value::Object(extra), Some(fields)) = (extra, body.as_object_mut()) {
+        fields.extend(extra);
+    }
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/problem+json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn ok(body: Value) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn peer(request: &Request) -> String {
+    request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or_else(|| "unknown".to_owned(), |c| c.0.to_string())
+}
+
+async fn authenticate(State(admin): State<Admin>, mut request: Request, next: Next) -> Response {
+    let peer = peer(&request);
+    let action = format!("{} {}", request.method(), request.uri().path());
+    let value = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(HeaderValue::as_bytes);
+    let operator = match auth::presented(value) {
+        auth::Presented::Nothing => {
+            tracing::warn!(target: "idem::admin", %peer, %action, "admin request refused: no bearer token");
+            let mut refused = problem(
+                StatusCode::UNAUTHORIZED,
+                "unauthenticated",
+                "send Authorization: Bearer <token>, with a token from the admin token file",
+            );
+            refused.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"idem-admin\""),
+            );
+            return refused;
+        }
+        auth::Presented::Bearer(token) => match admin.tokens.operator(token) {
+            Some(operator) => operator.to_owned(),
+            None => {
+                tracing::warn!(target: "idem::admin", %peer, %action, "admin request refused: unknown token");
+                return problem(
+                    StatusCode::FORBIDDEN,
+                    "forbidden",
+                    "this token is not in the admin token file",
+                );
+            }
+        },
+    };
+    request.extensions_mut().insert(Actor { operator, peer });
+    next.run(request).await
+}
+
+type Params = Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>;
+
+/// The query's parameters, refusing any not in `known`.
+fn params(given: Params, known: &[&str]) -> Result<HashMap<String, String>, Response> {
+    let Query(params) = given.map_err(|e| {
+        problem(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            format!("the query string is not readable: {e}"),
+        )
+    })?;
+    if let Some(unknown) = params.keys().find(|k| !known.contains(&k.as_str())) {
+        return Err(problem(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            format!(
+                "unknown parameter {unknown:?}; this endpoint takes {}",
+                known.join(", ")
+            ),
+        ));
+    }
+    Ok(params)
+}
+
+fn flag(params: &HashMap<String, String>, name: &str) -> Result<bool, Response> {
+    match params.get(name).map(String::as_str) {
+        None | Some("false" | "0") => Ok(false),
+        Some("true" | "1" | "") => Ok(true),
+        Some(other) => Err(problem(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            format!("{name}={other:?}: use true or false"),
+        )),
+    }
+}
+
+fn record_key(text: &str) -> Result<RecordKey, Response> {
+    RecordKey::from_stored(text).ok_or_else(|| {
+        problem(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "a record key is 64 lower-case hex digits (use /admin/v1/records?key=…&scope=… to find one from a request's key)",
+        )
+    })
+}
+
+fn unavailable(e: &StoreError) -> Response {
+    problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store-unavailable",
+        format!("the store did not answer: {e}"),
+    )
+}
+
+/// The scope a request would get, from the identity it would carry.
+fn scope_of(scope: &str, identity: Option<&str>) -> Result<Scope, String> {
+    let needs = |what: &str| format!("scope={scope} needs identity=<{what}>");
+    if scope.trim() == "anonymous" {
+        return match identity {
+            None => Ok(Scope::anonymous()),
+            Some(_) => Err("scope=anonymous takes no identity".into()),
+        };
+    }
+    // Any JWT verifier parses the spec: the claim's value is given, not a token.
+    let any_jwt = JwtVerifier::new(JwtKeys::Hs256(b"unused".to_vec()), None, None).ok();
+    match ScopeSource::parse(scope, any_jwt)? {
+        ScopeSource::Authorization => Ok(Scope::from_authorization(Some(
+            identity
+                .ok_or_else(|| needs("the Authorization header's value"))?
+                .as_bytes(),
+        ))),
+        ScopeSource::Header(name) => Ok(Scope::from_header(
+            &name,
+            identity
+                .ok_or_else(|| needs("the header's value"))?
+                .as_bytes(),
+        )),
+        ScopeSource::JwtClaim { claim, .. } => {
+            let value = identity.ok_or_else(|| needs("the claim's value"))?;
+            // The claim's JSON value as the token carries it: a number or a string (a
+            // bare word is taken for a string).
+            let json = match idem_core::json::canonicalize(value.as_bytes()) {
+                Ok(canonical) => canonical,
+                Err(_) => idem_core::json::canonicalize(json!(value).to_string().as_bytes())
+                    .map_err(|_| format!("{value:?} is not a claim's value"))?,
+            };
+            Ok(Scope::from_claim(&claim, &json))
+        }
+    }
+}
+
+async fn lookup(
+    State(admin): State<Admin>,
+    Extension(actor): Extension<Actor>,
+    query: Params,
+) -> Response {
+    let params = match params(query, &["key", "scope", "identity", "body"]) {
+        Ok(p) => p,
+        Err(refused) => return refused,
+    };
+    let Some(key) = params.get("key") else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "key=<the Idempotency-Key as sent> is required",
+        );
+    };
+    let key = match IdempotencyKey::parse(key.as_bytes()) {
+        Ok(k) => k,
+        Err(e) => return problem(StatusCode::BAD_REQUEST, "bad-request", e.to_string()),
+    };
+    let Some(scope) = params.get("scope") else {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "scope=authorization|header:<name>|jwt:<claim>|anonymous is required",
+        );
+    };
+    let scope = match scope_of(scope, params.get("identity").map(String::as_str)) {
+        Ok(s) => s,
+        Err(e) => return problem(StatusCode::BAD_REQUEST, "bad-request", e),
+    };
+    let with_body = match flag(&params, "body") {
+        Ok(b) => b,
+        Err(refused) => return refused,
+    };
+    show(&admin, &actor, RecordKey::new(&scope, &key), with_body).await
+}
+
+async fn get_record(
+    State(admin): State<Admin>,
+    Extension(actor): Extension<Actor>,
+    Path(key): Path<String>,
+    query: Params,
+) -> Response {
+    let params = match params(query, &["body"]) {
+        Ok(p) => p,
+        Err(refused) => return refused,
+    };
+    let with_body = match flag(&params, "body") {
+        Ok(b) => b,
+        Err(refused) => return refused,
+    };
+    match record_key(&key) {
+        Ok(key) => show(&admin, &actor, key, with_body).await,
+        Err(refused) => refused,
+    }
+}
+
+async fn show(admin: &Admin, actor: &Actor, key: RecordKey, with_body: bool) -> Response {
+    let found = admin.store.get(&key).await;
+    let outcome = match &found {
+        Ok(Some(_)) => "found",
+        Ok(None) => "absent",
+        Err(_) => "store-error",
+    };
+    tracing::info!(target: "idem::admin", operator = %actor.operator, peer = %actor.peer, action = "get", record_key = key.as_str(), with_body, outcome);
+    let now = admin.store.now();
+    match found {
+        Ok(Some(record)) => ok(json!({
+            "now_ms": now,
+            "record": view::record(&key, &record, now, with_body),
+        })),
+        Ok(None) => problem_with(
+            StatusCode::NOT_FOUND,
+            "no-record",
+            "idem holds no record for this key (never used, expired and swept, or purged)",
+            json!({ "record_key": key.as_str() }),
+        ),
+        Err(e) => unavailable(&e),
+    }
+}
+
+async fn in_progress(
+    State(admin): State<Admin>,
+    Extension(actor): Extension<Actor>,
+    query: Params,
+) -> Response {
+    let params = match params(query, &["older_than", "limit", "cursor"]) {
+        Ok(p) => p,
+        Err(refused) => return refused,
+    };
+    let older_than = match params.get("older_than").map(|a| view::age_ms(a)) {
+        None => 0,
+        Some(Ok(ms)) => ms,
+        Some(Err(e)) => return problem(StatusCode::BAD_REQUEST, "bad-request", e),
+    };
+    let limit = match params.get("limit").map(|l| l.parse::<usize>()) {
+        None => DEFAULT_PAGE,
+        Some(Ok(l)) if (1..=MAX_PAGE).contains(&l) => l,
+        Some(_) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "bad-request",
+                format!("limit is a number from 1 to {MAX_PAGE}"),
+            )
+        }
+    };
+    let cursor = params.get("cursor").map(String::as_str);
+    if cursor
+        .is_some_and(|c| c.is_empty() || c.len() > 256 || !c.bytes().all(|b| b.is_ascii_graphic()))
+    {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            "cursor is the next_cursor of the previous page, as it was given",
+        );
+    }
+    let now = admin.store.now();
+    let claimed_before = now.saturating_sub(older_than);
+    let page = admin.store.in_progress(claimed_before, cursor, limit).await;
+    tracing::info!(target: "idem::admin", operator = %actor.operator, peer = %actor.peer, action = "list-in-progress", older_than_ms = older_than, found = page.as_ref().map_or(0, |p| p.records.len()), ok = page.is_ok());
+    match page {
+        Ok(page) => ok(json!({
+            "now_ms": now,
+            "claimed_before_ms": claimed_before,
+            "records": page
+                .records
+                .iter()
+                .map(|(k, r)| view::record(k, r, now, false))
+                .collect::<Vec<_>>(),
+            "next_cursor": page.next,
+        })),
+        // A cursor the store cannot read is the caller's mistake, not the store's.
+        Err(StoreError::Corrupt(e)) if cursor.is_some() && e.contains("cursor") => problem(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            format!("{e}: pass next_cursor as the previous page gave it"),
+        ),
+        Err(e) => unavailable(&e),
+    }
+}
+
+async fn purge(
+    State(admin): State<Admin>,
+    Extension(actor): Extension<Actor>,
+    Path(key): Path<String>,
+    query: Params,
+) -> Response {
+    let params = match params(query, &["force"]) {
+        Ok(p) => p,
+        Err(refused) => return refused,
+    };
+    let force = match flag(&params, "force") {
+        Ok(f) => f,
+        Err(refused) => return refused,
+    };
+    let key = match record_key(&key) {
+        Ok(k) => k,
+        Err(refused) => return refused,
+    };
+    let now = admin.store.now();
+    let purged = crate::store::StoreExt::purge(&*admin.store, &key, now, force).await;
+    let outcome = match &purged {
+        Ok(Purged::Deleted(_)) => "deleted",
+        Ok(Purged::Absent) => "absent",
+        Ok(Purged::LeaseLive(_)) => "refused-lease-live",
+        Err(StoreError::Contention) => "refused-changing",
+        Err(_) => "store-error",
+    };
+    let state = match &purged {
+        Ok(Purged::Deleted(r) | Purged::LeaseLive(r)) if r.is_completed() => "completed",
+        Ok(Purged::Deleted(_) | Purged::LeaseLive(_)) => "in_progress",
+        _ => "-",
+    };
+    tracing::info!(target: "idem::admin", operator = %actor.operator, peer = %actor.peer, action = "purge", record_key = key.as_str(), force, state, outcome);
+    match purged {
+        Ok(Purged::Deleted(record)) => ok(json!({
+            "purged": true,
+            "now_ms": now,
+            "record": view::record(&key, &record, now, false),
+        })),
+        Ok(Purged::Absent) => problem_with(
+            StatusCode::NOT_FOUND,
+            "no-record",
+            "idem holds no record for this key (every replica's replay cache is told to forget it all the same)",
+            json!({ "record_key": key.as_str() }),
+        ),
+        Ok(Purged::LeaseLive(record)) => {
+            let lease_until = match &record {
+                idem_core::Record::InProgress { lease_until, .. } => *lease_until,
+                idem_core::Record::Completed { .. } => now,
+            };
+            problem_with(
+                StatusCode::CONFLICT,
+                "lease-live",
+                format!(
+                    "an attempt holds this key for {} ms more: its handler is probably still running, and purging would let a retry run it again. Purge with force=true only if its holder is known to be gone",
+                    lease_until.saturating_sub(now)
+                ),
+                json!({ "record": view::record(&key, &record, now, false) }),
+            )
+        }
+        Err(StoreError::Contention) => problem(
+            StatusCode::CONFLICT,
+            "record-changing",
+            "the record kept changing while it was being purged (a completion, a takeover, a write-behind landing); read it and try again",
+        ),
+        Err(e) => unavailable(&e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::scope_of;
+    use idem_core::Scope;
+
+    #[test]
+    fn scopes_as_the_request_would_get_them() {
+        assert_eq!(
+            scope_of("authorization", Some("Bearer tok")),
+            Ok(Scope::from_credential(b"tok"))
+        );
+        assert_eq!(
+            scope_of("header:X-Tenant", Some("acme")),
+            Ok(Scope::from_header("x-tenant", b"acme"))
+        );
+        assert_eq!(
+            scope_of("jwt:sub", Some("alice")),
+            Ok(Scope::from_claim("sub", b"\"alice\""))
+        );
+        assert_eq!(
+            scope_of("jwt:sub", Some("42")),
+            Ok(Scope::from_claim("sub", b"42"))
+        );
+        assert_eq!(scope_of("anonymous", None), Ok(Scope::anonymous()));
+        assert!(scope_of("anonymous", Some("x")).is_err());
+        assert!(scope_of("authorization", None).is_err());
+        assert!(scope_of("cookie", Some("x")).is_err());
+    }
+}

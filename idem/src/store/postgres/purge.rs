@@ -1,0 +1,161 @@
+//! Purges and the in-progress listing for the admin API, and the purge channel:
+//! `NOTIFY idem_purge` in the deleting statement, `LISTEN` on a connection of its own.
+
+use super::{sql_i64, unavailable, Connector, PostgresStore};
+use crate::store::purge::{forward, InProgressPage, PurgeChannel, QUEUE};
+use crate::store::{decode, StoreError};
+use async_trait::async_trait;
+use futures_util::future::poll_fn;
+use idem_core::{Millis, Record, RecordKey, TOKENS_PER_MS};
+use tokio::sync::{mpsc, oneshot};
+use tokio_postgres::AsyncMessage;
+
+/// The channel every process of a database listens on. Shared by deployments that
+/// share a database (in other schemas): they hear each other's purges, which only
+/// costs them a cache entry they did not have.
+pub const CHANNEL: &str = "idem_purge";
+
+/// Deletes the row only if it still holds exactly `$2`, and notifies the channel in the
+/// same statement: listeners hear of it when it commits, never before, never if not.
+const DELETE_IF_SAME: &str = "WITH gone AS (
+        DELETE FROM idem_records WHERE id = $1 AND record = $2 RETURNING id)
+    SELECT pg_notify('idem_purge', id) FROM gone";
+
+/// In-progress rows claimed before `$1` (as a token: time × 1024), after key `$2`, in
+/// key order — along the partial index of in-progress rows.
+const IN_PROGRESS: &str = "SELECT id, record FROM idem_records
+    WHERE state = 0 AND token < $1 AND id > $2 ORDER BY id LIMIT $3";
+
+impl PostgresStore {
+    pub(crate) async fn delete_record_if_same(
+        &self,
+        key: &RecordKey,
+        expected: &Record,
+    ) -> Result<bool, StoreError> {
+        let expected = expected.encode();
+        self.with_client(async |client| {
+            let stmt = client
+                .prepare_cached(DELETE_IF_SAME)
+                .await
+                .map_err(unavailable)?;
+            let rows = client
+                .query(&stmt, &[&key.as_str(), &expected])
+                .await
+                .map_err(unavailable)?;
+            Ok(rows.len() == 1)
+        })
+        .await
+    }
+
+    pub(crate) async fn in_progress_records(
+        &self,
+        claimed_before: Millis,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Result<InProgressPage, StoreError> {
+        let before = sql_i64(claimed_before.saturating_mul(TOKENS_PER_MS));
+        let after = cursor.unwrap_or("");
+        // One more than asked tells whether a next page exists.
+        let fetch = i64::try_from(limit).unwrap_or(i64::MAX - 1) + 1;
+        let rows = self
+            .with_client(async |client| {
+                let stmt = client
+                    .prepare_cached(IN_PROGRESS)
+                    .await
+                    .map_err(unavailable)?;
+                client
+                    .query(&stmt, &[&before, &after, &fetch])
+                    .await
+                    .map_err(unavailable)
+            })
+            .await?;
+        let mut found = Vec::with_capacity(rows.len());
+        for row in rows {
+            let id: String = row.get(0);
+            let key = RecordKey::from_stored(&id)
+                .ok_or_else(|| StoreError::Corrupt(format!("record key {id:?} is not a key")))?;
+            found.push((key, decode(row.get::<_, &[u8]>(1))?));
+        }
+        Ok(crate::store::memory::page_by_key(found, limit))
+    }
+}
+
+#[async_trait]
+impl PurgeChannel for PostgresStore {
+    async fn subscribe(&self) -> Result<mpsc::Receiver<String>, StoreError> {
+        let connecting = async {
+            match &self.connector {
+                Connector::Plain(config) => {
+                    let (client, connection) = config
+                        .connect(tokio_postgres::NoTls)
+                        .await
+                        .map_err(unavailable)?;
+                    listen(client, connection).await
+                }
+                Connector::Tls(config, tls) => {
+                    let (client, connection) =
+                        config.connect(tls.clone()).await.map_err(unavailable)?;
+                    listen(client, connection).await
+                }
+            }
+        };
+        tokio::time::timeout(self.options.timeout, connecting)
+            .await
+            .map_err(|_| {
+                StoreError::Unavailable("postgres: LISTEN did not answer in time".into())
+            })?
+    }
+
+    async fn publish(&self, message: &str) -> Result<(), StoreError> {
+        self.with_client(async |client| {
+            let stmt = client
+                .prepare_cached("SELECT pg_notify('idem_purge', $1)")
+                .await
+                .map_err(unavailable)?;
+            client
+                .execute(&stmt, &[&message])
+                .await
+                .map_err(unavailable)
+                .map(drop)
+        })
+        .await
+    }
+}
+
+/// Drives `connection` in a task of its own that forwards every notification, sends
+/// `LISTEN`, and keeps the client alive for as long as the task runs.
+async fn listen<S, T>(
+    client: tokio_postgres::Client,
+    mut connection: tokio_postgres::Connection<S, T>,
+) -> Result<mpsc::Receiver<String>, StoreError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (to_listener, received) = mpsc::channel(QUEUE);
+    let (keep_client, client_kept) = oneshot::channel::<tokio_postgres::Client>();
+    tokio::spawn(async move {
+        // Holds the client (sent below) until the connection ends.
+        let _client = client_kept;
+        while let Some(message) = poll_fn(|cx| connection.poll_message(cx)).await {
+            match message {
+                Ok(AsyncMessage::Notification(n)) => {
+                    if !forward(&to_listener, n.payload().to_owned()) {
+                        break;
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "the purge channel's connection failed");
+                    break;
+                }
+            }
+        }
+    });
+    client
+        .batch_execute(&format!("LISTEN {CHANNEL}"))
+        .await
+        .map_err(unavailable)?;
+    let _ = keep_client.send(client);
+    Ok(received)
+}
