@@ -9,10 +9,14 @@ use std::sync::Arc;
 
 #[tokio::test]
 async fn memory() {
-    conformance(&MemoryStore::new()).await;
+    let store = MemoryStore::new();
+    conformance(&store).await;
+    purges_and_listing(&store).await;
 }
 
 #[tokio::test]
 async fn replay_cache_over_memory() {
-    conformance(&ReplayCache::new(Arc::new(MemoryStore::new()), 1 << 20)).await;
+    let cache = ReplayCache::new(Arc::new(MemoryStore::new()), 1 << 20);
+    conformance(&cache).await;
+    purges_and_listing(&cache).await;
 }

@@ -29,7 +29,9 @@ async fn redis(urls: &str) -> RedisStore {
 #[tokio::test]
 async fn postgres() {
     let db = TestDb::new("conf_pg").await;
-    conformance(&*pg(&db).await).await;
+    let store = pg(&db).await;
+    conformance(&*store).await;
+    purges_and_listing(&*store).await;
 }
 
 #[tokio::test]
@@ -61,7 +63,9 @@ async fn postgres_advisory_lock() {
         strategy: idem::store::PgStrategy::AdvisoryLock,
         ..PgOptions::default()
     };
-    conformance(&PostgresStore::connect(&db.url, options).await.unwrap()).await;
+    let store = PostgresStore::connect(&db.url, options).await.unwrap();
+    conformance(&store).await;
+    purges_and_listing(&store).await;
 }
 
 #[tokio::test]
@@ -69,6 +73,7 @@ async fn redis_standalone() {
     let store = redis(&redis_url()).await;
     assert!(!store.is_cluster());
     conformance(&store).await;
+    purges_and_listing(&store).await;
 }
 
 #[tokio::test]
@@ -76,6 +81,7 @@ async fn redis_cluster() {
     let store = redis(&redis_cluster_urls()).await;
     assert!(store.is_cluster());
     conformance(&store).await;
+    purges_and_listing(&store).await;
 }
 
 #[tokio::test]
@@ -99,6 +105,20 @@ async fn tiered_sync() {
     conformance(&store).await;
     // Postgres holds the authority's copy of both records.
     assert_eq!(db.count("SELECT count(*) FROM idem_records").await, 2);
+    purges_and_listing(&store).await;
+}
+
+/// Apart from `tiered_async`, which counts the rows it wrote behind.
+#[tokio::test]
+async fn tiered_async_purges_and_listing() {
+    let db = TestDb::new("conf_tasync_admin").await;
+    let store = TieredStore::new(
+        redis(&redis_url()).await,
+        pg(&db).await,
+        Durability::Async,
+        OutboxOptions::default(),
+    );
+    purges_and_listing(&store).await;
 }
 
 #[tokio::test]
@@ -123,13 +143,17 @@ async fn tiered_async() {
 #[tokio::test]
 async fn replay_cache_over_postgres() {
     let db = TestDb::new("conf_cache_pg").await;
-    conformance(&ReplayCache::new(pg(&db).await, 1 << 20)).await;
+    let cache = ReplayCache::new(pg(&db).await, 1 << 20);
+    conformance(&cache).await;
+    purges_and_listing(&cache).await;
 }
 
 #[tokio::test]
 async fn replay_cache_over_redis_cluster() {
     let inner = Arc::new(redis(&redis_cluster_urls()).await);
-    conformance(&ReplayCache::new(inner, 1 << 20)).await;
+    let cache = ReplayCache::new(inner, 1 << 20);
+    conformance(&cache).await;
+    purges_and_listing(&cache).await;
 }
 
 /// What the cache answers without the store, and what it must not.
@@ -199,6 +223,7 @@ async fn replay_cache_learns_from_the_store_and_stays_within_its_budget() {
     }
     // 50 kB: room for four of the twenty 10 kB answers, not for all of them.
     let cache = ReplayCache::new(store, 50_000);
+    serving(&cache).await;
     for k in &keys {
         assert_eq!(
             cache.claim(k, &FP, t + 2, &P).await.unwrap().replayed(),
@@ -221,4 +246,16 @@ async fn replay_cache_learns_from_the_store_and_stays_within_its_budget() {
         (1..=4).contains(&from_memory),
         "{from_memory} of 20 answers of 10 kB were still cached in a 50 kB cache"
     );
+}
+
+/// Waits (at most 5 s) until `cache` hears its store's purge channel and serves.
+async fn serving(cache: &ReplayCache) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !cache.is_serving() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cache never heard its purge channel"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
 }

@@ -432,30 +432,33 @@ impl Store for TieredStore {
         }
     }
 
-    /// Redis first, then Postgres: a purge that fails half-way leaves the record in
-    /// Postgres only, which the cold path copies back — never in Redis alone, whose
-    /// copy would go on replaying. A tier holding a record newer than `expected` (a
-    /// takeover since, or in `async` mode a write not yet behind) means the record
-    /// changed: nothing more is deleted and the purge reads again.
+    /// A compare-and-delete against the tier that decides — Postgres in `sync` mode,
+    /// Redis in `async` mode — of `expected`, which [`Store::get`] read from it. Redis
+    /// is emptied before Postgres: a purge that fails half-way leaves the record in
+    /// Postgres only, which the cold path copies back, never in Redis alone, whose copy
+    /// would go on replaying. The other tier's copy goes unless it is newer than
+    /// `expected` (then the record changed: the purge reads again).
     async fn delete_if_same(&self, key: &RecordKey, expected: &Record) -> Result<bool, StoreError> {
-        let in_redis = match self.redis.read(key).await {
-            Ok(r) => r,
-            // Sync mode serves without Redis, but a purge must not leave a copy there.
-            Err(e) => return Err(e),
-        };
-        if let Some(r) = &in_redis {
-            if r.is_newer_than(expected) || !self.redis.delete_if_same(key, r).await? {
-                return Ok(false);
-            }
+        let deciding_in_redis = self.outbox.is_some();
+        let in_pg = self.pg.get_record(key).await?;
+        if !deciding_in_redis && in_pg.as_ref().is_some_and(|p| p != expected) {
+            return Ok(false);
         }
-        match self.pg.get_record(key).await? {
+        // Sync mode serves without Redis, but a purge must not leave a copy there.
+        match self.redis.read(key).await? {
+            Some(r) if deciding_in_redis && r != *expected => return Ok(false),
+            Some(r) if r.is_newer_than(expected) => return Ok(false),
+            Some(r) if !self.redis.delete_if_same(key, &r).await? => return Ok(false),
+            _ => {}
+        }
+        match in_pg {
             Some(p) if p.is_newer_than(expected) => Ok(false),
             Some(p) => self.pg.delete_if_same(key, &p).await,
             None => {
                 // Postgres had nothing to announce the purge with: say it ourselves.
                 use super::PurgeChannel;
                 self.pg.publish(key.as_str()).await?;
-                Ok(in_redis.is_some())
+                Ok(true)
             }
         }
     }

@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use idem::store::{CasRecords, HolderWrite, Stamp, Store, StoreExt, Swap};
+use idem::store::{CasRecords, HolderWrite, Purged, Stamp, Store, StoreExt, Swap};
 use idem_core::{
     decide, Decision, Fingerprint, IdempotencyKey, Policy, Record, RecordKey, Refusal, Scope,
     StoredResponse,
@@ -207,4 +207,111 @@ pub async fn takeover_swap_sees_the_holder_finish(store: &(impl Store + CasRecor
             _ => assert!(matches!(again, Decision::InFlight { .. }), "{again:?}"),
         }
     }
+}
+
+/// The admin API's primitives: in-progress records listed page by page (never a
+/// completed one, never one claimed after the instant asked), and purges — refused
+/// under a live lease unless forced, a compare-and-delete, the key free again after.
+pub async fn purges_and_listing(store: &dyn Store) {
+    let now = || store.now();
+    let tag = now();
+    let keys: Vec<RecordKey> = (0..5)
+        .map(|i| key(&format!("admin-{}-{tag}-{i}", store.name())))
+        .collect();
+    let mut holders = Vec::new();
+    for k in &keys {
+        let Decision::Execute(c) = store.claim(k, &FP, now(), &P).await.unwrap() else {
+            panic!("new key executes")
+        };
+        holders.push(c.holder());
+    }
+    for i in [3, 4] {
+        let done = store
+            .complete(&keys[i], &holders[i], response("done"), now(), &P)
+            .await
+            .unwrap();
+        assert_eq!(done, HolderWrite::Written);
+    }
+    let first_claim = holders[0].token / idem_core::TOKENS_PER_MS;
+    sleep_ms(5).await;
+
+    // Page by page, two at a time: exactly our three in-progress keys.
+    let ours = |k: &RecordKey| keys.contains(k);
+    let mut listed = Vec::new();
+    let mut cursor: Option<String> = None;
+    for pages in 0.. {
+        assert!(pages < 10_000, "listing never ends");
+        let page = store
+            .in_progress(now() + 1, cursor.as_deref(), 2)
+            .await
+            .unwrap();
+        assert!(page.records.len() <= 2, "a page holds at most its limit");
+        for (k, r) in &page.records {
+            assert!(!r.is_completed(), "only in-progress records are listed");
+            if ours(k) {
+                listed.push(k.clone());
+            }
+        }
+        match page.next {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    listed.sort();
+    let mut expected = keys[..3].to_vec();
+    expected.sort();
+    assert_eq!(
+        listed,
+        expected,
+        "{}: each in-progress key once",
+        store.name()
+    );
+    // Claimed before the first claim: none of ours.
+    let early = store.in_progress(first_claim, None, 1000).await.unwrap();
+    assert!(early.records.iter().all(|(k, _)| !ours(k)));
+
+    // A live lease is not purged unless forced.
+    let purged = store.purge(&keys[0], now(), false).await.unwrap();
+    assert!(matches!(purged, Purged::LeaseLive(_)), "{purged:?}");
+    assert!(store.get(&keys[0]).await.unwrap().is_some());
+    let purged = store.purge(&keys[0], now(), true).await.unwrap();
+    assert!(
+        matches!(purged, Purged::Deleted(Record::InProgress { .. })),
+        "{purged:?}"
+    );
+    assert_eq!(store.get(&keys[0]).await.unwrap(), None);
+    assert_eq!(
+        store.purge(&keys[0], now(), true).await.unwrap(),
+        Purged::Absent
+    );
+    // Its holder, still running, can no longer write the key.
+    let late = store
+        .complete(&keys[0], &holders[0], response("late"), now(), &P)
+        .await
+        .unwrap();
+    assert!(matches!(late, HolderWrite::Refused(_)), "{late:?}");
+
+    // A compare-and-delete: a record that changed since it was read stays.
+    let stale = store.get(&keys[1]).await.unwrap().unwrap();
+    store
+        .heartbeat(&keys[1], &holders[1], now() + 1, &P)
+        .await
+        .unwrap();
+    sleep_ms(2).await;
+    let renewed = store.get(&keys[1]).await.unwrap().unwrap();
+    if renewed != stale {
+        assert!(!store.delete_if_same(&keys[1], &stale).await.unwrap());
+        assert!(store.get(&keys[1]).await.unwrap().is_some());
+    }
+
+    // A completed record is purged without force, and its key runs again.
+    let purged = store.purge(&keys[3], now(), false).await.unwrap();
+    assert!(
+        matches!(purged, Purged::Deleted(Record::Completed { .. })),
+        "{purged:?}"
+    );
+    assert!(matches!(
+        store.claim(&keys[3], &FP, now(), &P).await.unwrap(),
+        Decision::Execute(_)
+    ));
 }

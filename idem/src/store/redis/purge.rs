@@ -156,26 +156,33 @@ impl RedisStore {
         limit: usize,
     ) -> Result<InProgressPage, StoreError> {
         let masters = self.masters().await?;
-        // A cursor is `<node>/<SCAN cursor>`: the node by address, so that a page goes
-        // on where it stopped even if the list of masters changed in between.
-        let (mut node, mut scan) = match cursor {
+        // A cursor is `<node>/<SCAN cursor>/<matches to skip>`: the node by address, so
+        // that listing goes on where it stopped even if the masters changed in between;
+        // the skip, because a page that fills up in the middle of a SCAN batch resumes
+        // that batch (SCAN returns the same batch for a cursor unless keys moved).
+        let (mut node, mut scan, mut skip) = match cursor {
             None => match masters.first() {
-                Some(first) => (first.clone(), 0),
+                Some(first) => (first.clone(), 0, 0),
                 None => return Ok(InProgressPage::default()),
             },
-            Some(c) => {
-                let (node, scan) = c
-                    .rsplit_once('/')
-                    .and_then(|(n, s)| Some((n.to_owned(), s.parse::<u64>().ok()?)))
-                    .ok_or_else(|| StoreError::Corrupt(format!("listing cursor {c:?}")))?;
-                (node, scan)
-            }
+            Some(c) => parse_cursor(c)
+                .ok_or_else(|| StoreError::Corrupt(format!("listing cursor {c:?}")))?,
         };
         let mut records = Vec::new();
         for _ in 0..SCANS_PER_PAGE {
             let (next, keys) = self.scan(&node, scan).await?;
-            records.extend(self.in_progress_among(&keys, claimed_before).await?);
-            scan = next;
+            let found = self.in_progress_among(&keys, claimed_before).await?;
+            let room = limit - records.len();
+            let fresh: Vec<_> = found.into_iter().skip(skip).collect();
+            if fresh.len() > room {
+                records.extend(fresh.into_iter().take(room));
+                return Ok(InProgressPage {
+                    records,
+                    next: Some(format!("{node}/{scan}/{}", skip + room)),
+                });
+            }
+            records.extend(fresh);
+            (scan, skip) = (next, 0);
             if scan == 0 {
                 match masters.iter().find(|m| **m > node) {
                     Some(next_node) => node = next_node.clone(),
@@ -187,13 +194,13 @@ impl RedisStore {
                     }
                 }
             }
-            if records.len() >= limit {
+            if records.len() == limit {
                 break;
             }
         }
         Ok(InProgressPage {
             records,
-            next: Some(format!("{node}/{scan}")),
+            next: Some(format!("{node}/{scan}/0")),
         })
     }
 
@@ -275,4 +282,11 @@ impl PurgeChannel for RedisPurgeChannel {
             Err(_) => Err(StoreError::Unavailable("redis: PUBLISH timed out".into())),
         }
     }
+}
+
+/// `<node>/<SCAN cursor>/<skip>`.
+fn parse_cursor(cursor: &str) -> Option<(String, u64, usize)> {
+    let (rest, skip) = cursor.rsplit_once('/')?;
+    let (node, scan) = rest.rsplit_once('/')?;
+    Some((node.to_owned(), scan.parse().ok()?, skip.parse().ok()?))
 }

@@ -1,0 +1,530 @@
+//! The admin API through real `idem-origin` processes: who may use it, a purge on one
+//! replica reaching another replica's replay cache (measured), an attempt orphaned by
+//! `kill -9` listed and purged, and the CLI over the same API. Charges are counted in
+//! the demo's `charges` table.
+
+use idem_tests::{charge_body, client, report, OriginProcess, TestDb};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "0123456789abcdef-on-call";
+
+/// A token file for operator `oncall`.
+fn token_file(label: &str) -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/idem-reports");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("admin-{label}-{}.tokens", std::process::id()));
+    std::fs::write(&path, format!("# test\noncall:{TOKEN}\n")).unwrap();
+    path
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A replica with the admin API on: its API's and its admin listener's base URLs.
+struct Replica {
+    child: Child,
+    url: String,
+    admin: String,
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn replica(store_args: &[String], tokens: &std::path::Path) -> Replica {
+    let port = free_port();
+    let admin = format!("127.0.0.1:{port}");
+    let mut args: Vec<&str> = store_args.iter().map(String::as_str).collect();
+    let tokens = tokens.to_str().unwrap();
+    args.extend(["--admin-listen", &admin, "--admin-token-file", tokens]);
+    let (child, url) = OriginProcess::spawn(&args).await;
+    Replica {
+        child,
+        url,
+        admin: format!("http://{admin}"),
+    }
+}
+
+/// POSTs a charge: (status, replayed, charge id).
+async fn charge(base: &str, key: &str, latency_ms: u64) -> (u16, bool, String) {
+    let res = client()
+        .post(format!("{base}/v1/charges"))
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .header("authorization", "Bearer customer-1")
+        .body(charge_body("cus-admin", 100, latency_ms))
+        .send()
+        .await
+        .expect("origin answers");
+    let status = res.status().as_u16();
+    let replayed = res.headers().contains_key("idempotent-replayed");
+    let body: serde_json::Value = res.json().await.unwrap_or_default();
+    (
+        status,
+        replayed,
+        body["id"].as_str().unwrap_or("").to_owned(),
+    )
+}
+
+/// An admin request: (status, JSON body).
+async fn admin(method: &str, url: &str, token: Option<&str>) -> (u16, serde_json::Value) {
+    let mut req = client().request(method.parse().unwrap(), url);
+    if let Some(token) = token {
+        req = req.header("authorization", format!("Bearer {token}"));
+    }
+    let res = req.send().await.expect("admin API answers");
+    let status = res.status().as_u16();
+    (status, res.json().await.unwrap_or_default())
+}
+
+/// The record key of `key` for the test's caller, from the admin API.
+async fn record_key(r: &Replica, key: &str) -> String {
+    let (status, body) = admin(
+        "GET",
+        &format!(
+            "{}/admin/v1/records?key={key}&scope=authorization&identity=Bearer%20customer-1",
+            r.admin
+        ),
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    body["record"]["record_key"].as_str().unwrap().to_owned()
+}
+
+/// `idem_replay_cache_hits_total` on a replica's /metrics.
+async fn cache_hits(r: &Replica) -> f64 {
+    let text = client()
+        .get(format!("{}/metrics", r.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("idem_replay_cache_hits_total "))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+fn postgres_args(db: &TestDb) -> Vec<String> {
+    ["--store", "postgres", "--database-url", &db.url]
+        .map(String::from)
+        .to_vec()
+}
+
+fn redis_cluster_args(db: &TestDb, label: &str) -> Vec<String> {
+    [
+        "--store".into(),
+        "redis".into(),
+        "--redis-url".into(),
+        idem_tests::redis_cluster_urls(),
+        "--redis-namespace".into(),
+        idem_tests::unique_namespace(label),
+        "--database-url".into(),
+        db.url.clone(),
+    ]
+    .to_vec()
+}
+
+fn tiered_args(db: &TestDb, label: &str, durability: &str) -> Vec<String> {
+    [
+        "--store".into(),
+        "tiered".into(),
+        "--durability".into(),
+        durability.into(),
+        "--redis-url".into(),
+        idem_tests::redis_url(),
+        "--redis-namespace".into(),
+        idem_tests::unique_namespace(label),
+        "--database-url".into(),
+        db.url.clone(),
+    ]
+    .to_vec()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_or_wrong_admin_token_is_refused_and_changes_nothing() {
+    let db = TestDb::new("admin_auth").await;
+    let tokens = token_file("auth");
+    let mut args = postgres_args(&db);
+    args.push("--metrics-on-admin".into());
+    let r = replica(&args, &tokens).await;
+    // /metrics moved to the admin listener (unauthenticated there, as it was).
+    let moved = client()
+        .get(format!("{}/metrics", r.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(moved.status().as_u16(), 404);
+    let metrics = client()
+        .get(format!("{}/metrics", r.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(metrics.status().as_u16(), 200);
+    assert!(metrics.text().await.unwrap().contains("idem_build_info"));
+    let (status, _, id) = charge(&r.url, "auth-1", 0).await;
+    assert_eq!(status, 201);
+    let key = record_key(&r, "auth-1").await;
+    let url = format!("{}/admin/v1/records/{key}?force=true", r.admin);
+
+    let (status, body) = admin("DELETE", &url, None).await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(body["type"], "urn:idem:problem:admin-unauthenticated");
+    let res = client().delete(&url).send().await.unwrap();
+    assert_eq!(
+        res.headers()["www-authenticate"],
+        "Bearer realm=\"idem-admin\""
+    );
+    for wrong in [&TOKEN[..TOKEN.len() - 1], "0123456789abcdef-on-calm", ""] {
+        let (status, body) = admin("DELETE", &url, Some(wrong)).await;
+        assert!(
+            status == 403 || (wrong.is_empty() && status == 401),
+            "{wrong:?}: {status} {body}"
+        );
+    }
+    let (status, _) = admin(
+        "GET",
+        &format!("{}/admin/v1/in-progress", r.admin),
+        Some("x"),
+    )
+    .await;
+    assert_eq!(status, 403);
+
+    // Nothing changed: the record is there and the retry replays the first charge.
+    let (status, body) = admin(
+        "GET",
+        &format!("{}/admin/v1/records/{key}", r.admin),
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(
+        (status, body["record"]["state"].as_str()),
+        (200, Some("completed"))
+    );
+    let (status, replayed, again) = charge(&r.url, "auth-1", 0).await;
+    assert_eq!((status, replayed, again), (201, true, id));
+    assert_eq!(db.charges_for("auth-1").await, 1);
+
+    // Bad input is a problem, and changes nothing either.
+    for (path, method) in [
+        ("/admin/v1/records/not-a-key", "GET"),
+        ("/admin/v1/records/not-a-key", "DELETE"),
+        ("/admin/v1/in-progress?older_than=5x", "GET"),
+        ("/admin/v1/in-progress?limit=0", "GET"),
+        ("/admin/v1/in-progress?cursor=%00", "GET"),
+        (
+            "/admin/v1/records?key=auth-1&scope=cookie&identity=x",
+            "GET",
+        ),
+        ("/admin/v1/records?key=auth-1", "GET"),
+        (&format!("/admin/v1/records/{key}?force=maybe"), "DELETE"),
+        (&format!("/admin/v1/records/{key}?forse=true"), "DELETE"),
+    ] {
+        let (status, body) = admin(method, &format!("{}{path}", r.admin), Some(TOKEN)).await;
+        assert_eq!(status, 400, "{method} {path}: {body}");
+        assert!(body["type"]
+            .as_str()
+            .unwrap()
+            .starts_with("urn:idem:problem:admin-"));
+    }
+    let (status, replayed, _) = charge(&r.url, "auth-1", 0).await;
+    assert_eq!((status, replayed), (201, true));
+    assert_eq!(db.charges_for("auth-1").await, 1);
+    report(
+        "admin",
+        "a wrong or missing token: 401/403, the record unchanged, 1 charge",
+    );
+}
+
+/// Two replicas on one store. B replays `key` from its cache; a purge through A's admin
+/// API must stop B's replays: B's next answers are polled until one executes afresh.
+/// Returns how long that took after the purge answered.
+async fn purge_reaches_the_other_replica(args: &[String], db: &TestDb, label: &str) -> Duration {
+    let tokens = token_file(label);
+    let a = replica(args, &tokens).await;
+    let b = replica(args, &tokens).await;
+    let key = format!("purge-{}", label.replace(' ', "-"));
+    let (status, _, first) = charge(&a.url, &key, 0).await;
+    assert_eq!(status, 201);
+    // B replays it, twice: the second from its cache.
+    let hits = cache_hits(&b).await;
+    for _ in 0..2 {
+        let (status, replayed, id) = charge(&b.url, &key, 0).await;
+        assert_eq!((status, replayed, id.as_str()), (201, true, first.as_str()));
+    }
+    // The cache serves once it hears the purge channel (its first probe comes back).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cache_hits(&b).await <= hits {
+        assert!(
+            Instant::now() < deadline,
+            "{label}: B never replayed from its cache"
+        );
+        let _ = charge(&b.url, &key, 0).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let record_key = record_key(&a, &key).await;
+    let (status, body) = admin(
+        "DELETE",
+        &format!("{}/admin/v1/records/{record_key}", a.admin),
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(
+        (status, body["purged"].as_bool()),
+        (200, Some(true)),
+        "{body}"
+    );
+    let purged = Instant::now();
+    let stale_until = loop {
+        let (status, replayed, id) = charge(&b.url, &key, 0).await;
+        if !replayed {
+            assert_eq!(status, 201);
+            assert_ne!(id, first, "{label}: a fresh execution has a new charge");
+            break purged.elapsed();
+        }
+        assert!(
+            purged.elapsed() < Duration::from_secs(10),
+            "{label}: B still replays the purged record 10 s later"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    // Counted: the first charge, and one after the purge freed the key.
+    assert_eq!(db.charges_for(&key).await, 2, "{label}");
+    // And the key is bound again: a retry on A replays the new charge.
+    let (_, replayed, _) = charge(&a.url, &key, 0).await;
+    assert!(replayed);
+    assert_eq!(db.charges_for(&key).await, 2, "{label}");
+    stale_until
+}
+
+/// What each store's purge channel took, against the documented bound.
+async fn purge_test(args: Vec<String>, db: TestDb, label: &str) {
+    let took = purge_reaches_the_other_replica(&args, &db, label).await;
+    report(
+        "admin",
+        &format!("{label}: the other replica stopped replaying {} ms after the purge answered (bound {} ms)", took.as_millis(), idem::store::cache::STALENESS_BOUND.as_millis()),
+    );
+    assert!(
+        took < idem::store::cache::STALENESS_BOUND,
+        "{label}: {took:?} past the purge"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_purge_on_one_replica_stops_replays_on_another() {
+    let db = TestDb::new("admin_purge_pg").await;
+    purge_test(postgres_args(&db), db, "postgres").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_a_purge_on_one_replica_stops_replays_on_another() {
+    let db = TestDb::new("admin_purge_rc").await;
+    purge_test(redis_cluster_args(&db, "admin-rc"), db, "redis-cluster").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiered_sync_a_purge_on_one_replica_stops_replays_on_another() {
+    let db = TestDb::new("admin_purge_ts").await;
+    purge_test(tiered_args(&db, "admin-ts", "sync"), db, "tiered sync").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiered_async_a_purge_on_one_replica_stops_replays_on_another() {
+    let db = TestDb::new("admin_purge_ta").await;
+    purge_test(tiered_args(&db, "admin-ta", "async"), db, "tiered async").await;
+}
+
+/// A replica whose subscription to the purge channel is cut (its `LISTEN` backend
+/// terminated) must not go on replaying from memory what it can no longer hear about:
+/// here the record is deleted in the table directly meanwhile, as a purge whose notice
+/// it missed. B forgets its cache when it subscribes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_lost_the_purge_channel_forgets_its_cache() {
+    let db = TestDb::new("admin_listen_cut").await;
+    let tokens = token_file("listen-cut");
+    let b = replica(&postgres_args(&db), &tokens).await;
+    let key = "listen-cut";
+    let (_, _, first) = charge(&b.url, key, 0).await;
+    let hits = cache_hits(&b).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cache_hits(&b).await <= hits {
+        assert!(Instant::now() < deadline, "B never replayed from its cache");
+        let _ = charge(&b.url, key, 0).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let pg = db.client().await;
+    let cut: i64 = pg
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+             WHERE query ILIKE 'LISTEN idem_purge%' AND datname = current_database()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(cut >= 1, "no LISTEN backend found");
+    db.exec("DELETE FROM idem_records").await;
+    let cut_at = Instant::now();
+    let took = loop {
+        let (status, replayed, id) = charge(&b.url, key, 0).await;
+        if !replayed {
+            assert_eq!(status, 201);
+            assert_ne!(id, first);
+            break cut_at.elapsed();
+        }
+        assert!(
+            cut_at.elapsed() < Duration::from_secs(10),
+            "B replays for ever"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    report(
+        "admin",
+        &format!(
+            "postgres: a replica whose LISTEN was cut stopped replaying from memory {} ms later",
+            took.as_millis()
+        ),
+    );
+    assert!(took < idem::store::cache::STALENESS_BOUND, "{took:?}");
+}
+
+fn cli(admin: &str, tokens: &std::path::Path, args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(OriginProcess::binary())
+        .args([
+            "admin",
+            "--url",
+            admin,
+            "--token-file",
+            tokens.to_str().unwrap(),
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Replica A dies (`kill -9`) while its handler runs; its claim stays, leased for 30 s.
+/// Replica B's admin API lists it; the CLI's purge is refused while the lease is live
+/// and done with --force; then a retry runs, and the key is charged once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_orphaned_by_kill_9_is_listed_and_purged() {
+    let db = TestDb::new("admin_orphan").await;
+    let tokens = token_file("orphan");
+    let mut args = postgres_args(&db);
+    args.extend(["--lease".into(), "30s".into()]);
+    let a = replica(&args, &tokens).await;
+    let b = replica(&args, &tokens).await;
+    let a_url = a.url.clone();
+    let running = tokio::spawn(async move {
+        client()
+            .post(format!("{a_url}/v1/charges"))
+            .header("content-type", "application/json")
+            .header("idempotency-key", "orphan-1")
+            .header("authorization", "Bearer customer-1")
+            .body(charge_body("cus-admin", 100, 5_000))
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let record_key = loop {
+        let (status, body) = admin(
+            "GET",
+            &format!("{}/admin/v1/in-progress", b.admin),
+            Some(TOKEN),
+        )
+        .await;
+        assert_eq!(status, 200);
+        if let Some(r) = body["records"].as_array().and_then(|r| r.first()) {
+            break r["record_key"].as_str().unwrap().to_owned();
+        }
+        assert!(Instant::now() < deadline, "the claim never showed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut a = a;
+    a.child.kill().unwrap(); // SIGKILL
+    a.child.wait().unwrap();
+    assert!(
+        running.await.unwrap().is_err(),
+        "A's client lost its connection"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Listed by the CLI as older than 200 ms, lease live.
+    let (code, out, err) = cli(
+        &b.admin,
+        &tokens,
+        &["list", "--older-than", "200ms", "--all"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let listed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed["count"], 1, "{out}");
+    assert_eq!(listed["records"][0]["record_key"], record_key.as_str());
+    assert_eq!(listed["records"][0]["lease_live"], true);
+    let (code, out, _) = cli(&b.admin, &tokens, &["list", "--older-than", "1h"]);
+    assert_eq!(code, 0);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()["records"],
+        serde_json::json!([])
+    );
+    // A retry meanwhile is told the request is in flight.
+    let (status, _, _) = charge(&b.url, "orphan-1", 5_000).await;
+    assert_eq!(status, 409);
+
+    let (code, _, err) = cli(&b.admin, &tokens, &["purge", &record_key]);
+    assert_eq!(code, 1, "refused while the lease is live");
+    assert!(err.contains("409") && err.contains("force"), "{err}");
+    let (code, out, err) = cli(&b.admin, &tokens, &["purge", &record_key, "--force"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\"purged\": true"), "{out}");
+    let (code, _, err) = cli(&b.admin, &tokens, &["get", &record_key]);
+    assert_eq!(code, 1);
+    assert!(err.contains("404"), "{err}");
+    let (code, _, err) = cli(&b.admin, &tokens, &["purge", "nope"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("400"), "{err}");
+
+    let (status, replayed, _) = charge(&b.url, "orphan-1", 5_000).await;
+    assert_eq!((status, replayed), (201, false));
+    let (code, out, err) = cli(
+        &b.admin,
+        &tokens,
+        &[
+            "get",
+            "--key",
+            "orphan-1",
+            "--scope",
+            "authorization",
+            "--identity",
+            "Bearer customer-1",
+            "--body",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("\"state\": \"completed\"") && out.contains("cus-admin"),
+        "{out}"
+    );
+    assert_eq!(db.charges_for("orphan-1").await, 1);
+    let wrong = token_file("orphan-wrong");
+    std::fs::write(&wrong, "someone:not-the-token-at-all\n").unwrap();
+    let (code, _, err) = cli(&b.admin, &wrong, &["list"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("403"), "{err}");
+    report("admin", "kill -9 mid-handler: listed (1, lease live), purge refused (409) then forced, the retry charged once");
+}
