@@ -3,7 +3,7 @@
 
 mod conformance;
 
-use conformance::conformance;
+use conformance::{conformance, purges_and_listing};
 use idem::store::{MemoryStore, ReplayCache};
 use std::sync::Arc;
 
