@@ -83,8 +83,13 @@ impl Store for SlowReply {
         self.inner.get(key).await
     }
 
-    async fn delete_if_same(&self, key: &RecordKey, expected: &Record) -> Result<bool, StoreError> {
-        self.inner.delete_if_same(key, expected).await
+    async fn delete_if_same(
+        &self,
+        key: &RecordKey,
+        expected: &Record,
+        not_before: Millis,
+    ) -> Result<idem::store::Deletion, StoreError> {
+        self.inner.delete_if_same(key, expected, not_before).await
     }
 
     async fn in_progress(

@@ -130,8 +130,13 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
         faults: config.demo_faults,
     };
     let admin = config.admin_tokens()?.map(|tokens| {
-        let admin =
-            idem::admin::router(store.clone(), tokens).route("/healthz", get(|| async { "ok\n" }));
+        let handle = crate::metrics::install();
+        let status = idem::admin::StatusInputs {
+            metrics: Arc::new(move || handle.render()),
+            executions: executions.clone(),
+        };
+        let admin = idem::admin::router(store.clone(), tokens, Some(status))
+            .route("/healthz", get(|| async { "ok\n" }));
         match config.metrics_on_admin {
             true => admin.route(
                 "/metrics",

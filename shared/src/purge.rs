@@ -36,6 +36,17 @@ pub fn decide_purge(record: Option<&Record>, now: Millis, force: bool) -> PurgeD
     }
 }
 
+/// The store time before which a purge of `record` must not delete it: its holder's
+/// lease end for an in-progress record (unless `force`), 0 otherwise. A store checks it
+/// on its own clock in the deleting step — [`decide_purge`] ran on the caller's idea of
+/// the store's time, which a replica whose clock runs ahead gets wrong.
+pub fn purge_not_before(record: &Record, force: bool) -> Millis {
+    match record {
+        Record::InProgress { lease_until, .. } if !force => *lease_until,
+        _ => 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,6 +80,20 @@ mod tests {
             decide_purge(Some(&live), 31_000, false),
             PurgeDecision::Delete
         );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_store_checks_the_lease_on_its_own_clock() {
+        let live = in_progress(31_000);
+        assert_eq!(purge_not_before(&live, false), 31_000);
+        assert_eq!(purge_not_before(&live, true), 0);
+        let done = Record::Completed {
+            fingerprint: Fingerprint([1; 32]),
+            token: 7,
+            response: StoredResponse::default(),
+            expires_at: 10,
+        };
+        assert_eq!(purge_not_before(&done, false), 0);
     }
 
     #[wasm_bindgen_test(unsupported = test)]

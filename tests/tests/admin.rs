@@ -41,12 +41,20 @@ impl Drop for Replica {
 }
 
 async fn replica(store_args: &[String], tokens: &std::path::Path) -> Replica {
+    replica_env(store_args, tokens, &[]).await
+}
+
+async fn replica_env(
+    store_args: &[String],
+    tokens: &std::path::Path,
+    env: &[(&str, &str)],
+) -> Replica {
     let port = free_port();
     let admin = format!("127.0.0.1:{port}");
     let mut args: Vec<&str> = store_args.iter().map(String::as_str).collect();
     let tokens = tokens.to_str().unwrap();
     args.extend(["--admin-listen", &admin, "--admin-token-file", tokens]);
-    let (child, url) = OriginProcess::spawn(&args).await;
+    let (child, url) = OriginProcess::spawn_env(&args, env).await;
     Replica {
         child,
         url,
@@ -229,6 +237,7 @@ async fn a_missing_or_wrong_admin_token_is_refused_and_changes_nothing() {
         ),
         ("/admin/v1/records?key=auth-1", "GET"),
         (&format!("/admin/v1/records/{key}?force=maybe"), "DELETE"),
+        (&format!("/admin/v1/records/{key}?force="), "DELETE"),
         (&format!("/admin/v1/records/{key}?forse=true"), "DELETE"),
     ] {
         let (status, body) = admin(method, &format!("{}{path}", r.admin), Some(TOKEN)).await;
@@ -367,8 +376,8 @@ async fn a_replica_that_lost_the_purge_channel_forgets_its_cache() {
     let cut: i64 = pg
         .query_one(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-             WHERE query ILIKE 'LISTEN idem_purge%' AND datname = current_database()",
-            &[],
+             WHERE application_name = $1 AND datname = current_database()",
+            &[&format!("idem purge listener {}", b.child.id())],
         )
         .await
         .unwrap()
@@ -527,4 +536,89 @@ async fn an_attempt_orphaned_by_kill_9_is_listed_and_purged() {
     assert_eq!(code, 1);
     assert!(err.contains("403"), "{err}");
     report("admin", "kill -9 mid-handler: listed (1, lease live), purge refused (409) then forced, the retry charged once");
+}
+
+/// A purge through a replica whose clock runs 60 s ahead, which has made no claim (so
+/// it has not seen the store's clock): it must not take a live 30 s lease for expired.
+/// The store judges the lease on its own clock. Before that, the purge deleted the
+/// live claim and a retry charged the customer a second time.
+async fn a_fast_clock_cannot_purge_a_live_lease(args: Vec<String>, db: TestDb, label: &str) {
+    let tokens = token_file(label);
+    let mut args = args;
+    args.extend(["--lease".into(), "30s".into()]);
+    let a = replica(&args, &tokens).await;
+    let lib = idem_tests::faketime_lib();
+    let ahead = replica_env(
+        &args,
+        &tokens,
+        &[
+            ("LD_PRELOAD", lib.as_str()),
+            ("FAKETIME", "+60s"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ],
+    )
+    .await;
+    let key = format!("skewed-purge-{}", label.replace(' ', "-"));
+    let a_url = a.url.clone();
+    let first_key = key.clone();
+    let first = tokio::spawn(async move { charge(&a_url, &first_key, 3_000).await });
+    let record_key = loop {
+        let (status, body) = admin(
+            "GET",
+            &format!("{}/admin/v1/in-progress", a.admin),
+            Some(TOKEN),
+        )
+        .await;
+        assert_eq!(status, 200);
+        if let Some(r) = body["records"].as_array().and_then(|r| r.first()) {
+            break r["record_key"].as_str().unwrap().to_owned();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let (status, body) = admin(
+        "DELETE",
+        &format!("{}/admin/v1/records/{record_key}", ahead.admin),
+        Some(TOKEN),
+    )
+    .await;
+    // The retry a purge would let through, sent while the first attempt still runs.
+    let (retry, _, _) = charge(&ahead.url, &key, 3_000).await;
+    let (first_status, _, _) = first.await.unwrap();
+    let charges = db.charges_for(&key).await;
+    report(
+        "admin",
+        &format!("{label}: a purge from a replica 60 s ahead during a live 30 s lease answered {status}; the retry {retry}; {charges} charge(s)"),
+    );
+    assert_eq!(status, 409, "{label}: {body}");
+    assert_eq!(body["type"], "urn:idem:problem:admin-lease-live");
+    assert_eq!((first_status, retry), (201, 409));
+    assert_eq!(charges, 1, "{label}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_fast_clock_cannot_purge_a_live_lease() {
+    let db = TestDb::new("admin_skew_pg").await;
+    a_fast_clock_cannot_purge_a_live_lease(postgres_args(&db), db, "postgres").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_a_fast_clock_cannot_purge_a_live_lease() {
+    let db = TestDb::new("admin_skew_rc").await;
+    a_fast_clock_cannot_purge_a_live_lease(
+        redis_cluster_args(&db, "admin-skew-rc"),
+        db,
+        "redis-cluster",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiered_async_a_fast_clock_cannot_purge_a_live_lease() {
+    let db = TestDb::new("admin_skew_ta").await;
+    a_fast_clock_cannot_purge_a_live_lease(
+        tiered_args(&db, "admin-skew-ta", "async"),
+        db,
+        "tiered async",
+    )
+    .await;
 }

@@ -21,9 +21,11 @@
 #![allow(clippy::result_large_err)] // Its errors are the answers themselves.
 
 pub mod auth;
+pub mod status;
 pub mod view;
 
 pub use auth::Tokens;
+pub use status::StatusInputs;
 
 use crate::store::{Purged, Store, StoreError};
 use axum::extract::{ConnectInfo, Path, Query, Request, State};
@@ -47,6 +49,7 @@ const DEFAULT_PAGE: usize = 100;
 struct Admin {
     store: Arc<dyn Store>,
     tokens: Arc<Tokens>,
+    status: Option<(StatusInputs, Arc<status::History>)>,
 }
 
 /// Who made an admin request.
@@ -56,22 +59,64 @@ struct Actor {
     peer: String,
 }
 
-/// The admin API over `store`, for the operators of `tokens`. Serve it with
-/// `into_make_service_with_connect_info::<SocketAddr>()` so that logs name the peer.
-pub fn router(store: Arc<dyn Store>, tokens: Tokens) -> Router {
+/// The admin API over `store`, for the operators of `tokens`; with `status`, the
+/// status page too (`/admin/status`, and its numbers at `/admin/v1/status`). Serve it
+/// with `into_make_service_with_connect_info::<SocketAddr>()` so that logs name the
+/// peer. Call it within a Tokio runtime when `status` is given (it samples a history).
+pub fn router(store: Arc<dyn Store>, tokens: Tokens, status: Option<StatusInputs>) -> Router {
+    let status = status.map(|inputs| {
+        let history = Arc::new(status::History::default());
+        status::start_sampling(inputs.clone(), Arc::downgrade(&history));
+        (inputs, history)
+    });
+    let has_status = status.is_some();
     let admin = Admin {
         store,
         tokens: Arc::new(tokens),
+        status,
     };
-    Router::new()
+    let api = Router::new()
         .route("/admin/v1/records", get(lookup))
         .route(
             "/admin/v1/records/{record_key}",
             get(get_record).delete(purge),
         )
-        .route("/admin/v1/in-progress", get(in_progress))
+        .route("/admin/v1/in-progress", get(in_progress));
+    let api = match has_status {
+        true => api.route("/admin/v1/status", get(status_json)),
+        false => api,
+    };
+    let api = api
         .route_layer(middleware::from_fn_with_state(admin.clone(), authenticate))
-        .with_state(admin)
+        .with_state(admin);
+    match has_status {
+        // The page holds no data: it asks for a token and fetches the numbers with it.
+        true => api.route("/admin/status", get(status_page)),
+        false => api,
+    }
+}
+
+async fn status_page() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; form-action 'none'; frame-ancestors 'none'",
+            ),
+            (header::REFERRER_POLICY, "no-referrer"),
+        ],
+        include_str!("status.html"),
+    )
+        .into_response()
+}
+
+async fn status_json(State(admin): State<Admin>) -> Response {
+    match &admin.status {
+        Some((inputs, history)) => ok(status::status(inputs, history, admin.store.name())),
+        None => problem(StatusCode::NOT_FOUND, "not-found", "no status here"),
+    }
 }
 
 /// An admin problem (RFC 9457): `urn:idem:problem:admin-<kind>`.
@@ -181,8 +226,9 @@ fn params(given: Params, known: &[&str]) -> Result<HashMap<String, String>, Resp
 
 fn flag(params: &HashMap<String, String>, name: &str) -> Result<bool, Response> {
     match params.get(name).map(String::as_str) {
+        // Only an explicit yes: `force=$F` with `$F` empty must not purge a live lease.
         None | Some("false" | "0") => Ok(false),
-        Some("true" | "1" | "") => Ok(true),
+        Some("true" | "1") => Ok(true),
         Some(other) => Err(problem(
             StatusCode::BAD_REQUEST,
             "bad-request",

@@ -15,7 +15,7 @@
 //! every replica's memory within the channel's delivery time while it is healthy, and
 //! within [`STALENESS_BOUND`] whatever happens to it.
 
-use super::{HolderWrite, InProgressPage, PurgeChannel, Store, StoreError};
+use super::{Deletion, HolderWrite, InProgressPage, PurgeChannel, Store, StoreError};
 use async_trait::async_trait;
 use idem_core::{
     decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, Transition,
@@ -36,8 +36,14 @@ pub const PROBE_DEADLINE: Duration = Duration::from_millis(1000);
 /// How often the listener looks at its probe.
 const TICK: Duration = Duration::from_millis(100);
 /// The longest a cache serves an entry after its record was purged, whatever happens
-/// to the purge channel: a probe's period, its deadline and a tick.
-pub const STALENESS_BOUND: Duration = Duration::from_millis(1600);
+/// to the purge channel: the last probe heard may have been published just before the
+/// channel broke; the next is sent a period later (rounded up to a tick) and given up
+/// on at its deadline (rounded up to a tick).
+pub const STALENESS_BOUND: Duration = Duration::from_millis(
+    PROBE_EVERY.as_millis() as u64
+        + PROBE_DEADLINE.as_millis() as u64
+        + 2 * TICK.as_millis() as u64,
+);
 
 /// A [`Store`] that answers replays of completed records from memory.
 pub struct ReplayCache {
@@ -174,16 +180,18 @@ async fn listen(entries: Weak<Entries>, channel: Arc<dyn PurgeChannel>) {
             }
         };
         let mut ticks = tokio::time::interval(TICK);
-        // The probe in flight, and when it was sent; when the last one was.
-        let mut pending: Option<(String, tokio::time::Instant)> = None;
+        // Probes are published by a task of their own, so that a slow publish never
+        // keeps this loop from reading purges; it reports what it published here.
+        let (published_tx, mut published) = tokio::sync::mpsc::channel::<(String, Vec<String>)>(4);
+        let mut pending: Option<Probe> = None;
         let mut last_sent: Option<tokio::time::Instant> = None;
         loop {
             tokio::select! {
                 _ = ticks.tick() => {
                     let now = tokio::time::Instant::now();
-                    if let Some((_, sent)) = &pending {
-                        if now.duration_since(*sent) > PROBE_DEADLINE {
-                            tracing::warn!("replay cache: a purge probe was not heard back; replays go to the store until it is");
+                    if let Some(probe) = &pending {
+                        if now.duration_since(probe.sent) >= PROBE_DEADLINE {
+                            tracing::warn!("replay cache: a purge probe was not heard back in time; replays go to the store until one is");
                             break;
                         }
                         continue;
@@ -192,12 +200,23 @@ async fn listen(entries: Weak<Entries>, channel: Arc<dyn PurgeChannel>) {
                         continue;
                     }
                     probes += 1;
-                    let probe = format!("probe:{listener}:{probes}");
-                    // Pending before publishing: an echo may beat the publish's reply.
-                    pending = Some((probe.clone(), now));
+                    let id = format!("probe:{listener}:{probes}");
+                    pending = Some(Probe { id: id.clone(), sent: now, expected: None, heard: Vec::new() });
                     last_sent = Some(now);
-                    if let Err(e) = channel.publish(&probe).await {
-                        tracing::warn!(error = %e, "replay cache: cannot publish a purge probe");
+                    let (channel, report) = (channel.clone(), published_tx.clone());
+                    tokio::spawn(async move {
+                        match tokio::time::timeout(PROBE_DEADLINE, channel.probe(&id)).await {
+                            Ok(Ok(sent)) => {
+                                let _ = report.send((id, sent)).await;
+                            }
+                            Ok(Err(e)) => tracing::warn!(error = %e, "replay cache: cannot publish a purge probe"),
+                            Err(_) => tracing::warn!("replay cache: publishing a purge probe timed out"),
+                        }
+                    });
+                }
+                Some((id, sent)) = published.recv() => {
+                    if let Some(probe) = pending.as_mut().filter(|p| p.id == id) {
+                        probe.expected = Some(sent);
                     }
                 }
                 message = messages.recv() => {
@@ -208,13 +227,19 @@ async fn listen(entries: Weak<Entries>, channel: Arc<dyn PurgeChannel>) {
                     let Some(state) = entries.upgrade() else {
                         return;
                     };
-                    if pending.as_ref().is_some_and(|(p, _)| *p == message) {
-                        pending = None;
-                        if !state.serving.swap(true, Ordering::SeqCst) {
-                            tracing::info!("replay cache: hearing purges; serving replays from memory");
-                        }
+                    if let Some(probe) = pending.as_mut().filter(|p| message.starts_with(&p.id)) {
+                        probe.heard.push(message);
                     } else if !message.starts_with("probe:") {
                         state.invalidate(&message);
+                    }
+                }
+            }
+            // Every message the probe was published as heard: the channel works.
+            if pending.as_ref().is_some_and(Probe::complete) {
+                pending = None;
+                if let Some(state) = entries.upgrade() {
+                    if !state.serving.swap(true, Ordering::SeqCst) {
+                        tracing::info!("replay cache: hearing purges; serving replays from memory");
                     }
                 }
             }
@@ -224,6 +249,23 @@ async fn listen(entries: Weak<Entries>, channel: Arc<dyn PurgeChannel>) {
             None => return,
         }
         tokio::time::sleep(TICK).await;
+    }
+}
+
+/// A probe in flight.
+struct Probe {
+    id: String,
+    sent: tokio::time::Instant,
+    /// The messages it was published as, once the publisher says.
+    expected: Option<Vec<String>>,
+    heard: Vec<String>,
+}
+
+impl Probe {
+    fn complete(&self) -> bool {
+        self.expected
+            .as_ref()
+            .is_some_and(|all| all.iter().all(|m| self.heard.contains(m)))
     }
 }
 
@@ -300,18 +342,22 @@ impl Store for ReplayCache {
         holder: &Holder,
         record: &Record,
     ) -> Result<(), StoreError> {
-        let read_at = self.state.generation();
-        self.inner.committed(key, holder, record).await?;
-        self.state.keep(key, record.clone(), read_at);
-        Ok(())
+        // Not kept here: the record was committed before this call, and a purge heard
+        // in between would be undone by keeping it. The first replay reads the store.
+        self.inner.committed(key, holder, record).await
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
         self.inner.get(key).await
     }
 
-    async fn delete_if_same(&self, key: &RecordKey, expected: &Record) -> Result<bool, StoreError> {
-        let deleted = self.inner.delete_if_same(key, expected).await?;
+    async fn delete_if_same(
+        &self,
+        key: &RecordKey,
+        expected: &Record,
+        not_before: Millis,
+    ) -> Result<Deletion, StoreError> {
+        let deleted = self.inner.delete_if_same(key, expected, not_before).await?;
         // This replica forgets it at once, whatever the channel does.
         self.state.invalidate(key.as_str());
         Ok(deleted)

@@ -1,7 +1,7 @@
 //! The embedded default store: a map behind a mutex. Fast, and gone when the process
 //! exits — not durable, and not shared between processes.
 
-use super::{HolderWrite, InProgressPage, Store, StoreError};
+use super::{Deletion, HolderWrite, InProgressPage, Store, StoreError};
 use async_trait::async_trait;
 use idem_core::{
     decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, Transition,
@@ -85,13 +85,21 @@ impl Store for MemoryStore {
         Ok(self.lock().get(key).cloned())
     }
 
-    async fn delete_if_same(&self, key: &RecordKey, expected: &Record) -> Result<bool, StoreError> {
+    async fn delete_if_same(
+        &self,
+        key: &RecordKey,
+        expected: &Record,
+        not_before: Millis,
+    ) -> Result<Deletion, StoreError> {
         let mut map = self.lock();
         if map.get(key) != Some(expected) {
-            return Ok(false);
+            return Ok(Deletion::Changed);
+        }
+        if crate::now() < not_before {
+            return Ok(Deletion::TooEarly);
         }
         map.remove(key);
-        Ok(true)
+        Ok(Deletion::Deleted)
     }
 
     async fn in_progress(

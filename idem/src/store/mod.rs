@@ -36,7 +36,7 @@ pub use cache::ReplayCache;
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{PgStrategy, PostgresStore};
-pub use purge::{InProgressPage, PurgeChannel, Purged};
+pub use purge::{Deletion, InProgressPage, PurgeChannel, Purged};
 #[cfg(any(feature = "postgres", feature = "redis"))]
 pub(crate) use shared::{claim_by_cas, decode, holder_write_at, Written};
 pub use sweeper::spawn_sweeper;
@@ -158,10 +158,16 @@ pub trait Store: Send + Sync + 'static {
     /// Reads the key's record, expired or not.
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError>;
 
-    /// Deletes the key's record only if it is still exactly `expected` — a purge the
-    /// core allowed ([`idem_core::decide_purge`]) — and announces the key on the
-    /// store's [`PurgeChannel`] in the same atomic step; whether it deleted.
-    async fn delete_if_same(&self, key: &RecordKey, expected: &Record) -> Result<bool, StoreError>;
+    /// Deletes the key's record only if it is still exactly `expected` and the store's
+    /// own clock has reached `not_before` ([`idem_core::purge_not_before`]) — a purge
+    /// the core allowed ([`idem_core::decide_purge`]) — and announces the key on the
+    /// store's [`PurgeChannel`] in the same atomic step.
+    async fn delete_if_same(
+        &self,
+        key: &RecordKey,
+        expected: &Record,
+        not_before: Millis,
+    ) -> Result<Deletion, StoreError>;
 
     /// In-progress records whose holders claimed them before `claimed_before`
     /// ([`Record::in_progress_claimed_before`]), a page at a time: the first with
@@ -264,8 +270,12 @@ pub trait StoreExt: Store {
                     return Ok(Purged::LeaseLive(r))
                 }
                 (idem_core::PurgeDecision::Delete, Some(r)) => {
-                    if self.delete_if_same(key, &r).await? {
-                        return Ok(Purged::Deleted(r));
+                    let not_before = idem_core::purge_not_before(&r, force);
+                    match self.delete_if_same(key, &r, not_before).await? {
+                        Deletion::Deleted => return Ok(Purged::Deleted(r)),
+                        // The lease is live on the store's clock, whatever ours said.
+                        Deletion::TooEarly => return Ok(Purged::LeaseLive(r)),
+                        Deletion::Changed => {}
                     }
                 }
             }

@@ -100,12 +100,20 @@ enum Connector {
     ),
 }
 
-const MIGRATIONS: &[(i32, &str)] = &[
-    (1, include_str!("postgres/0001_records.sql")),
-    (2, include_str!("postgres/0002_in_progress.sql")),
-];
+const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("postgres/0001_records.sql"))];
+/// Indexes built with `CREATE INDEX CONCURRENTLY`, outside a transaction and with no
+/// statement timeout, so that adding one to a large table neither blocks claims nor
+/// fails start-up: (version, index name, statement).
+const CONCURRENT_INDEXES: &[(i32, &str, &str)] = &[(
+    2,
+    "idem_records_in_progress",
+    include_str!("postgres/0002_in_progress.sql"),
+)];
 /// Arbitrary constant: serialises concurrent migrators across processes.
 const MIGRATION_LOCK: i64 = 0x1de4_0001;
+/// The same for concurrent index builds: a replica starting while another builds one
+/// waits for it there, not in the migrations' transaction (bounded by its timeout).
+const INDEX_LOCK: i64 = 0x1de4_0002;
 
 /// Postgres' clock in ms since the epoch. `clock_timestamp()`, not `now()`: the time
 /// the statement runs, not when its transaction began.
@@ -310,7 +318,20 @@ impl PostgresStore {
             clock: Arc::new(StoreClock::new()),
             connector,
         };
-        store.with_client(async |c| migrate(c).await).await?;
+        // Not under the store's timeout: an index built on a large table may take a
+        // while (its statements are bounded by the server's statement_timeout, but the
+        // concurrent index build, which takes none).
+        let mut client = tokio::time::timeout(store.options.timeout, store.pool.get())
+            .await
+            .map_err(|_| {
+                StoreError::Unavailable(format!(
+                    "postgres: no connection within {:?}",
+                    store.options.timeout
+                ))
+            })?
+            .map_err(unavailable)?;
+        migrate(&mut client).await?;
+        drop(client);
         Ok(store)
     }
 
@@ -654,7 +675,80 @@ async fn migrate(client: &mut Client) -> Result<(), StoreError> {
             tracing::info!(version, "applied migration");
         }
     }
-    tx.commit().await.map_err(unavailable)
+    tx.commit().await.map_err(unavailable)?;
+    for (version, index, sql) in CONCURRENT_INDEXES {
+        if !applied.contains(version) {
+            build_index(client, *version, index, sql).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Builds an index concurrently (one replica at a time: a session advisory lock); an
+/// invalid one left by a build that failed half-way is dropped and built again.
+async fn build_index(
+    client: &mut Client,
+    version: i32,
+    index: &str,
+    sql: &str,
+) -> Result<(), StoreError> {
+    client
+        .batch_execute("SET statement_timeout = 0")
+        .await
+        .map_err(unavailable)?;
+    client
+        .execute("SELECT pg_advisory_lock($1)", &[&INDEX_LOCK])
+        .await
+        .map_err(unavailable)?;
+    let built = async {
+        let done: i64 = client
+            .query_one(
+                "SELECT count(*) FROM idem_schema_migrations WHERE version = $1",
+                &[&version],
+            )
+            .await
+            .map_err(unavailable)?
+            .get(0);
+        if done > 0 {
+            return Ok(());
+        }
+        let invalid: i64 = client
+            .query_one(
+                "SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+                 WHERE c.relname = $1 AND c.relnamespace = current_schema()::text::regnamespace
+                   AND NOT i.indisvalid",
+                &[&index],
+            )
+            .await
+            .map_err(unavailable)?
+            .get(0);
+        if invalid > 0 {
+            client
+                .batch_execute(&format!("DROP INDEX CONCURRENTLY IF EXISTS {index}"))
+                .await
+                .map_err(unavailable)?;
+        }
+        client.batch_execute(sql).await.map_err(unavailable)?;
+        client
+            .execute(
+                "INSERT INTO idem_schema_migrations (version) VALUES ($1) ON CONFLICT DO NOTHING",
+                &[&version],
+            )
+            .await
+            .map_err(unavailable)?;
+        tracing::info!(version, index, "built index");
+        Ok::<(), StoreError>(())
+    }
+    .await;
+    let unlocked = client
+        .execute("SELECT pg_advisory_unlock($1)", &[&INDEX_LOCK])
+        .await
+        .map_err(unavailable);
+    let reset = client
+        .batch_execute("RESET statement_timeout")
+        .await
+        .map_err(unavailable);
+    built.and(unlocked).and(reset).map(drop)
 }
 
 /// A bounded pool for `url` (TLS as its `sslmode` says; see [`super::tls`]);
@@ -880,8 +974,13 @@ impl Store for PostgresStore {
         self.get_record(key).await
     }
 
-    async fn delete_if_same(&self, key: &RecordKey, expected: &Record) -> Result<bool, StoreError> {
-        self.delete_record_if_same(key, expected).await
+    async fn delete_if_same(
+        &self,
+        key: &RecordKey,
+        expected: &Record,
+        not_before: Millis,
+    ) -> Result<crate::store::Deletion, StoreError> {
+        self.delete_record_if_same(key, expected, not_before).await
     }
 
     async fn in_progress(
@@ -895,7 +994,7 @@ impl Store for PostgresStore {
     }
 
     fn purge_channel(&self) -> Option<Arc<dyn crate::store::PurgeChannel>> {
-        Some(Arc::new(self.clone()))
+        Some(Arc::new(purge::PgPurgeChannel::new(self.clone())))
     }
 
     async fn sweep(&self, now: Millis, batch: usize) -> Result<u64, StoreError> {

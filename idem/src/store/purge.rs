@@ -23,6 +23,18 @@ pub enum Purged {
     LeaseLive(Record),
 }
 
+/// What a compare-and-delete did ([`super::Store::delete_if_same`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Deletion {
+    /// The record was the one expected, and is deleted.
+    Deleted,
+    /// The record is no longer the one expected (or is gone): nothing was deleted.
+    Changed,
+    /// The store's clock has not reached `not_before` yet (a lease still live at the
+    /// store's time): nothing was deleted.
+    TooEarly,
+}
+
 /// A page of in-progress records ([`super::Store::in_progress`]).
 #[derive(Clone, Debug, Default)]
 pub struct InProgressPage {
@@ -45,8 +57,17 @@ pub trait PurgeChannel: Send + Sync {
     /// until that connection is lost, when the receiver closes.
     async fn subscribe(&self) -> Result<mpsc::Receiver<String>, StoreError>;
 
-    /// Publishes `message` (a probe; purges are announced by the delete itself).
+    /// Announces `message` (a record key whose purge the delete itself could not
+    /// announce).
     async fn publish(&self, message: &str) -> Result<(), StoreError>;
+
+    /// Publishes the probe `id` along every path a purge's announcement may take to a
+    /// subscriber (each master of a Redis Cluster, say), as messages that start with
+    /// `id`; returns them. A subscriber that hears all of them hears purges.
+    async fn probe(&self, id: &str) -> Result<Vec<String>, StoreError> {
+        self.publish(id).await?;
+        Ok(vec![id.to_owned()])
+    }
 }
 
 /// Capacity of a subscription's queue; a listener that falls this far behind is

@@ -678,8 +678,13 @@ impl Store for RedisStore {
     }
 
     /// Redis expires records itself.
-    async fn delete_if_same(&self, key: &RecordKey, expected: &Record) -> Result<bool, StoreError> {
-        self.delete_record_if_same(key, expected).await
+    async fn delete_if_same(
+        &self,
+        key: &RecordKey,
+        expected: &Record,
+        not_before: Millis,
+    ) -> Result<super::Deletion, StoreError> {
+        self.delete_record_if_same(key, expected, not_before).await
     }
 
     async fn in_progress(

@@ -18,8 +18,8 @@ pub mod outbox;
 
 use super::postgres::Authority;
 use super::{
-    claim_by_cas, CasRecords, HolderWrite, Insert, PostgresStore, RedisStore, Stamp, Store,
-    StoreError, Swap,
+    claim_by_cas, CasRecords, Deletion, HolderWrite, Insert, PostgresStore, RedisStore, Stamp,
+    Store, StoreError, Swap,
 };
 use async_trait::async_trait;
 use idem_core::{
@@ -66,6 +66,17 @@ impl TieredStore {
         } else {
             Durability::Sync
         }
+    }
+
+    /// After a purge of `expected`: Redis' copy goes, unless it is newer (a claim made
+    /// since the purge). An error leaves the purge half done; purging again finishes it.
+    async fn delete_copy(&self, key: &RecordKey, expected: &Record) -> Result<(), StoreError> {
+        if let Some(r) = self.redis.read(key).await? {
+            if !r.is_newer_than(expected) {
+                self.redis.delete_if_same(key, &r, 0).await?;
+            }
+        }
+        Ok(())
     }
 
     fn redis_failed(&self, op: &'static str, e: &StoreError) {
@@ -432,35 +443,53 @@ impl Store for TieredStore {
         }
     }
 
-    /// A compare-and-delete against the tier that decides — Postgres in `sync` mode,
-    /// Redis in `async` mode — of `expected`, which [`Store::get`] read from it. Redis
-    /// is emptied before Postgres: a purge that fails half-way leaves the record in
-    /// Postgres only, which the cold path copies back, never in Redis alone, whose copy
-    /// would go on replaying. The other tier's copy goes unless it is newer than
-    /// `expected` (then the record changed: the purge reads again).
-    async fn delete_if_same(&self, key: &RecordKey, expected: &Record) -> Result<bool, StoreError> {
-        let deciding_in_redis = self.outbox.is_some();
+    /// A compare-and-delete, on its clock, in the tier that decides — Postgres in
+    /// `sync` mode, Redis in `async` mode — of `expected`, which [`Store::get`] read
+    /// from it; then the other tier's copy, unless it is newer (a claim since). A purge
+    /// that fails half-way says so (an error), and purging again finishes it.
+    ///
+    /// `async`: Redis first, so that a refused purge leaves Postgres' copy of a live
+    /// claim in place. A retry's cold path may copy Postgres' record back into Redis
+    /// between the two deletes; Redis is read again after Postgres to take it out.
+    async fn delete_if_same(
+        &self,
+        key: &RecordKey,
+        expected: &Record,
+        not_before: Millis,
+    ) -> Result<Deletion, StoreError> {
         let in_pg = self.pg.get_record(key).await?;
-        if !deciding_in_redis && in_pg.as_ref().is_some_and(|p| p != expected) {
-            return Ok(false);
-        }
-        // Sync mode serves without Redis, but a purge must not leave a copy there.
-        match self.redis.read(key).await? {
-            Some(r) if deciding_in_redis && r != *expected => return Ok(false),
-            Some(r) if r.is_newer_than(expected) => return Ok(false),
-            Some(r) if !self.redis.delete_if_same(key, &r).await? => return Ok(false),
-            _ => {}
-        }
-        match in_pg {
-            Some(p) if p.is_newer_than(expected) => Ok(false),
-            Some(p) => self.pg.delete_if_same(key, &p).await,
-            None => {
-                // Postgres had nothing to announce the purge with: say it ourselves.
-                use super::PurgeChannel;
-                self.pg.publish(key.as_str()).await?;
-                Ok(true)
+        let deleted = if self.outbox.is_none() {
+            let deleted = match in_pg {
+                Some(_) => self.pg.delete_if_same(key, expected, not_before).await?,
+                // Postgres has nothing (expired and swept): Redis' copy decides.
+                None => self.redis.delete_if_same(key, expected, not_before).await?,
+            };
+            if deleted != Deletion::Deleted {
+                return Ok(deleted);
             }
-        }
+            self.delete_copy(key, expected).await?;
+            deleted
+        } else {
+            let deleted = match self.redis.read(key).await? {
+                Some(_) => self.redis.delete_if_same(key, expected, not_before).await?,
+                // Redis lost it (or never had it): Postgres' copy decides.
+                None if in_pg.as_ref() == Some(expected) => {
+                    self.pg.delete_if_same(key, expected, not_before).await?
+                }
+                None => Deletion::Changed,
+            };
+            if deleted != Deletion::Deleted {
+                return Ok(deleted);
+            }
+            if let Some(p) = in_pg.filter(|p| !p.is_newer_than(expected)) {
+                self.pg.delete_if_same(key, &p, 0).await?;
+            }
+            self.delete_copy(key, expected).await?;
+            deleted
+        };
+        // Listeners hear Postgres' channel; Redis' script announced on its own.
+        self.pg.publish(key.as_str()).await?;
+        Ok(deleted)
     }
 
     /// Postgres' in sync mode (it holds every claim); Redis' in async mode, where a

@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-use idem::store::{CasRecords, HolderWrite, Purged, Stamp, Store, StoreExt, Swap};
+use idem::store::{CasRecords, Deletion, HolderWrite, Purged, Stamp, Store, StoreExt, Swap};
 use idem_core::{
     decide, Decision, Fingerprint, IdempotencyKey, Policy, Record, RecordKey, Refusal, Scope,
     StoredResponse,
@@ -300,7 +300,10 @@ pub async fn purges_and_listing(store: &dyn Store) {
     sleep_ms(2).await;
     let renewed = store.get(&keys[1]).await.unwrap().unwrap();
     if renewed != stale {
-        assert!(!store.delete_if_same(&keys[1], &stale).await.unwrap());
+        assert_eq!(
+            store.delete_if_same(&keys[1], &stale, 0).await.unwrap(),
+            Deletion::Changed
+        );
         assert!(store.get(&keys[1]).await.unwrap().is_some());
     }
 

@@ -2,11 +2,12 @@
 //! `NOTIFY idem_purge` in the deleting statement, `LISTEN` on a connection of its own.
 
 use super::{sql_i64, unavailable, Connector, PostgresStore};
-use crate::store::purge::{forward, InProgressPage, PurgeChannel, QUEUE};
+use crate::store::purge::{forward, Deletion, InProgressPage, PurgeChannel, QUEUE};
 use crate::store::{decode, StoreError};
 use async_trait::async_trait;
 use futures_util::future::poll_fn;
 use idem_core::{Millis, Record, RecordKey, TOKENS_PER_MS};
+use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 use tokio_postgres::AsyncMessage;
 
@@ -15,11 +16,21 @@ use tokio_postgres::AsyncMessage;
 /// costs them a cache entry they did not have.
 pub const CHANNEL: &str = "idem_purge";
 
-/// Deletes the row only if it still holds exactly `$2`, and notifies the channel in the
-/// same statement: listeners hear of it when it commits, never before, never if not.
-const DELETE_IF_SAME: &str = "WITH gone AS (
-        DELETE FROM idem_records WHERE id = $1 AND record = $2 RETURNING id)
-    SELECT pg_notify('idem_purge', id) FROM gone";
+/// Deletes the row only if it still holds exactly `$2` and the database's clock has
+/// reached `$3`, and notifies the channel in the same statement: listeners hear of it
+/// when it commits, never before, never if not. Returns whether it deleted, and
+/// whether the row held `$2` (so that a refusal says why).
+const DELETE_IF_SAME: &str = concat!(
+    "WITH clock AS MATERIALIZED (SELECT ",
+    clock_ms!(),
+    " AS now),
+    gone AS (
+        DELETE FROM idem_records WHERE id = $1 AND record = $2
+            AND $3::int8 <= (SELECT now FROM clock) RETURNING id),
+    told AS (SELECT pg_notify('idem_purge', id) FROM gone)
+    SELECT (SELECT count(*) FROM told)::int AS deleted,
+           (SELECT count(*) FROM idem_records WHERE id = $1 AND record = $2)::int AS matched"
+);
 
 /// In-progress rows claimed before `$1` (as a token: time × 1024), after key `$2`, in
 /// key order — along the partial index of in-progress rows.
@@ -31,18 +42,24 @@ impl PostgresStore {
         &self,
         key: &RecordKey,
         expected: &Record,
-    ) -> Result<bool, StoreError> {
+        not_before: Millis,
+    ) -> Result<Deletion, StoreError> {
         let expected = expected.encode();
+        let not_before = sql_i64(not_before);
         self.with_client(async |client| {
             let stmt = client
                 .prepare_cached(DELETE_IF_SAME)
                 .await
                 .map_err(unavailable)?;
-            let rows = client
-                .query(&stmt, &[&key.as_str(), &expected])
+            let row = client
+                .query_one(&stmt, &[&key.as_str(), &expected, &not_before])
                 .await
                 .map_err(unavailable)?;
-            Ok(rows.len() == 1)
+            Ok(match (row.get::<_, i32>(0), row.get::<_, i32>(1)) {
+                (1, _) => Deletion::Deleted,
+                (_, 1) => Deletion::TooEarly,
+                _ => Deletion::Changed,
+            })
         })
         .await
     }
@@ -80,12 +97,41 @@ impl PostgresStore {
     }
 }
 
+/// [`PurgeChannel`] over `LISTEN`/`NOTIFY`. Probes go out on the listening connection
+/// itself: they need no pooled connection, so a pool busy with claims can't delay
+/// them, and they prove that very connection alive.
+pub struct PgPurgeChannel {
+    store: PostgresStore,
+    listening: std::sync::Mutex<Option<Arc<tokio_postgres::Client>>>,
+}
+
+impl PgPurgeChannel {
+    pub(super) fn new(store: PostgresStore) -> Self {
+        PgPurgeChannel {
+            store,
+            listening: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn listening(&self) -> Option<Arc<tokio_postgres::Client>> {
+        self.listening
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
 #[async_trait]
-impl PurgeChannel for PostgresStore {
+impl PurgeChannel for PgPurgeChannel {
     async fn subscribe(&self) -> Result<mpsc::Receiver<String>, StoreError> {
+        let store = &self.store;
         let connecting = async {
-            match &self.connector {
+            // Named, so that an operator (or a test) can tell it from the pools'.
+            let name = format!("idem purge listener {}", std::process::id());
+            match &store.connector {
                 Connector::Plain(config) => {
+                    let mut config = config.clone();
+                    config.application_name(&name);
                     let (client, connection) = config
                         .connect(tokio_postgres::NoTls)
                         .await
@@ -93,20 +139,42 @@ impl PurgeChannel for PostgresStore {
                     listen(client, connection).await
                 }
                 Connector::Tls(config, tls) => {
+                    let mut config = config.clone();
+                    config.application_name(&name);
                     let (client, connection) =
                         config.connect(tls.clone()).await.map_err(unavailable)?;
                     listen(client, connection).await
                 }
             }
         };
-        tokio::time::timeout(self.options.timeout, connecting)
+        let (client, messages) = tokio::time::timeout(store.options.timeout, connecting)
             .await
             .map_err(|_| {
                 StoreError::Unavailable("postgres: LISTEN did not answer in time".into())
-            })?
+            })??;
+        *self.listening.lock().unwrap_or_else(|p| p.into_inner()) = Some(client);
+        Ok(messages)
     }
 
     async fn publish(&self, message: &str) -> Result<(), StoreError> {
+        self.store.publish(message).await
+    }
+
+    async fn probe(&self, id: &str) -> Result<Vec<String>, StoreError> {
+        let Some(client) = self.listening() else {
+            return Err(StoreError::Unavailable("not listening".into()));
+        };
+        client
+            .execute("SELECT pg_notify('idem_purge', $1)", &[&id])
+            .await
+            .map_err(unavailable)?;
+        Ok(vec![id.to_owned()])
+    }
+}
+
+impl PostgresStore {
+    /// Announces `message` on the purge channel, through the pool.
+    pub(crate) async fn publish(&self, message: &str) -> Result<(), StoreError> {
         self.with_client(async |client| {
             let stmt = client
                 .prepare_cached("SELECT pg_notify('idem_purge', $1)")
@@ -127,13 +195,13 @@ impl PurgeChannel for PostgresStore {
 async fn listen<S, T>(
     client: tokio_postgres::Client,
     mut connection: tokio_postgres::Connection<S, T>,
-) -> Result<mpsc::Receiver<String>, StoreError>
+) -> Result<(Arc<tokio_postgres::Client>, mpsc::Receiver<String>), StoreError>
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let (to_listener, received) = mpsc::channel(QUEUE);
-    let (keep_client, client_kept) = oneshot::channel::<tokio_postgres::Client>();
+    let (keep_client, client_kept) = oneshot::channel::<Arc<tokio_postgres::Client>>();
     tokio::spawn(async move {
         // Holds the client (sent below) until the connection ends.
         let _client = client_kept;
@@ -156,6 +224,7 @@ where
         .batch_execute(&format!("LISTEN {CHANNEL}"))
         .await
         .map_err(unavailable)?;
-    let _ = keep_client.send(client);
-    Ok(received)
+    let client = Arc::new(client);
+    let _ = keep_client.send(client.clone());
+    Ok((client, received))
 }

@@ -3,7 +3,7 @@
 //! to every node), and listeners subscribe on a connection of their own to any node.
 
 use super::{unavailable, Conn, RedisStore};
-use crate::store::purge::{forward, InProgressPage, PurgeChannel, QUEUE};
+use crate::store::purge::{forward, Deletion, InProgressPage, PurgeChannel, QUEUE};
 use crate::store::StoreError;
 use async_trait::async_trait;
 use futures_util::StreamExt;
@@ -35,12 +35,14 @@ impl RedisStore {
         &self,
         key: &RecordKey,
         expected: &Record,
-    ) -> Result<bool, StoreError> {
+        not_before: Millis,
+    ) -> Result<Deletion, StoreError> {
         let mut invocation = DELETE_IF_SAME.key(self.redis_key(key));
         invocation
             .arg(expected.encode())
             .arg(self.purge_channel_name())
-            .arg(key.as_str());
+            .arg(key.as_str())
+            .arg(not_before);
         let deleted: i64 = match &self.conn {
             Conn::Single(c) => {
                 self.bounded(invocation.invoke_async(&mut c.clone()))
@@ -54,40 +56,15 @@ impl RedisStore {
                 result?
             }
         };
-        Ok(deleted == 1)
+        Ok(match deleted {
+            1 => Deletion::Deleted,
+            2 => Deletion::TooEarly,
+            _ => Deletion::Changed,
+        })
     }
 
-    /// The masters' addresses (`host:port`), sorted; the standalone server's name alone
-    /// when not a cluster.
     async fn masters(&self) -> Result<Vec<String>, StoreError> {
-        let Conn::Cluster(h) = &self.conn else {
-            return Ok(vec![STANDALONE.to_owned()]);
-        };
-        let reply: Value = self
-            .bounded(h.connection().route_command(
-                redis::cmd("CLUSTER").arg("NODES").clone(),
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-            ))
-            .await?;
-        let nodes = match reply {
-            Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
-            Value::VerbatimString { text, .. } => text,
-            other => return Err(StoreError::Corrupt(format!("CLUSTER NODES: {other:?}"))),
-        };
-        let mut masters: Vec<String> = nodes
-            .lines()
-            .filter_map(|line| {
-                let fields: Vec<&str> = line.split(' ').collect();
-                let flags = fields.get(2)?;
-                let serving = flags.split(',').any(|f| f == "master")
-                    && !flags.contains("fail")
-                    && !flags.contains("noaddr");
-                let address = fields.get(1)?.split('@').next()?;
-                serving.then(|| address.to_owned())
-            })
-            .collect();
-        masters.sort();
-        Ok(masters)
+        masters(&self.conn, self.timeout).await
     }
 
     /// `SCAN` one node: the next cursor and the keys.
@@ -101,12 +78,7 @@ impl RedisStore {
         match &self.conn {
             Conn::Single(c) => self.bounded(cmd.query_async(&mut c.clone())).await,
             Conn::Cluster(h) => {
-                let (host, port) = node
-                    .rsplit_once(':')
-                    .and_then(|(h, p)| Some((h.to_owned(), p.parse().ok()?)))
-                    .ok_or_else(|| StoreError::Corrupt(format!("node address {node:?}")))?;
-                let routing =
-                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+                let routing = RoutingInfo::SingleNode(address(node)?);
                 let reply = self
                     .bounded(h.connection().route_command(cmd, routing))
                     .await?;
@@ -116,27 +88,54 @@ impl RedisStore {
         }
     }
 
-    /// The in-progress records among `keys` claimed before `claimed_before`: their
-    /// states and tokens first, then only the matching records' bytes.
+    /// The in-progress records among `keys` (all on `node`) claimed before
+    /// `claimed_before`, sorted by key: their states and tokens first, in one pipeline
+    /// to the node, then only the matching records' bytes.
     async fn in_progress_among(
         &self,
+        node: &str,
         keys: &[String],
         claimed_before: Millis,
     ) -> Result<Vec<(RecordKey, Record)>, StoreError> {
-        let mut found = Vec::new();
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
         for key in keys {
+            pipe.cmd("HMGET").arg(key).arg("s").arg("t");
+        }
+        let replies: Vec<Value> = match &self.conn {
+            Conn::Single(c) => self.bounded(pipe.query_async(&mut c.clone())).await?,
+            Conn::Cluster(h) => {
+                let mut connection = h.connection();
+                self.bounded(connection.route_pipeline(pipe, 0, keys.len(), address(node)?))
+                    .await?
+            }
+        };
+        let token_before = claimed_before.saturating_mul(idem_core::TOKENS_PER_MS);
+        let mut found = Vec::new();
+        for (key, reply) in keys.iter().zip(&replies) {
             let Some(record_key) = self.record_key_of(key) else {
                 continue;
             };
-            // One short script per key keeps each read on its own slot; a listing is
-            // an operator's request, not a hot path.
-            let Some(record) = self.read(&record_key).await? else {
+            // A key moved to another master since the SCAN answers with an error: it is
+            // listed from there.
+            let Ok((state, token)) =
+                redis::from_redis_value_ref::<(Option<String>, Option<u64>)>(reply)
+            else {
                 continue;
             };
-            if record.in_progress_claimed_before(claimed_before) {
-                found.push((record_key, record));
+            if state.as_deref() != Some("0") || token.is_none_or(|t| t >= token_before) {
+                continue;
+            }
+            // The record itself decides (it may have changed since).
+            if let Some(record) = self.read(&record_key).await? {
+                if record.in_progress_claimed_before(claimed_before) {
+                    found.push((record_key, record));
+                }
             }
         }
+        found.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(found)
     }
 
@@ -156,33 +155,38 @@ impl RedisStore {
         limit: usize,
     ) -> Result<InProgressPage, StoreError> {
         let masters = self.masters().await?;
-        // A cursor is `<node>/<SCAN cursor>/<matches to skip>`: the node by address, so
+        // A cursor is `<node>/<SCAN cursor>/<last key listed>`: the node by address, so
         // that listing goes on where it stopped even if the masters changed in between;
-        // the skip, because a page that fills up in the middle of a SCAN batch resumes
-        // that batch (SCAN returns the same batch for a cursor unless keys moved).
-        let (mut node, mut scan, mut skip) = match cursor {
+        // the last key, because a page that fills up in the middle of a SCAN batch
+        // resumes that batch after it (SCAN returns the same batch for a cursor unless
+        // keys moved; records purged meanwhile shift nothing).
+        let (mut node, mut scan, mut after) = match cursor {
             None => match masters.first() {
-                Some(first) => (first.clone(), 0, 0),
+                Some(first) => (first.clone(), 0, None),
                 None => return Ok(InProgressPage::default()),
             },
             Some(c) => parse_cursor(c)
                 .ok_or_else(|| StoreError::Corrupt(format!("listing cursor {c:?}")))?,
         };
-        let mut records = Vec::new();
+        let mut records: Vec<(RecordKey, Record)> = Vec::new();
         for _ in 0..SCANS_PER_PAGE {
             let (next, keys) = self.scan(&node, scan).await?;
-            let found = self.in_progress_among(&keys, claimed_before).await?;
-            let room = limit - records.len();
-            let fresh: Vec<_> = found.into_iter().skip(skip).collect();
+            let found = self.in_progress_among(&node, &keys, claimed_before).await?;
+            let fresh: Vec<_> = found
+                .into_iter()
+                .filter(|(k, _)| after.as_ref().is_none_or(|a| k > a))
+                .collect();
+            let room = limit.saturating_sub(records.len());
             if fresh.len() > room {
                 records.extend(fresh.into_iter().take(room));
+                let last = records.last().map_or("-", |(k, _)| k.as_str());
                 return Ok(InProgressPage {
+                    next: Some(format!("{node}/{scan}/{last}")),
                     records,
-                    next: Some(format!("{node}/{scan}/{}", skip + room)),
                 });
             }
             records.extend(fresh);
-            (scan, skip) = (next, 0);
+            (scan, after) = (next, None);
             if scan == 0 {
                 match masters.iter().find(|m| **m > node) {
                     Some(next_node) => node = next_node.clone(),
@@ -194,13 +198,13 @@ impl RedisStore {
                     }
                 }
             }
-            if records.len() == limit {
+            if records.len() >= limit {
                 break;
             }
         }
         Ok(InProgressPage {
             records,
-            next: Some(format!("{node}/{scan}/0")),
+            next: Some(format!("{node}/{scan}/-")),
         })
     }
 
@@ -268,6 +272,30 @@ impl PurgeChannel for RedisPurgeChannel {
         Err(last)
     }
 
+    /// One probe from each master: a purge is announced by the master holding its
+    /// key, so each master's path to the subscriber must be proven.
+    async fn probe(&self, id: &str) -> Result<Vec<String>, StoreError> {
+        let Conn::Cluster(h) = &self.conn else {
+            self.publish(id).await?;
+            return Ok(vec![id.to_owned()]);
+        };
+        let mut sent = Vec::new();
+        for node in masters(&self.conn, self.timeout).await? {
+            let message = format!("{id}@{node}");
+            let mut cmd = redis::cmd("PUBLISH");
+            cmd.arg(&self.channel).arg(&message);
+            let mut connection = h.connection();
+            let publishing =
+                connection.route_command(cmd, RoutingInfo::SingleNode(address(&node)?));
+            match tokio::time::timeout(self.timeout, publishing).await {
+                Ok(r) => r.map_err(unavailable)?,
+                Err(_) => return Err(StoreError::Unavailable("redis: PUBLISH timed out".into())),
+            };
+            sent.push(message);
+        }
+        Ok(sent)
+    }
+
     async fn publish(&self, message: &str) -> Result<(), StoreError> {
         let mut cmd = redis::cmd("PUBLISH");
         cmd.arg(&self.channel).arg(message);
@@ -284,9 +312,63 @@ impl PurgeChannel for RedisPurgeChannel {
     }
 }
 
-/// `<node>/<SCAN cursor>/<skip>`.
-fn parse_cursor(cursor: &str) -> Option<(String, u64, usize)> {
-    let (rest, skip) = cursor.rsplit_once('/')?;
+/// `<node>/<SCAN cursor>/<last key listed, or ->`.
+fn parse_cursor(cursor: &str) -> Option<(String, u64, Option<RecordKey>)> {
+    let (rest, after) = cursor.rsplit_once('/')?;
     let (node, scan) = rest.rsplit_once('/')?;
-    Some((node.to_owned(), scan.parse().ok()?, skip.parse().ok()?))
+    let after = match after {
+        "-" => None,
+        key => Some(RecordKey::from_stored(key)?),
+    };
+    Some((node.to_owned(), scan.parse().ok()?, after))
+}
+
+/// The masters' addresses (`host:port`), sorted; the standalone server's name alone
+/// when not a cluster. A master flagged as failed (not merely suspected) is left out.
+async fn masters(conn: &Conn, timeout: Duration) -> Result<Vec<String>, StoreError> {
+    let Conn::Cluster(h) = conn else {
+        return Ok(vec![STANDALONE.to_owned()]);
+    };
+    let mut connection = h.connection();
+    let asking = connection.route_command(
+        redis::cmd("CLUSTER").arg("NODES").clone(),
+        RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
+    );
+    let reply: Value = match tokio::time::timeout(timeout, asking).await {
+        Ok(r) => r.map_err(unavailable)?,
+        Err(_) => {
+            return Err(StoreError::Unavailable(
+                "redis: CLUSTER NODES timed out".into(),
+            ))
+        }
+    };
+    let nodes = match reply {
+        Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+        Value::VerbatimString { text, .. } => text,
+        other => return Err(StoreError::Corrupt(format!("CLUSTER NODES: {other:?}"))),
+    };
+    let mut masters: Vec<String> = nodes
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let flags: Vec<&str> = fields.get(2)?.split(',').collect();
+            let serving = flags.contains(&"master")
+                && !flags
+                    .iter()
+                    .any(|f| matches!(*f, "fail" | "noaddr" | "handshake"));
+            let address = fields.get(1)?.split('@').next()?;
+            serving.then(|| address.to_owned())
+        })
+        .collect();
+    masters.sort();
+    Ok(masters)
+}
+
+/// `host:port` as cluster routing wants it.
+fn address(node: &str) -> Result<SingleNodeRoutingInfo, StoreError> {
+    let (host, port) = node
+        .rsplit_once(':')
+        .and_then(|(h, p)| Some((h.to_owned(), p.parse().ok()?)))
+        .ok_or_else(|| StoreError::Corrupt(format!("node address {node:?}")))?;
+    Ok(SingleNodeRoutingInfo::ByAddress { host, port })
 }
