@@ -181,3 +181,76 @@ fn a_path_pattern_that_could_never_match_is_refused() {
         );
     }
 }
+
+#[test]
+fn the_admin_listener_needs_a_readable_token_file_of_long_tokens() {
+    let dir = std::env::temp_dir().join(format!("idem-cli-admin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let short = dir.join("short.tokens");
+    std::fs::write(&short, "bob:tooshort\n").unwrap();
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["--admin-listen", "127.0.0.1:0"],
+            "--admin-listen needs --admin-token-file",
+        ),
+        (
+            &["--admin-token-file", "/nonexistent"],
+            "--admin-token-file is for --admin-listen",
+        ),
+        (
+            &["--metrics-on-admin"],
+            "--metrics-on-admin needs --admin-listen",
+        ),
+        (
+            &[
+                "--admin-listen",
+                "127.0.0.1:0",
+                "--admin-token-file",
+                "/nonexistent/tokens",
+            ],
+            "cannot read the admin token file /nonexistent/tokens",
+        ),
+        (
+            &[
+                "--admin-listen",
+                "127.0.0.1:0",
+                "--admin-token-file",
+                short.to_str().unwrap(),
+            ],
+            "line 1: a token is at least 16",
+        ),
+    ];
+    for (args, expected) in cases {
+        let o = run(args, &[]);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(expected), "{args:?}: {}", stderr(&o));
+        assert!(
+            !stderr(&o).contains("tooshort"),
+            "a token never reaches the log"
+        );
+    }
+    // The CLI: a readable message, exit 2, when the API or the token is missing.
+    let o = run(&["admin", "list"], &[("IDEM_ADMIN_TOKEN_FILE", "")]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let o = run(
+        &[
+            "admin",
+            "--url",
+            "http://127.0.0.1:1",
+            "--token-file",
+            short.to_str().unwrap(),
+            "list",
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("cannot reach the admin API"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["admin", "frobnicate"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("idem-origin admin"), "{}", stderr(&o));
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -174,6 +174,55 @@ pub const TABLES: &[Table] = &[
             ),
         ],
     },
+    Table {
+        name: "admin",
+        header: &["what", "store", "result (this run)", "before the fix"],
+        rows: &[
+            row(
+                "purge-postgres",
+                &["purge through replica A; replica B replaying the key from its cache is polled until it executes afresh", "postgres"],
+                &["(no purge before)"],
+            ),
+            row("purge-redis-cluster", &["same", "redis cluster"], &["(no purge before)"]),
+            row("purge-tiered-sync", &["same", "tiered sync"], &["(no purge before)"]),
+            row("purge-tiered-async", &["same", "tiered async"], &["(no purge before)"]),
+            row(
+                "listen-cut",
+                &["replica B's LISTEN backend terminated, the record deleted meanwhile without a notice", "postgres"],
+                &["—"],
+            ),
+            row(
+                "skew-postgres",
+                &["purge (not forced) through a replica 60 s ahead, during a live 30 s lease; a retry", "postgres"],
+                &["purged (200), the retry ran the handler again"],
+            ),
+            row(
+                "skew-redis-cluster",
+                &["same", "redis cluster"],
+                &["purged (200), the retry ran again: 2 charges"],
+            ),
+            row(
+                "skew-tiered-async",
+                &["same", "tiered async"],
+                &["purged (200), the retry ran the handler again"],
+            ),
+            row(
+                "orphan",
+                &["`kill -9` replica A mid-handler (lease 30 s); list and purge with the CLI through replica B; retry", "postgres"],
+                &["—"],
+            ),
+            row(
+                "auth",
+                &["no token, wrong tokens, bad parameters; then a retry", "postgres"],
+                &["—"],
+            ),
+            row(
+                "status-page",
+                &["the status page in headless Chromium after 4 intervals of traffic, against a scrape of `/metrics`", "postgres"],
+                &["—"],
+            ),
+        ],
+    },
 ];
 
 /// Where a run's rows go: `target/idem-reports/proof/<table>/<id>`.

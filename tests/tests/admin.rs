@@ -3,7 +3,7 @@
 //! `kill -9` listed and purged, and the CLI over the same API. Charges are counted in
 //! the demo's `charges` table.
 
-use idem_tests::{charge_body, client, report, OriginProcess, TestDb};
+use idem_tests::{charge_body, client, proof, report, OriginProcess, TestDb};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -254,6 +254,11 @@ async fn a_missing_or_wrong_admin_token_is_refused_and_changes_nothing() {
         "admin",
         "a wrong or missing token: 401/403, the record unchanged, 1 charge",
     );
+    proof::record(
+        "admin",
+        "auth",
+        &["401 without a token, 403 with 3 wrong ones, 400 problems for 10 bad requests; the record unchanged, the retry replayed, 1 charge"],
+    );
 }
 
 /// Two replicas on one store. B replays `key` from its cache; a purge through A's admin
@@ -327,6 +332,15 @@ async fn purge_test(args: Vec<String>, db: TestDb, label: &str) {
     assert!(
         took < idem::store::cache::STALENESS_BOUND,
         "{label}: {took:?} past the purge"
+    );
+    proof::record(
+        "admin",
+        &format!("purge-{}", label.replace(' ', "-")),
+        &[&format!(
+            "B stopped replaying {} ms after the purge answered (bound {} ms); 2 charges: the first, and one after the purge",
+            took.as_millis(),
+            idem::store::cache::STALENESS_BOUND.as_millis()
+        )],
     );
 }
 
@@ -406,6 +420,14 @@ async fn a_replica_that_lost_the_purge_channel_forgets_its_cache() {
         ),
     );
     assert!(took < idem::store::cache::STALENESS_BOUND, "{took:?}");
+    proof::record(
+        "admin",
+        "listen-cut",
+        &[&format!(
+            "B forgot its cache: a fresh execution {} ms after the cut",
+            took.as_millis()
+        )],
+    );
 }
 
 fn cli(admin: &str, tokens: &std::path::Path, args: &[&str]) -> (i32, String, String) {
@@ -536,6 +558,11 @@ async fn an_attempt_orphaned_by_kill_9_is_listed_and_purged() {
     assert_eq!(code, 1);
     assert!(err.contains("403"), "{err}");
     report("admin", "kill -9 mid-handler: listed (1, lease live), purge refused (409) then forced, the retry charged once");
+    proof::record(
+        "admin",
+        "orphan",
+        &["listed (1, lease live); a retry 409; purge refused (exit 1, 409) then `--force`d; the retry 201; 1 charge"],
+    );
 }
 
 /// A purge through a replica whose clock runs 60 s ahead, which has made no claim (so
@@ -593,6 +620,11 @@ async fn a_fast_clock_cannot_purge_a_live_lease(args: Vec<String>, db: TestDb, l
     assert_eq!(body["type"], "urn:idem:problem:admin-lease-live");
     assert_eq!((first_status, retry), (201, 409));
     assert_eq!(charges, 1, "{label}");
+    proof::record(
+        "admin",
+        &format!("skew-{}", label.replace(' ', "-")),
+        &["409 `admin-lease-live`; the retry 409; 1 charge"],
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

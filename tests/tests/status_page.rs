@@ -4,7 +4,7 @@
 //! a screenshot is kept (`target/idem-reports/status-page.png`; `docs/status-page.png`
 //! is one such).
 
-use idem_tests::{charge_body, client, report, OriginProcess, TestDb};
+use idem_tests::{charge_body, client, proof, report, OriginProcess, TestDb};
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::Duration;
@@ -322,6 +322,11 @@ async fn the_status_page_renders_what_metrics_say() {
     );
     let _ = origin.kill();
     let _ = origin.wait();
+    proof::record(
+        "admin",
+        "status-page",
+        &[&format!("rendered; {compared} numbers on the page equal to `/metrics`; a wrong token shows none; `docs/status-page.png`")],
+    );
     report(
         "status page",
         &format!(
