@@ -154,14 +154,14 @@ impl ReplayCache {
 /// Listens on `channel` for as long as the cache lives: invalidates purged keys,
 /// probes the subscription, and serves only while probes come back.
 async fn listen(entries: Weak<Entries>, channel: Arc<dyn PurgeChannel>) {
-    let listener = format!(
-        "{:x}{:x}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.subsec_nanos())
-            .unwrap_or(0)
-    );
+    // Unique among the listeners (a pid is 1 in every container): std's randomly
+    // seeded hasher is random enough to tell probes apart.
+    let listener = {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        format!("{:016x}", h.finish())
+    };
     let mut probes = 0u64;
     loop {
         let subscribed = channel.subscribe().await;

@@ -101,9 +101,9 @@ enum Connector {
 }
 
 const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("postgres/0001_records.sql"))];
-/// Indexes built with `CREATE INDEX CONCURRENTLY`, outside a transaction and with no
-/// statement timeout, so that adding one to a large table neither blocks claims nor
-/// fails start-up: (version, index name, statement).
+/// Indexes built with `CREATE INDEX CONCURRENTLY`, in the background after start-up,
+/// outside a transaction and with no statement timeout, so that adding one to a large
+/// table neither blocks claims nor holds start-up: (version, index name, statement).
 const CONCURRENT_INDEXES: &[(i32, &str, &str)] = &[(
     2,
     "idem_records_in_progress",
@@ -111,9 +111,8 @@ const CONCURRENT_INDEXES: &[(i32, &str, &str)] = &[(
 )];
 /// Arbitrary constant: serialises concurrent migrators across processes.
 const MIGRATION_LOCK: i64 = 0x1de4_0001;
-/// The same for concurrent index builds: a replica starting while another builds one
-/// waits for it there, not in the migrations' transaction (bounded by its timeout).
-const INDEX_LOCK: i64 = 0x1de4_0002;
+/// The same for the background index builds (with the schema's hash as second key).
+const INDEX_LOCK: i32 = 0x1de4_0002;
 
 /// Postgres' clock in ms since the epoch. `clock_timestamp()`, not `now()`: the time
 /// the statement runs, not when its transaction began.
@@ -318,20 +317,12 @@ impl PostgresStore {
             clock: Arc::new(StoreClock::new()),
             connector,
         };
-        // Not under the store's timeout: an index built on a large table may take a
-        // while (its statements are bounded by the server's statement_timeout, but the
-        // concurrent index build, which takes none).
-        let mut client = tokio::time::timeout(store.options.timeout, store.pool.get())
-            .await
-            .map_err(|_| {
-                StoreError::Unavailable(format!(
-                    "postgres: no connection within {:?}",
-                    store.options.timeout
-                ))
-            })?
-            .map_err(unavailable)?;
-        migrate(&mut client).await?;
-        drop(client);
+        store.with_client(async |c| migrate(c).await).await?;
+        // Indexes that can be built while the store serves are built in the background:
+        // the listing they speed up works without them.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            tokio::spawn(build_indexes(store.connector.clone()));
+        }
         Ok(store)
     }
 
@@ -675,80 +666,112 @@ async fn migrate(client: &mut Client) -> Result<(), StoreError> {
             tracing::info!(version, "applied migration");
         }
     }
-    tx.commit().await.map_err(unavailable)?;
-    for (version, index, sql) in CONCURRENT_INDEXES {
-        if !applied.contains(version) {
-            build_index(client, *version, index, sql).await?;
-        }
-    }
-    Ok(())
+    tx.commit().await.map_err(unavailable)
 }
 
-/// Builds an index concurrently (one replica at a time: a session advisory lock); an
-/// invalid one left by a build that failed half-way is dropped and built again.
+/// Builds [`CONCURRENT_INDEXES`] not built yet, for as long as it takes: one replica at
+/// a time (a session advisory lock, polled with `pg_try_advisory_lock` so that a waiting
+/// replica holds no snapshot the build would wait for); an invalid index left by a
+/// build that failed half-way is dropped and built again.
+async fn build_indexes(connector: Connector) {
+    for (version, index, sql) in CONCURRENT_INDEXES {
+        let mut waited = 0u32;
+        loop {
+            match build_index(&connector, *version, index, sql).await {
+                Ok(true) => break,
+                Ok(false) => {
+                    waited += 1;
+                    if waited == 60 {
+                        tracing::info!(index, "another replica is still building an index");
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(e) => {
+                    tracing::warn!(index, error = %e, "building an index failed; trying again in 30 s");
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                }
+            }
+        }
+    }
+}
+
+/// Whether migration `version` is recorded.
+async fn index_done(client: &tokio_postgres::Client, version: i32) -> Result<bool, StoreError> {
+    client
+        .query_one(
+            "SELECT count(*) FROM idem_schema_migrations WHERE version = $1",
+            &[&version],
+        )
+        .await
+        .map(|row| row.get::<_, i64>(0) > 0)
+        .map_err(unavailable)
+}
+
+/// One attempt: `Ok(true)` when the index is there (built now or before), `Ok(false)`
+/// when another replica holds the lock.
 async fn build_index(
-    client: &mut Client,
+    connector: &Connector,
     version: i32,
     index: &str,
     sql: &str,
-) -> Result<(), StoreError> {
-    client
-        .batch_execute("SET statement_timeout = 0")
-        .await
-        .map_err(unavailable)?;
-    client
-        .execute("SELECT pg_advisory_lock($1)", &[&INDEX_LOCK])
-        .await
-        .map_err(unavailable)?;
-    let built = async {
-        let done: i64 = client
-            .query_one(
-                "SELECT count(*) FROM idem_schema_migrations WHERE version = $1",
-                &[&version],
-            )
-            .await
-            .map_err(unavailable)?
-            .get(0);
-        if done > 0 {
-            return Ok(());
-        }
-        let invalid: i64 = client
-            .query_one(
-                "SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-                 WHERE c.relname = $1 AND c.relnamespace = current_schema()::text::regnamespace
-                   AND NOT i.indisvalid",
-                &[&index],
-            )
-            .await
-            .map_err(unavailable)?
-            .get(0);
-        if invalid > 0 {
+) -> Result<bool, StoreError> {
+    let client = match connector {
+        Connector::Plain(config) => {
+            let (client, connection) = config.connect(NoTls).await.map_err(unavailable)?;
+            tokio::spawn(connection);
             client
-                .batch_execute(&format!("DROP INDEX CONCURRENTLY IF EXISTS {index}"))
-                .await
-                .map_err(unavailable)?;
         }
-        client.batch_execute(sql).await.map_err(unavailable)?;
+        Connector::Tls(config, tls) => {
+            let (client, connection) = config.connect(tls.clone()).await.map_err(unavailable)?;
+            tokio::spawn(connection);
+            client
+        }
+    };
+    if index_done(&client, version).await? {
+        return Ok(true);
+    }
+    let locked: bool = client
+        // Per schema: deployments in other schemas build theirs at the same time.
+        .query_one(
+            "SELECT pg_try_advisory_lock($1, hashtext(current_schema()))",
+            &[&INDEX_LOCK],
+        )
+        .await
+        .map_err(unavailable)?
+        .get(0);
+    if !locked {
+        return Ok(false);
+    }
+    // The lock is the session's: it goes with the connection, whatever happens here.
+    if index_done(&client, version).await? {
+        return Ok(true);
+    }
+    let invalid: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+             WHERE c.relname = $1 AND c.relnamespace = current_schema()::text::regnamespace
+               AND NOT i.indisvalid",
+            &[&index],
+        )
+        .await
+        .map_err(unavailable)?
+        .get(0);
+    if invalid > 0 {
         client
-            .execute(
-                "INSERT INTO idem_schema_migrations (version) VALUES ($1) ON CONFLICT DO NOTHING",
-                &[&version],
-            )
+            .batch_execute(&format!("DROP INDEX CONCURRENTLY IF EXISTS {index}"))
             .await
             .map_err(unavailable)?;
-        tracing::info!(version, index, "built index");
-        Ok::<(), StoreError>(())
     }
-    .await;
-    let unlocked = client
-        .execute("SELECT pg_advisory_unlock($1)", &[&INDEX_LOCK])
+    client.batch_execute(sql).await.map_err(unavailable)?;
+    client
+        .execute(
+            "INSERT INTO idem_schema_migrations (version) VALUES ($1) ON CONFLICT DO NOTHING",
+            &[&version],
+        )
         .await
-        .map_err(unavailable);
-    let reset = client
-        .batch_execute("RESET statement_timeout")
-        .await
-        .map_err(unavailable);
-    built.and(unlocked).and(reset).map(drop)
+        .map_err(unavailable)?;
+    tracing::info!(version, index, "built index");
+    Ok(true)
 }
 
 /// A bounded pool for `url` (TLS as its `sslmode` says; see [`super::tls`]);

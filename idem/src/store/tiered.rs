@@ -37,6 +37,11 @@ pub enum Durability {
     Async,
 }
 
+/// After a purge, its copies are looked for this many times, this far apart: a writer
+/// that read the record before the purge writes it back within milliseconds.
+const PURGE_SETTLE_ROUNDS: u32 = 3;
+const PURGE_SETTLE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// The tiered [`Store`].
 pub struct TieredStore {
     redis: RedisStore,
@@ -68,12 +73,16 @@ impl TieredStore {
         }
     }
 
-    /// After a purge of `expected`: Redis' copy goes, unless it is newer (a claim made
-    /// since the purge). An error leaves the purge half done; purging again finishes it.
-    async fn delete_copy(&self, key: &RecordKey, expected: &Record) -> Result<(), StoreError> {
+    /// After a purge: deletes from both tiers whatever is exactly one of `copies`.
+    async fn delete_copies(&self, key: &RecordKey, copies: &[&Record]) -> Result<(), StoreError> {
         if let Some(r) = self.redis.read(key).await? {
-            if !r.is_newer_than(expected) {
+            if copies.contains(&&r) {
                 self.redis.delete_if_same(key, &r, 0).await?;
+            }
+        }
+        if let Some(p) = self.pg.get_record(key).await? {
+            if copies.contains(&&p) {
+                self.pg.delete_if_same(key, &p, 0).await?;
             }
         }
         Ok(())
@@ -445,12 +454,11 @@ impl Store for TieredStore {
 
     /// A compare-and-delete, on its clock, in the tier that decides — Postgres in
     /// `sync` mode, Redis in `async` mode — of `expected`, which [`Store::get`] read
-    /// from it; then the other tier's copy, unless it is newer (a claim since). A purge
-    /// that fails half-way says so (an error), and purging again finishes it.
-    ///
-    /// `async`: Redis first, so that a refused purge leaves Postgres' copy of a live
-    /// claim in place. A retry's cold path may copy Postgres' record back into Redis
-    /// between the two deletes; Redis is read again after Postgres to take it out.
+    /// from it. Then every copy of that record, or of what Postgres held, goes from both
+    /// tiers — and again a moment later, twice: writers that read one before the purge
+    /// may write it back after it (a retry's cold path or mirror, a holder's committed
+    /// copy, a completion the outbox writes behind). A copy is deleted only if it is
+    /// exactly one of those records, never a claim made since.
     async fn delete_if_same(
         &self,
         key: &RecordKey,
@@ -459,34 +467,34 @@ impl Store for TieredStore {
     ) -> Result<Deletion, StoreError> {
         let in_pg = self.pg.get_record(key).await?;
         let deleted = if self.outbox.is_none() {
-            let deleted = match in_pg {
+            match in_pg {
                 Some(_) => self.pg.delete_if_same(key, expected, not_before).await?,
                 // Postgres has nothing (expired and swept): Redis' copy decides.
                 None => self.redis.delete_if_same(key, expected, not_before).await?,
-            };
-            if deleted != Deletion::Deleted {
-                return Ok(deleted);
             }
-            self.delete_copy(key, expected).await?;
-            deleted
         } else {
-            let deleted = match self.redis.read(key).await? {
+            match self.redis.read(key).await? {
                 Some(_) => self.redis.delete_if_same(key, expected, not_before).await?,
                 // Redis lost it (or never had it): Postgres' copy decides.
                 None if in_pg.as_ref() == Some(expected) => {
                     self.pg.delete_if_same(key, expected, not_before).await?
                 }
                 None => Deletion::Changed,
-            };
-            if deleted != Deletion::Deleted {
-                return Ok(deleted);
             }
-            if let Some(p) = in_pg.filter(|p| !p.is_newer_than(expected)) {
-                self.pg.delete_if_same(key, &p, 0).await?;
-            }
-            self.delete_copy(key, expected).await?;
-            deleted
         };
+        if deleted != Deletion::Deleted {
+            return Ok(deleted);
+        }
+        let copies: Vec<&Record> = [Some(expected), in_pg.as_ref()]
+            .into_iter()
+            .flatten()
+            .collect();
+        for round in 0..PURGE_SETTLE_ROUNDS {
+            if round > 0 {
+                tokio::time::sleep(PURGE_SETTLE).await;
+            }
+            self.delete_copies(key, &copies).await?;
+        }
         // Listeners hear Postgres' channel; Redis' script announced on its own.
         self.pg.publish(key.as_str()).await?;
         Ok(deleted)

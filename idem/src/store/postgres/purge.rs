@@ -18,8 +18,8 @@ pub const CHANNEL: &str = "idem_purge";
 
 /// Deletes the row only if it still holds exactly `$2` and the database's clock has
 /// reached `$3`, and notifies the channel in the same statement: listeners hear of it
-/// when it commits, never before, never if not. Returns whether it deleted, and
-/// whether the row held `$2` (so that a refusal says why).
+/// when it commits, never before, never if not. Returns whether it deleted, and the
+/// clock it judged by (so that a refusal says why).
 const DELETE_IF_SAME: &str = concat!(
     "WITH clock AS MATERIALIZED (SELECT ",
     clock_ms!(),
@@ -29,7 +29,7 @@ const DELETE_IF_SAME: &str = concat!(
             AND $3::int8 <= (SELECT now FROM clock) RETURNING id),
     told AS (SELECT pg_notify('idem_purge', id) FROM gone)
     SELECT (SELECT count(*) FROM told)::int AS deleted,
-           (SELECT count(*) FROM idem_records WHERE id = $1 AND record = $2)::int AS matched"
+           (SELECT now FROM clock) AS now"
 );
 
 /// In-progress rows claimed before `$1` (as a token: time × 1024), after key `$2`, in
@@ -55,9 +55,11 @@ impl PostgresStore {
                 .query_one(&stmt, &[&key.as_str(), &expected, &not_before])
                 .await
                 .map_err(unavailable)?;
-            Ok(match (row.get::<_, i32>(0), row.get::<_, i32>(1)) {
+            // Not deleted: too early if the clock said so, else the row changed (it may
+            // have changed while the delete waited for its lock, after its snapshot).
+            Ok(match (row.get::<_, i32>(0), row.get::<_, i64>(1)) {
                 (1, _) => Deletion::Deleted,
-                (_, 1) => Deletion::TooEarly,
+                (_, now) if now < not_before => Deletion::TooEarly,
                 _ => Deletion::Changed,
             })
         })

@@ -177,7 +177,16 @@ impl RedisStore {
                 .filter(|(k, _)| after.as_ref().is_none_or(|a| k > a))
                 .collect();
             let room = limit.saturating_sub(records.len());
+            if fresh.len() > room && !records.is_empty() {
+                // The page ends before this batch: the next one starts it afresh, so
+                // nothing depends on SCAN giving the same batch twice.
+                return Ok(InProgressPage {
+                    next: Some(format!("{node}/{scan}/-")),
+                    records,
+                });
+            }
             if fresh.len() > room {
+                // One batch holds more than a page: it is split after its last key listed.
                 records.extend(fresh.into_iter().take(room));
                 let last = records.last().map_or("-", |(k, _)| k.as_str());
                 return Ok(InProgressPage {
@@ -216,60 +225,106 @@ impl RedisStore {
             ca: self.ca.clone(),
             channel: self.purge_channel_name(),
             timeout: self.timeout,
+            subscribed: std::sync::Mutex::new(Vec::new()),
         }
     }
 }
 
-/// [`PurgeChannel`] over Redis pub/sub.
+/// [`PurgeChannel`] over Redis pub/sub. In a cluster it subscribes on every master:
+/// a purge is announced by the master holding its key, and heard there directly, not
+/// through the cluster bus, which drops messages while a link between nodes is down.
 pub(super) struct RedisPurgeChannel {
     conn: Conn,
     nodes: Vec<String>,
     ca: Option<Vec<u8>>,
     channel: String,
     timeout: Duration,
+    /// The masters subscribed on; a probe fails once they are not the masters any more.
+    subscribed: std::sync::Mutex<Vec<String>>,
+}
+
+impl RedisPurgeChannel {
+    /// `nodes[0]`'s URL (scheme, credentials, database) pointed at `node` (`host:port`).
+    fn url_for(&self, node: &str) -> String {
+        let first = self.nodes.first().map_or("redis://", String::as_str);
+        let (scheme, rest) = first.split_once("://").unwrap_or(("redis", first));
+        let (userinfo, hostpart) = match rest.split_once('@') {
+            Some((u, h)) => (format!("{u}@"), h),
+            None => (String::new(), rest),
+        };
+        let tail = hostpart.find(['/', '?']).map_or("", |at| &hostpart[at..]);
+        format!("{scheme}://{userinfo}{node}{tail}")
+    }
+
+    /// Subscribes on one server; the task forwarding its messages stops when `stop`
+    /// is cancelled, and cancels it when its connection ends.
+    async fn subscribe_on(
+        &self,
+        url: &str,
+        to_listener: mpsc::Sender<String>,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Result<(), StoreError> {
+        let client = match &self.ca {
+            Some(ca) => redis::Client::build_with_tls(url, super::tls_certificates(ca)),
+            None => redis::Client::open(url),
+        }
+        .map_err(unavailable)?;
+        let subscribing = async {
+            let mut pubsub = client.get_async_pubsub().await?;
+            pubsub.subscribe(&self.channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        let pubsub = match tokio::time::timeout(self.timeout, subscribing).await {
+            Ok(subscribed) => subscribed.map_err(unavailable)?,
+            Err(_) => return Err(StoreError::Unavailable("redis: SUBSCRIBE timed out".into())),
+        };
+        let mut messages = pubsub.into_on_message();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    message = messages.next() => {
+                        let Some(message) = message else { break };
+                        let Ok(payload) = message.get_payload::<String>() else {
+                            continue;
+                        };
+                        if !forward(&to_listener, payload) {
+                            break;
+                        }
+                    }
+                }
+            }
+            // One connection gone is the whole subscription gone.
+            stop.cancel();
+        });
+        Ok(())
+    }
 }
 
 #[async_trait]
 impl PurgeChannel for RedisPurgeChannel {
     async fn subscribe(&self) -> Result<mpsc::Receiver<String>, StoreError> {
-        let mut last = StoreError::Unavailable("no Redis node to subscribe on".into());
-        // Any node hears a cluster's PUBLISH: the first that answers will do.
-        for node in &self.nodes {
-            let client = match &self.ca {
-                Some(ca) => {
-                    redis::Client::build_with_tls(node.as_str(), super::tls_certificates(ca))
-                }
-                None => redis::Client::open(node.as_str()),
-            }
-            .map_err(unavailable)?;
-            let subscribing = async {
-                let mut pubsub = client.get_async_pubsub().await?;
-                pubsub.subscribe(&self.channel).await?;
-                Ok::<_, redis::RedisError>(pubsub)
+        let servers = match &self.conn {
+            Conn::Cluster(_) => masters(&self.conn, self.timeout).await?,
+            Conn::Single(_) => vec![STANDALONE.to_owned()],
+        };
+        let (to_listener, received) = mpsc::channel(QUEUE);
+        let stop = tokio_util::sync::CancellationToken::new();
+        for server in &servers {
+            let url = match &self.conn {
+                Conn::Cluster(_) => self.url_for(server),
+                Conn::Single(_) => self.nodes.first().cloned().unwrap_or_default(),
             };
-            match tokio::time::timeout(self.timeout, subscribing).await {
-                Ok(Ok(pubsub)) => {
-                    let (to_listener, received) = mpsc::channel(QUEUE);
-                    let mut messages = pubsub.into_on_message();
-                    tokio::spawn(async move {
-                        while let Some(message) = messages.next().await {
-                            let Ok(payload) = message.get_payload::<String>() else {
-                                continue;
-                            };
-                            if !forward(&to_listener, payload) {
-                                break;
-                            }
-                        }
-                    });
-                    return Ok(received);
-                }
-                Ok(Err(e)) => last = unavailable(e),
-                Err(_) => {
-                    last = StoreError::Unavailable(format!("redis: SUBSCRIBE on {node} timed out"))
-                }
+            if let Err(e) = self
+                .subscribe_on(&url, to_listener.clone(), stop.clone())
+                .await
+            {
+                stop.cancel();
+                return Err(e);
             }
         }
-        Err(last)
+        *self.subscribed.lock().unwrap_or_else(|p| p.into_inner()) = servers;
+        Ok(received)
     }
 
     /// One probe from each master: a purge is announced by the master holding its
@@ -279,8 +334,15 @@ impl PurgeChannel for RedisPurgeChannel {
             self.publish(id).await?;
             return Ok(vec![id.to_owned()]);
         };
+        let masters = masters(&self.conn, self.timeout).await?;
+        if *self.subscribed.lock().unwrap_or_else(|p| p.into_inner()) != masters {
+            // A master this subscription does not listen on: subscribe again.
+            return Err(StoreError::Unavailable(
+                "redis: the cluster's masters changed since subscribing".into(),
+            ));
+        }
         let mut sent = Vec::new();
-        for node in masters(&self.conn, self.timeout).await? {
+        for node in masters {
             let message = format!("{id}@{node}");
             let mut cmd = redis::cmd("PUBLISH");
             cmd.arg(&self.channel).arg(&message);
