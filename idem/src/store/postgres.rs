@@ -101,9 +101,10 @@ enum Connector {
 }
 
 const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("postgres/0001_records.sql"))];
-/// Indexes built with `CREATE INDEX CONCURRENTLY`, in the background after start-up,
-/// outside a transaction and with no statement timeout, so that adding one to a large
-/// table neither blocks claims nor holds start-up: (version, index name, statement).
+/// Indexes added to an existing table: in the migration when the table is small, else
+/// with `CREATE INDEX CONCURRENTLY`, in the background after start-up, outside a
+/// transaction and with no statement timeout, so that adding one to a large table
+/// neither blocks claims nor holds start-up: (version, index name, statement).
 const CONCURRENT_INDEXES: &[(i32, &str, &str)] = &[(
     2,
     "idem_records_in_progress",
@@ -317,10 +318,10 @@ impl PostgresStore {
             clock: Arc::new(StoreClock::new()),
             connector,
         };
-        store.with_client(async |c| migrate(c).await).await?;
-        // Indexes that can be built while the store serves are built in the background:
-        // the listing they speed up works without them.
-        if tokio::runtime::Handle::try_current().is_ok() {
+        let pending = store.with_client(async |c| migrate(c).await).await?;
+        // Indexes too big to build in the migration are built in the background: the
+        // listing they speed up works without them.
+        if pending && tokio::runtime::Handle::try_current().is_ok() {
             tokio::spawn(build_indexes(store.connector.clone()));
         }
         Ok(store)
@@ -636,7 +637,8 @@ pub(super) async fn run_holder_write(
     ))
 }
 
-async fn migrate(client: &mut Client) -> Result<(), StoreError> {
+/// Applies pending migrations; `true` when an index is left to build in the background.
+async fn migrate(client: &mut Client) -> Result<bool, StoreError> {
     let tx = client.transaction().await.map_err(unavailable)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await
@@ -666,8 +668,43 @@ async fn migrate(client: &mut Client) -> Result<(), StoreError> {
             tracing::info!(version, "applied migration");
         }
     }
-    tx.commit().await.map_err(unavailable)
+    // An index on a table small enough (a new one, say) is built right here, in the
+    // migration; on a big table it would hold claims up: that one is built concurrently,
+    // in the background.
+    let rows: f64 = tx
+        .query_one(
+            "SELECT COALESCE((SELECT reltuples FROM pg_class WHERE oid = to_regclass('idem_records')), 0)::float8",
+            &[],
+        )
+        .await
+        .map_err(unavailable)?
+        .get(0);
+    let mut pending = false;
+    for (version, _, sql) in CONCURRENT_INDEXES {
+        if applied.contains(version) {
+            continue;
+        }
+        if rows < SMALL_TABLE_ROWS {
+            tx.batch_execute(&sql.replace(" CONCURRENTLY", ""))
+                .await
+                .map_err(unavailable)?;
+            tx.execute(
+                "INSERT INTO idem_schema_migrations (version) VALUES ($1)",
+                &[version],
+            )
+            .await
+            .map_err(unavailable)?;
+            tracing::info!(version, "applied migration");
+        } else {
+            pending = true;
+        }
+    }
+    tx.commit().await.map_err(unavailable)?;
+    Ok(pending)
 }
+
+/// Below this many rows (Postgres' estimate) an index is built in the migration itself.
+const SMALL_TABLE_ROWS: f64 = 100_000.0;
 
 /// Builds [`CONCURRENT_INDEXES`] not built yet, for as long as it takes: one replica at
 /// a time (a session advisory lock, polled with `pg_try_advisory_lock` so that a waiting
