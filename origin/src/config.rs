@@ -312,6 +312,12 @@ pub struct Config {
     /// Serve /metrics on the admin listener only, not on --listen.
     #[arg(long, env = "IDEM_METRICS_ON_ADMIN")]
     pub metrics_on_admin: bool,
+
+    /// Send traces (a span per guarded request, its store round trips as child spans)
+    /// over OTLP/HTTP to this receiver, e.g. http://127.0.0.1:4318 (a collector); off
+    /// without it. The service name is OTEL_SERVICE_NAME, else idem-origin.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 impl Config {
@@ -397,6 +403,9 @@ impl Config {
     pub fn validate(&self) -> Result<(), String> {
         self.scope_rule()?;
         self.admin_tokens()?;
+        if let Some(endpoint) = &self.otlp_endpoint {
+            crate::telemetry::traces_url(endpoint)?;
+        }
         if let Some(url) = &self.upstream {
             crate::proxy::parse_upstream_url(url)?;
             if self.upstream_timeout.is_zero() {

@@ -8,6 +8,7 @@
 //! * [`proxy`] — proxy mode (`--upstream`): any HTTP service behind the layer.
 //! * [`routes`] — the route file (`--routes`): settings per path.
 //! * [`admin_cli`] — `idem-origin admin …`: the admin API from a shell.
+//! * [`telemetry`] — traces over OTLP (`--otlp-endpoint`).
 #![forbid(unsafe_code)]
 
 pub mod admin_cli;
@@ -17,3 +18,4 @@ pub mod config;
 pub mod metrics;
 pub mod proxy;
 pub mod routes;
+pub mod telemetry;

@@ -16,11 +16,17 @@ async fn main() -> ExitCode {
         return idem_origin::admin_cli::run(std::env::args_os().skip(1)).await;
     }
     let config = Config::parse();
-    init_tracing(config.log_format);
     if let Err(e) = config.validate() {
         eprintln!("idem-origin: error: {e}");
         return ExitCode::from(2);
     }
+    let traces = match init_tracing(&config) {
+        Ok(traces) => traces,
+        Err(e) => {
+            eprintln!("idem-origin: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     if config.store == StoreKind::Memory {
         tracing::warn!(
             "store = memory: records live in this process only — NOT durable, NOT shared between \
@@ -89,6 +95,15 @@ async fn main() -> ExitCode {
         tracing::error!(error = %e, "flushing the store failed");
     }
     tracing::info!(elapsed = ?flushing.elapsed(), "store flushed");
+    if let Some(traces) = traces {
+        // The spans of the last requests, still batched (its shutdown blocks while the
+        // batch task, on the runtime, sends them).
+        match tokio::task::spawn_blocking(move || traces.shutdown()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "flushing the traces failed"),
+            Err(e) => tracing::warn!(error = %e, "flushing the traces failed"),
+        }
+    }
     match served {
         Ok(()) => {
             tracing::info!("shut down cleanly");
@@ -101,15 +116,28 @@ async fn main() -> ExitCode {
     }
 }
 
-fn init_tracing(format: LogFormat) {
+/// Logs to stderr (as `RUST_LOG` filters them), and with `--otlp-endpoint` idem's spans
+/// to an OTLP receiver: the provider to shut down at exit.
+fn init_tracing(
+    config: &Config,
+) -> Result<Option<opentelemetry_sdk::trace::SdkTracerProvider>, String> {
+    use tracing_subscriber::prelude::*;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let logs = match config.log_format {
+        LogFormat::Text => logs.boxed(),
+        LogFormat::Json => logs.json().boxed(),
+    };
+    let provider = match &config.otlp_endpoint {
+        Some(endpoint) => Some(idem_origin::telemetry::provider(endpoint)?),
+        None => None,
+    };
+    let traces = provider.as_ref().map(idem_origin::telemetry::layer);
+    tracing_subscriber::registry()
+        .with(logs.with_filter(filter))
+        .with(traces)
+        .init();
+    Ok(provider)
 }
 
 /// Resolves on SIGTERM or Ctrl-C; in-flight requests then finish before exit.

@@ -8,6 +8,7 @@
 //! (`scripts/services-start`); `scripts/test` starts them all first.
 
 pub mod origin;
+pub mod otlp;
 pub mod postgres;
 pub mod procs;
 pub mod proof;

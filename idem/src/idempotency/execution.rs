@@ -131,7 +131,9 @@ where
     let executions = config.executions.clone();
     executions
         .tracker
-        .spawn(run_to_completion(config, inner, req, claimed, answer));
+        .spawn(tracing::Instrument::in_current_span(run_to_completion(
+            config, inner, req, claimed, answer,
+        )));
     answered.await.unwrap_or_else(|_| {
         tracing::error!("idempotent execution task ended without an answer");
         refusal(&Rejection::execution_lost())
@@ -434,6 +436,9 @@ pub(crate) fn stored_response(config: &Config, parts: &Parts, body: &Bytes) -> S
             push(value.as_bytes())
         }
     });
+    let mut headers = headers;
+    // Which execution this is, for the traces of its replays (never sent).
+    headers.extend(super::trace::execution_header());
     StoredResponse {
         status: parts.status.as_u16(),
         headers,
@@ -564,8 +569,8 @@ impl Heartbeat {
         lease_lost: CancellationToken,
         claimed_at: Instant,
     ) -> Heartbeat {
-        Heartbeat(tokio::spawn(keep_alive(
-            config, key, holder, lease_lost, claimed_at,
+        Heartbeat(tokio::spawn(tracing::Instrument::in_current_span(
+            keep_alive(config, key, holder, lease_lost, claimed_at),
         )))
     }
 }

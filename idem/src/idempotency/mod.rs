@@ -42,6 +42,7 @@ mod execution;
 mod response;
 mod service;
 mod signals;
+mod trace;
 #[cfg(feature = "postgres")]
 mod transaction;
 

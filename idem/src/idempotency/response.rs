@@ -51,15 +51,14 @@ pub(crate) fn advertise_ttl<B>(
     };
 }
 
-/// The stored answer as it was stored.
+/// The stored answer as it was stored (but idem's private headers).
 pub(crate) fn answer(stored: StoredResponse) -> Response<Body> {
     let StoredResponse {
         status,
         headers,
         body,
     } = stored;
-    let headers = headers.iter().map(|(n, v)| (n.as_str(), v.as_slice()));
-    build(status, headers, body)
+    build(status, contract::visible_headers(&headers), body)
 }
 
 fn build<'a>(

@@ -2,6 +2,7 @@
 
 use super::execution::{execute, Claimed};
 use super::response::{refusal, replay};
+use super::trace;
 #[cfg(feature = "postgres")]
 use super::transaction::Completion;
 use super::{Config, IdempotencyContext};
@@ -21,6 +22,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceExt};
+use tracing::Instrument;
 
 /// The service made by [`super::IdempotencyLayer`] around an inner service (typically
 /// an axum `Router` or route). The inner service must be infallible, as axum's are.
@@ -88,6 +90,18 @@ where
         return pass_through(inner, req).await;
     }
     let (parts, body) = req.into_parts();
+    let span = trace::request_span(&parts);
+    guarded(config, inner, parts, body).instrument(span).await
+}
+
+/// A request of a guarded method, within its span.
+async fn guarded<S, B>(config: Arc<Config>, inner: S, parts: Parts, body: B) -> Response<Body>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let keys = parts.headers.get_all(IDEMPOTENCY_KEY).iter();
     let key = match contract::route(true, parts.uri.path(), keys.map(|v| v.as_bytes()), || {
         (config.key_required)(&parts)
@@ -116,6 +130,7 @@ where
         &body,
     );
     let record_key = RecordKey::new(&scope, &key);
+    trace::record_key(&scope, &record_key);
     let prefer = parts.headers.get_all("prefer").iter();
     let wait_ms = contract::wait_ms_or(
         prefer.map(|v| v.as_bytes()),
@@ -145,6 +160,7 @@ where
                 expires_at,
             }) => {
                 metrics::outcome(Outcome::Replayed);
+                trace::record_replay(&response.headers);
                 return replay(response, expires_at, store.now());
             }
             Ok(Decision::Mismatch) => {
@@ -185,6 +201,7 @@ where
             )));
         }
         metrics::outcome(Outcome::Executed);
+        trace::record_claim(claim.token, took_over);
         if took_over {
             metrics::takeover();
             tracing::warn!(key = %key, token = claim.token, "took over a claim whose holder's lease expired");
@@ -193,6 +210,7 @@ where
         let lease_lost = CancellationToken::new();
         let opened = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut req = Request::from_parts(parts, Body::from(body));
+        trace::hand_on(req.headers_mut());
         req.extensions_mut().insert(IdempotencyContext {
             key,
             record_key: record_key.clone(),

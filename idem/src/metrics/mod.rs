@@ -44,6 +44,7 @@ impl Outcome {
 
 pub(crate) fn outcome(o: Outcome) {
     metrics::counter!("idem_requests_total", "outcome" => o.as_str()).increment(1);
+    tracing::Span::current().record("idem.outcome", o.as_str());
 }
 
 pub(crate) fn replay_cache_hit() {
@@ -89,7 +90,9 @@ pub(crate) async fn timed<T>(
     fut: impl Future<Output = T>,
 ) -> T {
     let start = Instant::now();
-    let out = fut.await;
+    // A child of the request's span (see `idempotency::trace`).
+    let span = tracing::debug_span!("idem.store", otel.name = %format_args!("idem.store {op}"), idem.store = store, idem.op = op);
+    let out = tracing::Instrument::instrument(fut, span).await;
     metrics::histogram!("idem_store_duration_seconds", "store" => store, "op" => op)
         .record(start.elapsed().as_secs_f64());
     out

@@ -2,7 +2,7 @@
 //! headers pass between client, edge and origin, and what the origin tells the edge
 //! it may keep.
 
-use super::{trim_ows, IDEMPOTENT_REPLAYED};
+use super::{trim_ows, EXECUTION_TRACE, IDEMPOTENT_REPLAYED};
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -39,15 +39,30 @@ where
     })
 }
 
-/// The headers of a replay: the stored ones ([`crate::StoredResponse::headers`]), in their
-/// order, then
-/// `Idempotent-Replayed: true`.
-pub fn replay_headers(stored: &[(String, Vec<u8>)]) -> impl Iterator<Item = (&str, &[u8])> {
+/// The stored headers ([`crate::StoredResponse::headers`]) a client is sent, in their
+/// order: all but idem's private ones ([`super::EXECUTION_TRACE`]).
+pub fn visible_headers(stored: &[(String, Vec<u8>)]) -> impl Iterator<Item = (&str, &[u8])> {
     stored
         .iter()
-        .filter(|(n, _)| !n.eq_ignore_ascii_case(IDEMPOTENT_REPLAYED))
+        .filter(|(n, _)| !n.eq_ignore_ascii_case(EXECUTION_TRACE))
         .map(|(n, v)| (n.as_str(), v.as_slice()))
+}
+
+/// The headers of a replay: the stored ones a client sees ([`visible_headers`]), in their
+/// order, then `Idempotent-Replayed: true`.
+pub fn replay_headers(stored: &[(String, Vec<u8>)]) -> impl Iterator<Item = (&str, &[u8])> {
+    visible_headers(stored)
+        .filter(|(n, _)| !n.eq_ignore_ascii_case(IDEMPOTENT_REPLAYED))
         .chain(core::iter::once((IDEMPOTENT_REPLAYED, &b"true"[..])))
+}
+
+/// The `traceparent` of the execution that produced a stored answer, if it was traced
+/// ([`super::EXECUTION_TRACE`]).
+pub fn execution_trace(stored: &[(String, Vec<u8>)]) -> Option<&[u8]> {
+    stored
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(EXECUTION_TRACE))
+        .map(|(_, v)| v.as_slice())
 }
 
 /// The [`super::KEY_TTL`] value of an answer whose record expires at `expires_at`, read
@@ -302,6 +317,26 @@ mod tests {
         let replayed: Vec<(&str, &[u8])> = replay_headers(&stored.headers).collect();
         assert_eq!(replayed.len(), 5);
         assert_eq!(replayed[4], ("idempotent-replayed", &b"true"[..]));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_execution_s_trace_is_stored_never_sent() {
+        let trace = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let stored: Vec<(String, Vec<u8>)> = vec![
+            ("content-type".into(), b"application/json".to_vec()),
+            ("idem-execution-trace".into(), trace.to_vec()),
+        ];
+        assert_eq!(execution_trace(&stored), Some(&trace[..]));
+        let sent: Vec<(&str, &[u8])> = replay_headers(&stored).collect();
+        assert_eq!(
+            sent,
+            vec![
+                ("content-type", &b"application/json"[..]),
+                ("idempotent-replayed", &b"true"[..])
+            ]
+        );
+        assert_eq!(visible_headers(&stored).count(), 1);
+        assert_eq!(execution_trace(&stored[..1]), None);
     }
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -20,8 +20,9 @@ pub mod scope;
 pub mod wait;
 
 pub use answer::{
-    edge_ttl_ms, forwarded_headers, forwarded_request_header, key_ttl, relayed_answer_header,
-    relayed_answer_headers, replay_headers, stored_headers, stored_headers_of, OriginDisposition,
+    edge_ttl_ms, execution_trace, forwarded_headers, forwarded_request_header, key_ttl,
+    relayed_answer_header, relayed_answer_headers, replay_headers, stored_headers,
+    stored_headers_of, visible_headers, OriginDisposition,
 };
 pub use jwt::{JwtKeys, JwtVerifier};
 pub use problem::{Problem, Rejection};
@@ -66,6 +67,10 @@ pub const DOWNSTREAM_KEY: &str = "idem-downstream-key";
 /// Response header by which the origin tells the edge what it did with an answer
 /// (the edge strips it): see [`OriginDisposition`].
 pub const ORIGIN_DISPOSITION: &str = "idem-disposition";
+/// A header idem stores with an answer, never sent: the W3C `traceparent` of the
+/// execution that produced it, so that a replay's trace can link to it
+/// ([`execution_trace`]). Replays and stored answers leave it out ([`visible_headers`]).
+pub const EXECUTION_TRACE: &str = "idem-execution-trace";
 
 /// What to do with a handler's answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
