@@ -217,6 +217,11 @@ pub const TABLES: &[Table] = &[
                 &["—"],
             ),
             row(
+                "traces",
+                &["`--otlp-endpoint` to an OTLP/HTTP receiver the test runs; a request with a `traceparent`, its retry with another (proxy mode)", "postgres"],
+                &["—"],
+            ),
+            row(
                 "status-page",
                 &["the status page in headless Chromium after 4 intervals of traffic, against a scrape of `/metrics`", "postgres"],
                 &["—"],

@@ -5,7 +5,7 @@
 //! span links to the execution's.
 
 use idem_tests::otlp::{Receiver, Span};
-use idem_tests::{client, report, OriginProcess, TestDb};
+use idem_tests::{client, proof, report, OriginProcess, TestDb};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -182,6 +182,14 @@ async fn spans_follow_the_request_and_a_replay_links_to_its_execution() {
 
     let _ = origin.kill();
     let _ = origin.wait();
+    proof::record(
+        "admin",
+        "traces",
+        &[&format!(
+            "{} spans received: the execution's `idem.request` under the client's span, the store's under it, the upstream sent idem's `traceparent`; the replay in its own trace, linked to the execution",
+            spans.len()
+        )],
+    );
     report(
         "traces",
         &format!(
