@@ -316,7 +316,7 @@ pub struct Config {
     /// Send traces (a span per guarded request, its store round trips as child spans)
     /// over OTLP/HTTP to this receiver, e.g. http://127.0.0.1:4318 (a collector); off
     /// without it. The service name is OTEL_SERVICE_NAME, else idem-origin.
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    #[arg(long, env = "IDEM_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
 }
 

@@ -98,10 +98,13 @@ async fn main() -> ExitCode {
     if let Some(traces) = traces {
         // The spans of the last requests, still batched (its shutdown blocks while the
         // batch task, on the runtime, sends them).
-        match tokio::task::spawn_blocking(move || traces.shutdown()).await {
-            Ok(Ok(())) => {}
+        // Bounded: a collector that does not answer must not hold the exit.
+        let flushing = tokio::task::spawn_blocking(move || traces.shutdown());
+        match tokio::time::timeout(std::time::Duration::from_secs(5), flushing).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "flushing the traces failed"),
             Ok(Err(e)) => tracing::warn!(error = %e, "flushing the traces failed"),
-            Err(e) => tracing::warn!(error = %e, "flushing the traces failed"),
+            Err(_) => tracing::warn!("flushing the traces took more than 5 s; some are lost"),
         }
     }
     match served {

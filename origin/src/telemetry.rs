@@ -9,8 +9,9 @@ use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
 use tracing_subscriber::filter::Targets;
 
-/// Where spans are sent: `endpoint` (an OTLP/HTTP receiver's base URL, as
-/// `OTEL_EXPORTER_OTLP_ENDPOINT` gives it) with the traces path, unless it has it.
+/// Where spans are sent: `endpoint` (an OTLP/HTTP receiver's base URL) with the traces
+/// path, unless it has it. (Not read from `OTEL_EXPORTER_OTLP_ENDPOINT`: a deployment
+/// may set that for other programs, to a gRPC port or over https.)
 pub fn traces_url(endpoint: &str) -> Result<String, String> {
     let endpoint = endpoint.trim().trim_end_matches('/');
     if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
@@ -55,10 +56,16 @@ pub fn layer<S>(provider: &SdkTracerProvider) -> impl tracing_subscriber::Layer<
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a> + Send + Sync,
 {
+    use tracing_subscriber::filter::FilterExt as _;
     use tracing_subscriber::Layer as _;
+    // idem's spans only: its log events (which may name a whole key) stay in the logs.
+    let spans = Targets::new()
+        .with_target("idem::idempotency", tracing::Level::DEBUG)
+        .with_target("idem::metrics", tracing::Level::DEBUG)
+        .and(tracing_subscriber::filter::filter_fn(|m| m.is_span()));
     tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("idem"))
-        .with_filter(Targets::new().with_target("idem", tracing::Level::DEBUG))
+        .with_filter(spans)
 }
 
 #[cfg(test)]

@@ -49,17 +49,26 @@ async fn replica_env(
     tokens: &std::path::Path,
     env: &[(&str, &str)],
 ) -> Replica {
-    let port = free_port();
-    let admin = format!("127.0.0.1:{port}");
-    let mut args: Vec<&str> = store_args.iter().map(String::as_str).collect();
     let tokens = tokens.to_str().unwrap();
-    args.extend(["--admin-listen", &admin, "--admin-token-file", tokens]);
-    let (child, url) = OriginProcess::spawn_env(&args, env).await;
-    Replica {
-        child,
-        url,
-        admin: format!("http://{admin}"),
+    // A free port may be taken by a test running beside this one before the origin
+    // binds it: then it exits at start-up, and another pair of ports is tried.
+    let mut last = String::new();
+    for _ in 0..3 {
+        let admin = format!("127.0.0.1:{}", free_port());
+        let mut args: Vec<&str> = store_args.iter().map(String::as_str).collect();
+        args.extend(["--admin-listen", &admin, "--admin-token-file", tokens]);
+        match OriginProcess::try_spawn_at(free_port(), &args, env).await {
+            Ok((child, url)) => {
+                return Replica {
+                    child,
+                    url,
+                    admin: format!("http://{admin}"),
+                }
+            }
+            Err(e) => last = e,
+        }
     }
+    panic!("the replica did not start: {last}")
 }
 
 /// POSTs a charge: (status, replayed, charge id).

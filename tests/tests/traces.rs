@@ -147,7 +147,7 @@ async fn spans_follow_the_request_and_a_replay_links_to_its_execution() {
     );
     assert_eq!(receiver.rejected(), 0);
 
-    // A request without a traceparent starts a trace of its own; a malformed one is ignored.
+    // A request with a malformed traceparent starts a trace of its own.
     let res = client()
         .post(format!("{base}/v1/payments"))
         .header("authorization", "Bearer merchant-1")

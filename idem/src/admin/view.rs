@@ -24,11 +24,13 @@ pub fn record(key: &RecordKey, record: &Record, now: Millis, with_body: bool) ->
         }
         Record::Completed { response, .. } => {
             out["state"] = json!("completed");
-            let headers: Vec<Value> = response
-                .headers
-                .iter()
+            let headers: Vec<Value> = idem_core::contract::visible_headers(&response.headers)
                 .map(|(name, value)| json!([name, String::from_utf8_lossy(value)]))
                 .collect();
+            // The execution's trace (a private header, never sent): where to look.
+            if let Some(trace) = idem_core::contract::execution_trace(&response.headers) {
+                out["execution_traceparent"] = json!(String::from_utf8_lossy(trace));
+            }
             let mut answer = json!({
                 "status": response.status,
                 "headers": headers,

@@ -33,7 +33,9 @@ pub(crate) fn request_span(parts: &Parts) -> Span {
         idem.replayed = Empty,
     );
     #[cfg(feature = "otel")]
-    otel::adopt_parent(&span, &parts.headers);
+    if !span.is_disabled() {
+        otel::adopt_parent(&span, &parts.headers);
+    }
     span
 }
 
@@ -41,6 +43,9 @@ pub(crate) fn request_span(parts: &Parts) -> Span {
 /// guess them) on the current span.
 pub(crate) fn record_key(scope: &idem_core::Scope, key: &idem_core::RecordKey) {
     let span = Span::current();
+    if span.is_disabled() {
+        return;
+    }
     span.record("idem.scope", idem_core::hex(&scope.as_bytes()[..8]));
     span.record("idem.record_key", &key.as_str()[..16]);
 }
@@ -130,8 +135,13 @@ mod otel {
         context.is_valid().then_some(context)
     }
 
-    /// Makes the request's `traceparent` (one, valid) the span's parent.
+    /// Makes the request's `traceparent` (one, valid) the span's parent — unless the
+    /// application already traces the request (a server span of its own is current):
+    /// then that span is the parent, as it should be.
     pub(super) fn adopt_parent(span: &Span, headers: &HeaderMap) {
+        if Span::current().context().span().span_context().is_valid() {
+            return;
+        }
         let mut values = headers.get_all("traceparent").iter();
         let (Some(value), None) = (values.next(), values.next()) else {
             return;

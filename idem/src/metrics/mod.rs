@@ -90,8 +90,14 @@ pub(crate) async fn timed<T>(
     fut: impl Future<Output = T>,
 ) -> T {
     let start = Instant::now();
-    // A child of the request's span (see `idempotency::trace`).
-    let span = tracing::debug_span!("idem.store", otel.name = %format_args!("idem.store {op}"), idem.store = store, idem.op = op);
+    // A child of the request's span (see `idempotency::trace`); none outside one (the
+    // sweeper's rounds are no request's).
+    let span = match tracing::Span::current().is_disabled() {
+        true => tracing::Span::none(),
+        false => {
+            tracing::debug_span!("idem.store", otel.name = %format_args!("idem.store {op}"), idem.store = store, idem.op = op)
+        }
+    };
     let out = tracing::Instrument::instrument(fut, span).await;
     metrics::histogram!("idem_store_duration_seconds", "store" => store, "op" => op)
         .record(start.elapsed().as_secs_f64());
