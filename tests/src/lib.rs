@@ -23,6 +23,18 @@ pub use proxy::Proxy;
 pub use redis::{redis_cluster_urls, redis_store, redis_url, unique_namespace};
 pub use upstream::Payments;
 
+/// Logs of the code under test on stderr, filtered by `IDEM_TEST_LOG` (an `EnvFilter`,
+/// e.g. `idem=debug,redis=debug`); nothing when it is unset. For a test that fails
+/// in a way its counts don't explain.
+pub fn logs_from_env() {
+    if let Ok(filter) = std::env::var("IDEM_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+}
+
 /// Appends a line to `target/idem-reports/<name>.txt`; `scripts/test` prints these at
 /// the end, so the figures behind each claim are visible without `--nocapture`.
 pub fn report(name: &str, line: &str) {

@@ -252,8 +252,16 @@ impl RedisStore {
         if let Some(ca) = ca {
             builder = builder.certs(tls_certificates(ca));
         }
+        // Every wait inside the client bounded on its own: redis-rs refreshes its slot
+        // map with the whole connection paused, and without a response timeout one
+        // unanswered CLUSTER SLOTS or PING during a reshard stalls every request until
+        // our own bound fails them all (seen in tests/tests/reshard.rs: thousands of
+        // 503s). A stuck wait now costs at most a second, then a retry.
+        let attempt = timeout.min(Duration::from_secs(1));
         let client = builder
-            .connection_timeout(timeout)
+            .connection_timeout(attempt)
+            .response_timeout(attempt)
+            .overall_response_timeout(Some(timeout))
             .retries(6)
             .min_retry_wait(50)
             .max_retry_wait(1_000)

@@ -162,57 +162,7 @@ impl RedisClusterProc {
     }
 
     fn start_with(label: &str, tls: Option<&TestCa>) -> RedisClusterProc {
-        let nodes: Vec<RedisProc> = (0..6)
-            .map(|i| {
-                let port = free_port();
-                let tls_extra: Vec<String> = match tls {
-                    None => vec![],
-                    Some(ca) => [
-                        "--port",
-                        "0",
-                        "--tls-port",
-                        &port.to_string(),
-                        "--tls-cluster",
-                        "yes",
-                        "--tls-replication",
-                        "yes",
-                        "--tls-cert-file",
-                        &ca.server_cert.display().to_string(),
-                        "--tls-key-file",
-                        &ca.server_key.display().to_string(),
-                        "--tls-ca-cert-file",
-                        &ca.ca.display().to_string(),
-                        "--tls-auth-clients",
-                        "no",
-                    ]
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect(),
-                };
-                let mut extra: Vec<&str> = tls_extra.iter().map(String::as_str).collect();
-                extra.extend([
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    "nodes.conf",
-                    "--cluster-node-timeout",
-                    "1500",
-                    // Let a replica take over even if its link was down a while: a test
-                    // wants the failover, not the safety margin.
-                    "--cluster-replica-validity-factor",
-                    "0",
-                ]);
-                let mut node = RedisProc {
-                    port,
-                    dir: temp_dir(&format!("{label}-{i}")),
-                    extra: extra.iter().map(|s| s.to_string()).collect(),
-                    child: None,
-                    tls_ca: tls.map(|ca| ca.ca.clone()),
-                };
-                node.restart();
-                node
-            })
-            .collect();
+        let nodes: Vec<RedisProc> = (0..6).map(|i| cluster_node(label, i, tls)).collect();
         let addrs: Vec<String> = nodes
             .iter()
             .map(|n| format!("127.0.0.1:{}", n.port))
@@ -264,6 +214,93 @@ impl RedisClusterProc {
         });
     }
 
+    /// Starts a seventh (eighth…) node and joins it as a master holding no slot yet
+    /// (`redis-cli --cluster add-node`). Returns its index in `nodes`.
+    pub fn add_master(&mut self, label: &str) -> usize {
+        let tls = self.nodes[0].tls_ca.clone();
+        assert!(tls.is_none(), "add_master speaks plain TCP only");
+        let node = cluster_node(label, self.nodes.len(), None);
+        let entry = format!("127.0.0.1:{}", self.nodes[self.a_master()].port);
+        let new = format!("127.0.0.1:{}", node.port);
+        self.cluster_cli(&["add-node", &new, &entry]);
+        self.nodes.push(node);
+        let index = self.nodes.len() - 1;
+        wait_until(
+            "every node knows the new master",
+            Duration::from_secs(20),
+            || {
+                let id = self.node_id(index);
+                self.nodes
+                    .iter()
+                    .filter(|n| n.child.is_some())
+                    .all(|n| n.cli(&["cluster", "nodes"]).contains(&id))
+            },
+        );
+        // A node that has not learnt the slots yet refuses the migrations: CLUSTERDOWN.
+        self.wait_ok(Duration::from_secs(20));
+        index
+    }
+
+    /// The node's cluster id (`CLUSTER MYID`).
+    pub fn node_id(&self, index: usize) -> String {
+        self.nodes[index]
+            .cli(&["cluster", "myid"])
+            .trim()
+            .to_owned()
+    }
+
+    /// Indexes of the live masters holding at least one slot, in `nodes` order.
+    pub fn masters_with_slots(&self) -> Vec<usize> {
+        let view = self.nodes[self.a_master()].cli(&["cluster", "nodes"]);
+        let ids: Vec<String> = view
+            .lines()
+            .filter(|l| l.contains("master") && !l.contains("fail") && l.split(' ').count() > 8)
+            .map(|l| l.split(' ').next().unwrap_or_default().to_owned())
+            .collect();
+        (0..self.nodes.len())
+            .filter(|&i| self.nodes[i].child.is_some() && ids.contains(&self.node_id(i)))
+            .collect()
+    }
+
+    /// Moves `slots` hash slots, with their keys, from the master at `from` to the
+    /// master at `to` (`redis-cli --cluster reshard`), while clients keep writing.
+    pub fn reshard(&self, from: usize, to: usize, slots: usize) {
+        let entry = format!("127.0.0.1:{}", self.nodes[from].port);
+        let (from, to, slots) = (self.node_id(from), self.node_id(to), slots.to_string());
+        self.cluster_cli(&[
+            "reshard",
+            &entry,
+            "--cluster-from",
+            &from,
+            "--cluster-to",
+            &to,
+            "--cluster-slots",
+            &slots,
+            "--cluster-yes",
+        ]);
+    }
+
+    /// Spreads the slots evenly over every master, empty ones included
+    /// (`redis-cli --cluster rebalance --cluster-use-empty-masters`).
+    pub fn rebalance(&self) {
+        let entry = format!("127.0.0.1:{}", self.nodes[self.a_master()].port);
+        self.cluster_cli(&["rebalance", &entry, "--cluster-use-empty-masters"]);
+    }
+
+    fn cluster_cli(&self, args: &[&str]) {
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .args(args)
+            .output()
+            .expect("redis-cli runs");
+        assert!(
+            out.status.success() && !String::from_utf8_lossy(&out.stdout).contains("[ERR]"),
+            "redis-cli --cluster {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// Index of a node that is a master now.
     pub fn a_master(&self) -> usize {
         self.nodes
@@ -292,4 +329,55 @@ impl RedisClusterProc {
                     .all(|n| n.cli(&["cluster", "info"]).contains("cluster_state:ok"))
         });
     }
+}
+
+/// A node with cluster mode on and a short node timeout (fast failover), started.
+fn cluster_node(label: &str, i: usize, tls: Option<&TestCa>) -> RedisProc {
+    let port = free_port();
+    let tls_extra: Vec<String> = match tls {
+        None => vec![],
+        Some(ca) => [
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--tls-cluster",
+            "yes",
+            "--tls-replication",
+            "yes",
+            "--tls-cert-file",
+            &ca.server_cert.display().to_string(),
+            "--tls-key-file",
+            &ca.server_key.display().to_string(),
+            "--tls-ca-cert-file",
+            &ca.ca.display().to_string(),
+            "--tls-auth-clients",
+            "no",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+    };
+    let mut extra: Vec<&str> = tls_extra.iter().map(String::as_str).collect();
+    extra.extend([
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+        "--cluster-node-timeout",
+        "1500",
+        // Let a replica take over even if its link was down a while: a test
+        // wants the failover, not the safety margin.
+        "--cluster-replica-validity-factor",
+        "0",
+    ]);
+    let mut node = RedisProc {
+        port,
+        dir: temp_dir(&format!("{label}-{i}")),
+        extra: extra.iter().map(|s| s.to_string()).collect(),
+        child: None,
+        tls_ca: tls.map(|ca| ca.ca.clone()),
+    };
+    node.restart();
+    node
 }
