@@ -13,6 +13,7 @@ pub const FOLLOWED: &[&str] = &[
     "pgbench",
     "redis-benchmark",
     crate::proxy::PROGRAM,
+    crate::peer::PROGRAM,
     "python3",
 ];
 

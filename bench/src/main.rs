@@ -17,6 +17,7 @@ mod fingerprint;
 mod load;
 mod mode;
 mod origin;
+mod peer;
 mod proxy;
 mod raw;
 mod report;
@@ -87,6 +88,13 @@ struct Args {
     /// Leave the proxy comparison out.
     #[arg(long)]
     skip_proxy: bool,
+    /// Concurrent connections of the comparison with the `idempotent` crate (on the
+    /// standalone Redis).
+    #[arg(long, value_delimiter = ',', default_value = "8,32")]
+    peer_concurrency: Vec<usize>,
+    /// Leave the comparison with the `idempotent` crate out.
+    #[arg(long)]
+    skip_peer: bool,
     /// A short run of every mode at one concurrency: checks that the bench works.
     #[arg(long)]
     quick: bool,
@@ -132,6 +140,21 @@ struct Args {
 
 fn main() -> ExitCode {
     // This binary under another name is the proxy comparison's upstream.
+    if let Ok(spec) = std::env::var(peer::SERVE_ENV) {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build();
+        return match rt
+            .map_err(anyhow::Error::from)
+            .and_then(|rt| rt.block_on(peer::serve(&spec)))
+        {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("bench-peer: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Ok(addr) = std::env::var(proxy::SERVE_ENV) {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .enable_all()
@@ -167,6 +190,7 @@ async fn bench() -> ExitCode {
     if args.quick {
         args.concurrency = vec![8];
         args.proxy_concurrency = vec![8];
+        args.peer_concurrency = vec![8];
         args.duration = Duration::from_secs(1);
         args.warmup = Duration::from_millis(200);
         args.replay_keys = 200;
@@ -192,6 +216,7 @@ async fn run(args: Args) -> Result<()> {
     if args.concurrency.is_empty()
         || args.concurrency.contains(&0)
         || args.proxy_concurrency.contains(&0)
+        || args.peer_concurrency.contains(&0)
     {
         anyhow::bail!("--concurrency needs numbers of connections of at least 1");
     }
@@ -324,6 +349,13 @@ async fn run(args: Args) -> Result<()> {
         drop(origin);
     }
     progress.finish_and_clear();
+    let peered = match args.skip_peer {
+        true => Vec::new(),
+        false => {
+            eprintln!("the idempotent crate, then idem, on the standalone Redis…");
+            compare_with_peer(&args, &bin, &targets, nonce).await?
+        }
+    };
     let proxied = match args.skip_proxy {
         true => Vec::new(),
         false => {
@@ -348,8 +380,16 @@ async fn run(args: Args) -> Result<()> {
         }
     };
     cleanup(&mut services).await?;
-    write_outputs(&args, &rows, &proxied, &fingerprints, started.elapsed())?;
+    write_outputs(
+        &args,
+        &rows,
+        &peered,
+        &proxied,
+        &fingerprints,
+        started.elapsed(),
+    )?;
     let unexpected: u64 = rows.iter().map(|r| r.unexpected).sum::<u64>()
+        + peered.iter().map(|r| r.unexpected).sum::<u64>()
         + proxied.iter().map(|r| r.unexpected).sum::<u64>();
     if unexpected > 0 {
         anyhow::bail!("{unexpected} requests were not answered as expected (see the table)");
@@ -367,6 +407,70 @@ async fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// The `idempotent` crate and idem on the same standalone Redis, alternately, each
+/// with new keys then replays, at each concurrency and round.
+async fn compare_with_peer(
+    args: &Args,
+    bin: &std::path::Path,
+    targets: &Targets,
+    nonce: u128,
+) -> Result<Vec<peer::PeerRow>> {
+    let peer = peer::PeerProcess::start(
+        &args.out,
+        &args.redis_url,
+        &format!("{}-peer", targets.namespace),
+    )
+    .await?;
+    let log = args.out.join("origin-peer-comparison.log");
+    let idem = origin::OriginProcess::start(bin, &Mode::Redis.origin_args(targets), log).await?;
+    let servers = [
+        (peer::PEER, peer.addr, peer::PROGRAM),
+        ("idem", idem.addr, "idem-origin"),
+    ];
+    let mut rows = Vec::new();
+    for &c in &args.peer_concurrency {
+        for round in 0..args.repeat {
+            for (i, (system, addr, program)) in servers.into_iter().enumerate() {
+                let prefix = format!("p{nonce}-{i}-{c}-{round}");
+                let unique = Keys::Unique {
+                    prefix: format!("u{prefix}"),
+                };
+                let (warmup, duration) = (args.warmup, args.duration);
+                rows.push(
+                    peer::measure(
+                        addr, program, system, "unique", c, round, unique, warmup, duration,
+                    )
+                    .await?,
+                );
+                let seed = Keys::Seed {
+                    prefix: format!("r{prefix}"),
+                    count: args.replay_keys,
+                };
+                load::drive(
+                    addr,
+                    c,
+                    seed,
+                    Duration::ZERO,
+                    Duration::ZERO,
+                    Arc::new(AtomicU64::new(0)),
+                )
+                .await?;
+                let replay = Keys::Replay {
+                    prefix: format!("r{prefix}"),
+                    count: args.replay_keys,
+                };
+                rows.push(
+                    peer::measure(
+                        addr, program, system, "replay", c, round, replay, warmup, duration,
+                    )
+                    .await?,
+                );
+            }
+        }
+    }
+    Ok(rows)
+}
+
 async fn connect_services(args: &Args) -> Result<Services> {
     let proxied: &[Mode] = if args.skip_proxy {
         &[]
@@ -375,7 +479,7 @@ async fn connect_services(args: &Args) -> Result<Services> {
     };
     let modes = || args.modes.iter().chain(proxied);
     let needs_pg = modes().any(|m| m.uses_postgres());
-    let needs_redis = modes().any(|m| m.redis() == Some(RedisKind::Standalone));
+    let needs_redis = !args.skip_peer || modes().any(|m| m.redis() == Some(RedisKind::Standalone));
     let needs_cluster = modes().any(|m| m.redis() == Some(RedisKind::Cluster));
     Ok(Services {
         pg: match needs_pg {
@@ -563,6 +667,7 @@ async fn counters(mode: Mode, s: &mut Services) -> Result<(Option<u64>, Option<u
 fn write_outputs(
     args: &Args,
     rows: &[Row],
+    peered: &[peer::PeerRow],
     proxied: &[proxy::ProxyRow],
     fingerprints: &[fingerprint::FingerprintRow],
     took: Duration,
@@ -599,6 +704,10 @@ fn write_outputs(
     }
     println!();
     print!("{}", report::cpu_table(rows));
+    if !peered.is_empty() {
+        println!();
+        print!("{}", peer::table(peered));
+    }
     if !proxied.is_empty() {
         println!();
         print!("{}", proxy::table(proxied));
@@ -618,6 +727,7 @@ fn write_outputs(
         "title": title,
         "rows": rows,
         "rounds": all,
+        "peer": peered,
         "proxy": proxied,
         "fingerprint": fingerprints,
     });

@@ -85,10 +85,14 @@ pub fn routes(demo: Demo) -> Router {
 /// A validated charge request.
 #[derive(Debug, PartialEq, Eq)]
 pub struct NewCharge {
-    amount: i64,
-    currency: String,
-    customer: String,
-    latency: Duration,
+    /// In the currency's minor unit, positive.
+    pub amount: i64,
+    /// Three lowercase letters.
+    pub currency: String,
+    /// Non-empty, at most 255 bytes.
+    pub customer: String,
+    /// How long the handler pretends to work.
+    pub latency: Duration,
 }
 
 /// Validates a `POST /v1/charges` body; the error is a message for the client.

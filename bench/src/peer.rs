@@ -1,0 +1,265 @@
+//! The peer: the `idempotent` crate (0.3, crates.io) and its Valkey/Redis store behind
+//! a minimal axum app doing what its README shows — validate the key, fingerprint the
+//! body, `try_insert`, run the handler, `complete` — on the same Redis and the same
+//! demo charge as idem, measured by the same load in the same run.
+//!
+//! It does less than idem per request: no caller scope, no canonical fingerprint (an
+//! xxHash of the raw bytes), a random 64-bit fencing token instead of a store-ordered
+//! one, no lease (a crashed handler's key stays claimed until its TTL), no replay
+//! cache, no metrics.
+
+use crate::cpu;
+use crate::load::{self, Keys};
+use anyhow::{Context, Result};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use idempotent::entry::ExistingEntry;
+use idempotent::fingerprint::{DefaultFingerprintStrategy, FingerprintStrategy};
+use idempotent::store::valkey::ValkeyStore;
+use idempotent::store::{IdempotencyStore, InsertResult};
+use idempotent::{CachedResponse, IdempotencyEntry, IdempotencyKey};
+use serde::Serialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Set to `<addr> <redis url> <key prefix>`, this binary serves the peer instead.
+pub const SERVE_ENV: &str = "IDEM_BENCH_SERVE_PEER";
+/// The peer's program name, for its CPU.
+pub const PROGRAM: &str = "bench-peer";
+const TTL: Duration = Duration::from_secs(86_400);
+
+struct Peer {
+    store: ValkeyStore,
+    /// The charges made, as the origin's memory ledger keeps them.
+    ledger: Mutex<Vec<Bytes>>,
+    next_id: AtomicU64,
+}
+
+/// Serves the peer until killed (the peer's process).
+pub async fn serve(spec: &str) -> Result<()> {
+    let mut parts = spec.split(' ');
+    let (Some(addr), Some(url), Some(prefix)) = (parts.next(), parts.next(), parts.next()) else {
+        anyhow::bail!("{SERVE_ENV} must be \"<addr> <redis url> <key prefix>\", not {spec:?}");
+    };
+    let client = redis::Client::open(url).with_context(|| format!("redis URL {url}"))?;
+    let store = ValkeyStore::with_prefix(client, Some(prefix))
+        .await
+        .map_err(|e| anyhow::anyhow!("connecting the peer's store: {e}"))?;
+    let peer = Arc::new(Peer {
+        store,
+        ledger: Mutex::new(Vec::new()),
+        next_id: AtomicU64::new(1),
+    });
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/v1/charges", post(charge))
+        .with_state(peer);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+fn problem(status: StatusCode, detail: impl Into<String>) -> Response {
+    (status, detail.into()).into_response()
+}
+
+async fn charge(State(peer): State<Arc<Peer>>, headers: HeaderMap, body: Bytes) -> Response {
+    let Some(raw) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()) else {
+        return problem(StatusCode::BAD_REQUEST, "Idempotency-Key is required");
+    };
+    let key = match IdempotencyKey::new(raw.trim_matches('"')) {
+        Ok(key) => key,
+        Err(e) => return problem(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    let fingerprint = DefaultFingerprintStrategy.compute("POST /v1/charges", &body);
+    let entry = IdempotencyEntry::new(fingerprint, TTL);
+    match peer.store.try_insert(&key, entry.clone()).await {
+        Ok(InsertResult::Claimed { fencing_token }) => {
+            let new = match idem_origin::charges::validate(&body) {
+                Ok(new) => new,
+                // (The crate has no release: the key stays claimed until its TTL.)
+                Err(detail) => return problem(StatusCode::BAD_REQUEST, detail),
+            };
+            let id = peer.next_id.fetch_add(1, Ordering::Relaxed);
+            let answer = Bytes::from(
+                serde_json::json!({
+                    "id": format!("ch_{id:024x}"),
+                    "amount": new.amount,
+                    "currency": new.currency,
+                    "customer": new.customer,
+                    "created": std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs()),
+                })
+                .to_string(),
+            );
+            peer.ledger.lock().unwrap().push(answer.clone());
+            let response = CachedResponse {
+                status_code: 201,
+                metadata: Default::default(),
+                body: answer.clone(),
+            };
+            match peer
+                .store
+                .complete(&key, entry.complete(response), fencing_token)
+                .await
+            {
+                Ok(()) => (StatusCode::CREATED, answer).into_response(),
+                Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+            }
+        }
+        Ok(InsertResult::Exists(ExistingEntry::Completed(done))) => {
+            if !done.fingerprint_matches(fingerprint) {
+                return problem(StatusCode::UNPROCESSABLE_ENTITY, "another request's key");
+            }
+            let cached = done.into_response();
+            let status = StatusCode::from_u16(cached.status_code).unwrap_or(StatusCode::OK);
+            (status, [("idempotent-replayed", "true")], cached.body).into_response()
+        }
+        Ok(InsertResult::Exists(ExistingEntry::Processing(_))) => {
+            problem(StatusCode::CONFLICT, "in progress")
+        }
+        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+/// The peer's process; killed on drop.
+pub struct PeerProcess {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+impl PeerProcess {
+    pub async fn start(out: &Path, redis_url: &str, prefix: &str) -> Result<Self> {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let me = std::env::current_exe()?;
+        let bin: PathBuf = out.join(PROGRAM);
+        let _ = std::fs::remove_file(&bin);
+        if std::fs::hard_link(&me, &bin).is_err() {
+            std::fs::copy(&me, &bin).with_context(|| format!("copying to {}", bin.display()))?;
+        }
+        let child = Command::new(bin)
+            .env(SERVE_ENV, format!("{addr} {redis_url} {prefix}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting the peer")?;
+        let peer = PeerProcess { child, addr };
+        load::wait_healthy(addr, Duration::from_secs(10)).await?;
+        Ok(peer)
+    }
+}
+
+impl Drop for PeerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One measured phase of the peer comparison.
+#[derive(Clone, Debug, Serialize)]
+pub struct PeerRow {
+    /// `idem` or `idempotent 0.3`.
+    pub system: &'static str,
+    /// `unique` or `replay`.
+    pub phase: &'static str,
+    pub concurrency: usize,
+    pub round: usize,
+    pub requests_per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// CPU of the server (idem-origin or the peer) per request, µs.
+    pub server_cpu_us: f64,
+    pub unexpected: u64,
+}
+
+/// Measures one phase against `addr`; `program` is the server's name, for its CPU.
+pub async fn measure(
+    addr: SocketAddr,
+    program: &str,
+    system: &'static str,
+    phase: &'static str,
+    concurrency: usize,
+    round: usize,
+    keys: Keys,
+    warmup: Duration,
+    duration: Duration,
+) -> Result<PeerRow> {
+    let sent = Arc::new(AtomicU64::new(0));
+    let load = tokio::spawn(load::drive(
+        addr,
+        concurrency,
+        keys,
+        warmup,
+        duration,
+        sent.clone(),
+    ));
+    tokio::time::sleep(warmup).await;
+    let before = sent.load(Ordering::Relaxed);
+    let cpu_before = cpu::snapshot();
+    let result = load.await.context("the load task panicked")??;
+    let cpu = cpu_before.until(&cpu::snapshot());
+    let answered = sent.load(Ordering::Relaxed).saturating_sub(before).max(1) as f64;
+    if let Some(sample) = &result.unexpected_sample {
+        eprintln!("{system} {phase}: unexpected answer: {sample}");
+    }
+    Ok(PeerRow {
+        system,
+        phase,
+        concurrency,
+        round,
+        requests_per_s: result.requests_per_s(),
+        p50_ms: result.quantile_ms(0.5),
+        p99_ms: result.quantile_ms(0.99),
+        server_cpu_us: cpu.seconds_of(program) / answered * 1e6,
+        unexpected: result.unexpected,
+    })
+}
+
+/// The table: per concurrency and phase, the median round of each, and idem ÷ peer.
+pub fn table(rows: &[PeerRow]) -> String {
+    let mut out = String::from(
+        "idem vs the idempotent crate 0.3 (its Valkey store behind axum), standalone Redis, same run\n\
+         phase   conns  idem req/s  peer req/s  idem ÷ peer  idem p99 ms  peer p99 ms  idem µs/req  peer µs/req\n",
+    );
+    let mut keys: Vec<(usize, &str)> = rows.iter().map(|r| (r.concurrency, r.phase)).collect();
+    keys.sort();
+    keys.dedup();
+    for (c, phase) in keys {
+        let median = |system: &str| {
+            let mut of: Vec<&PeerRow> = rows
+                .iter()
+                .filter(|r| r.system == system && r.concurrency == c && r.phase == phase)
+                .collect();
+            of.sort_by(|a, b| a.requests_per_s.total_cmp(&b.requests_per_s));
+            of.get(of.len() / 2).copied()
+        };
+        if let (Some(idem), Some(peer)) = (median("idem"), median(PEER)) {
+            out.push_str(&format!(
+                "{phase:<7} {c:>5}  {:>10.0}  {:>10.0}  {:>10.2}×  {:>11.2}  {:>11.2}  {:>11.1}  {:>11.1}\n",
+                idem.requests_per_s,
+                peer.requests_per_s,
+                idem.requests_per_s / peer.requests_per_s,
+                idem.p99_ms,
+                peer.p99_ms,
+                idem.server_cpu_us,
+                peer.server_cpu_us,
+            ));
+        }
+    }
+    out
+}
+
+/// How the peer is named in rows.
+pub const PEER: &str = "idempotent 0.3";
