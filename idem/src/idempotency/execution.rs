@@ -9,7 +9,7 @@
 //! client waits for it only [`CLIENT_WAIT`], then gets its answer marked `pending`
 //! while the write goes on.
 
-use super::response::{answer as stored_answer, refusal};
+use super::response::answer as stored_answer;
 use super::{signals, Config};
 use crate::metrics;
 use crate::store::{HolderWrite, StoreExt};
@@ -22,12 +22,15 @@ use idem_core::contract::{self, Disposition, OriginDisposition, Problem, Rejecti
 use idem_core::{Holder, Millis, Record, RecordKey, Refusal, StoredResponse, Transition};
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::task_tracker::TaskTrackerToken;
 use tokio_util::task::TaskTracker;
 use tower::{Service, ServiceExt};
 
@@ -116,7 +119,12 @@ pub(crate) struct Claimed {
     pub(crate) claimed_at: Instant,
 }
 
-/// Runs the handler in a tracked task and answers the client with its answer.
+/// Runs the handler and answers the client with its answer.
+///
+/// The execution is polled in the request's own task — no task spawned, no channel
+/// back, per request — and tracked by the layer's [`Executions`] all the same. If the
+/// request is dropped first (the client went away), what is left of the execution is
+/// spawned and finishes: the handler is never cancelled, and its record is written.
 pub(crate) async fn execute<S>(
     config: Arc<Config>,
     inner: S,
@@ -127,18 +135,70 @@ where
     S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
     S::Future: Send + 'static,
 {
-    let (answer, answered) = oneshot::channel();
-    let executions = config.executions.clone();
-    executions
-        .tracker
-        .spawn(tracing::Instrument::in_current_span(run_to_completion(
-            config, inner, req, claimed, answer,
-        )));
-    answered.await.unwrap_or_else(|_| {
-        tracing::error!("idempotent execution task ended without an answer");
-        refusal(&Rejection::execution_lost())
-    })
+    let tracker = config.executions.tracker.clone();
+    let run = tracing::Instrument::in_current_span(run_to_completion(config, inner, req, claimed));
+    let (response, unwritten) = Detached::new(Box::pin(run), tracker.token()).await;
+    if let Some(write) = unwritten {
+        // The answer goes out now (marked pending); its record's write goes on.
+        tracker.spawn(tracing::Instrument::in_current_span(write));
+    }
+    response
 }
+
+/// A future that, dropped before it finishes, is spawned to finish on its own.
+struct Detached<F: Future<Output = Answered> + Send + 'static> {
+    run: Option<Pin<Box<F>>>,
+    /// Counts the execution as running until it ends, wherever it is polled.
+    token: Option<TaskTrackerToken>,
+}
+
+impl<F: Future<Output = Answered> + Send + 'static> Detached<F> {
+    fn new(run: Pin<Box<F>>, token: TaskTrackerToken) -> Self {
+        Detached {
+            run: Some(run),
+            token: Some(token),
+        }
+    }
+}
+
+impl<F: Future<Output = Answered> + Send + 'static> Future for Detached<F> {
+    type Output = Answered;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Answered> {
+        let Some(run) = self.run.as_mut() else {
+            return Poll::Pending; // polled after it finished: never, by `execute`
+        };
+        let answered = std::task::ready!(run.as_mut().poll(cx));
+        self.run = None;
+        self.token = None;
+        Poll::Ready(answered)
+    }
+}
+
+impl<F: Future<Output = Answered> + Send + 'static> Drop for Detached<F> {
+    fn drop(&mut self) {
+        let (Some(run), token) = (self.run.take(), self.token.take()) else {
+            return;
+        };
+        // Without a runtime (it is shutting down) nothing can run it any more: the key
+        // is left to its lease, as a crash would leave it.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let (_answer, unwritten) = run.await;
+                if let Some(write) = unwritten {
+                    write.await;
+                }
+                drop(token);
+            });
+        }
+    }
+}
+
+/// The client's answer, and the record's write if it had not landed by then.
+type Answered = (
+    Response<Body>,
+    Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+);
 
 /// What the handler's run came to.
 enum Outcome {
@@ -179,8 +239,8 @@ async fn run_to_completion<S>(
     inner: S,
     req: Request<Body>,
     claimed: Claimed,
-    answer: oneshot::Sender<Response<Body>>,
-) where
+) -> Answered
+where
     S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
     S::Future: Send + 'static,
 {
@@ -215,10 +275,13 @@ async fn run_to_completion<S>(
         read_bounded(body, limit).await.map(|read| (parts, read))
     })
     .catch_unwind();
-    let ran = match config.max_execution {
-        Some(limit) => tokio::time::timeout(limit, run).await.ok(),
-        None => Some(run.await),
+    let run = async {
+        match config.max_execution {
+            Some(limit) => tokio::time::timeout(limit, run).await.ok(),
+            None => Some(run.await),
+        }
     };
+    let ran = beside(&mut guard.heartbeat, run).await;
     let outcome = match ran {
         Some(Ok(Ok((parts, Read::Whole(body))))) => Outcome::Answered(parts, body),
         Some(Ok(Ok((parts, Read::Over(head, rest))))) => {
@@ -281,8 +344,7 @@ async fn run_to_completion<S>(
         // would lock the freed key again), nor after the transaction completed it.
         guard.stop_renewing();
     }
-    let write = guard.finish(change, committed, opened.load(Ordering::Acquire));
-    tokio::pin!(write);
+    let mut write = Box::pin(guard.finish(change, committed, opened.load(Ordering::Acquire)));
     let landed = tokio::select! {
         landed = &mut write => Some(landed),
         _ = tokio::time::sleep(CLIENT_WAIT) => None,
@@ -336,10 +398,13 @@ async fn run_to_completion<S>(
             Response::from_parts(parts, body)
         }
     };
-    let _ = answer.send(response);
-    if pending {
-        write.await;
-    }
+    let unwritten: Option<Pin<Box<dyn Future<Output = ()> + Send>>> = match pending {
+        true => Some(Box::pin(async move {
+            write.await;
+        })),
+        false => None,
+    };
+    (response, unwritten)
 }
 
 /// The claim an execution holds, from its claim to its final write: while it lives
@@ -365,7 +430,7 @@ impl ClaimGuard {
     ) -> ClaimGuard {
         ClaimGuard {
             _unwritten: config.executions.pending(&key, idempotency_key),
-            heartbeat: Some(Heartbeat::start(
+            heartbeat: Some(heartbeat(
                 config.clone(),
                 key.clone(),
                 holder,
@@ -390,35 +455,51 @@ impl ClaimGuard {
             config,
             key,
             holder,
-            ..
-        } = &self;
-        match &committed {
-            // The handler's transaction wrote the completion: the tiers in front of the
-            // authority learn it, and nothing is written again.
-            Some(record) => {
-                if let Err(e) = config.store.committed(key, holder, record).await {
-                    tracing::warn!(key = %key.as_str(), error = %e, "the store did not take note of a committed completion");
-                }
-                Final::Written(OriginDisposition::Stored {
-                    expires_at: record.expires_at(),
-                })
+            mut heartbeat,
+            _unwritten,
+        } = self;
+        // The lease is kept alive until the write lands (unless renewing was stopped).
+        let land = land(&config, &key, &holder, change, committed, opened);
+        beside(&mut heartbeat, land).await
+    }
+}
+
+/// The execution's final record written — or the one its handler's transaction
+/// committed taken note of.
+async fn land(
+    config: &Arc<Config>,
+    key: &RecordKey,
+    holder: &Holder,
+    change: Transition,
+    committed: Option<Record>,
+    opened: bool,
+) -> Final {
+    match &committed {
+        // The handler's transaction wrote the completion: the tiers in front of the
+        // authority learn it, and nothing is written again.
+        Some(record) => {
+            if let Err(e) = config.store.committed(key, holder, record).await {
+                tracing::warn!(key = %key.as_str(), error = %e, "the store did not take note of a committed completion");
             }
-            None => {
-                // The handler opened a transaction and its answer never came back
-                // committed (it was cut off, panicked, or lost the commit's
-                // acknowledgement): the authority says whether the commit landed.
-                if opened {
-                    if let Some(committed) = committed_meanwhile(config, key, holder).await {
-                        return committed;
-                    }
+            Final::Written(OriginDisposition::Stored {
+                expires_at: record.expires_at(),
+            })
+        }
+        None => {
+            // The handler opened a transaction and its answer never came back
+            // committed (it was cut off, panicked, or lost the commit's
+            // acknowledgement): the authority says whether the commit landed.
+            if opened {
+                if let Some(committed) = committed_meanwhile(config, key, holder).await {
+                    return committed;
                 }
-                let op = if change == Transition::Release {
-                    "release"
-                } else {
-                    "complete"
-                };
-                write_final(config, key, holder, &change, op).await
             }
+            let op = if change == Transition::Release {
+                "release"
+            } else {
+                "complete"
+            };
+            write_final(config, key, holder, &change, op).await
         }
     }
 }
@@ -559,25 +640,36 @@ async fn write_final(
 /// The lease's keeper: renews it every third of the lease (sooner after a failure)
 /// until dropped, and tells the handler — through `lease_lost` — when the lease is
 /// lost: fenced out, or not renewed by the time it may end on the store's clock.
-struct Heartbeat(tokio::task::JoinHandle<()>);
+///
+/// It is a future polled beside the handler and beside the final write ([`beside`]),
+/// in the execution's own task: no task per execution. Dropping it stops renewing (a
+/// beat in flight may still land: the store takes it only from the holder of a claim
+/// still in progress).
+type Heartbeat = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-impl Heartbeat {
-    fn start(
-        config: Arc<Config>,
-        key: RecordKey,
-        holder: Holder,
-        lease_lost: CancellationToken,
-        claimed_at: Instant,
-    ) -> Heartbeat {
-        Heartbeat(tokio::spawn(tracing::Instrument::in_current_span(
-            keep_alive(config, key, holder, lease_lost, claimed_at),
-        )))
-    }
+fn heartbeat(
+    config: Arc<Config>,
+    key: RecordKey,
+    holder: Holder,
+    lease_lost: CancellationToken,
+    claimed_at: Instant,
+) -> Heartbeat {
+    Box::pin(keep_alive(config, key, holder, lease_lost, claimed_at))
 }
 
-impl Drop for Heartbeat {
-    fn drop(&mut self) {
-        self.0.abort();
+/// Runs `work`, polling `heartbeat` beside it until the heartbeat ends (fenced out, or
+/// the holder's own completion landed) or `work` is done.
+async fn beside<T>(heartbeat: &mut Option<Heartbeat>, work: impl Future<Output = T>) -> T {
+    tokio::pin!(work);
+    loop {
+        let Some(beat) = heartbeat.as_mut() else {
+            return work.await;
+        };
+        tokio::select! {
+            biased;
+            out = &mut work => return out,
+            () = beat.as_mut() => *heartbeat = None,
+        }
     }
 }
 
