@@ -137,10 +137,14 @@ where
 {
     let tracker = config.executions.tracker.clone();
     let run = tracing::Instrument::in_current_span(run_to_completion(config, inner, req, claimed));
-    let (response, unwritten) = Detached::new(Box::pin(run), tracker.token()).await;
+    let ((response, unwritten), token) = Detached::new(Box::pin(run), tracker.token()).await;
     if let Some(write) = unwritten {
-        // The answer goes out now (marked pending); its record's write goes on.
-        tracker.spawn(tracing::Instrument::in_current_span(write));
+        // The answer goes out now (marked pending); its record's write goes on, still
+        // counted as running (the token moves with it: a drain can't miss it).
+        tokio::spawn(async move {
+            write.await;
+            drop(token);
+        });
     }
     response
 }
@@ -162,21 +166,29 @@ impl<F: Future<Output = Answered> + Send + 'static> Detached<F> {
 }
 
 impl<F: Future<Output = Answered> + Send + 'static> Future for Detached<F> {
-    type Output = Answered;
+    /// The answer, and the execution's token: it still counts until dropped.
+    type Output = (Answered, TaskTrackerToken);
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Answered> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
         let Some(run) = self.run.as_mut() else {
             return Poll::Pending; // polled after it finished: never, by `execute`
         };
         let answered = std::task::ready!(run.as_mut().poll(cx));
         self.run = None;
-        self.token = None;
-        Poll::Ready(answered)
+        match self.token.take() {
+            Some(token) => Poll::Ready((answered, token)),
+            None => Poll::Pending, // the token is only ever taken with the run
+        }
     }
 }
 
 impl<F: Future<Output = Answered> + Send + 'static> Drop for Detached<F> {
     fn drop(&mut self) {
+        // Dropped by a panic of the execution itself: polling it again would only panic
+        // again; the key is left to its lease.
+        if std::thread::panicking() {
+            return;
+        }
         let (Some(run), token) = (self.run.take(), self.token.take()) else {
             return;
         };
@@ -275,13 +287,10 @@ where
         read_bounded(body, limit).await.map(|read| (parts, read))
     })
     .catch_unwind();
-    let run = async {
-        match config.max_execution {
-            Some(limit) => tokio::time::timeout(limit, run).await.ok(),
-            None => Some(run.await),
-        }
+    let ran = match config.max_execution {
+        Some(limit) => tokio::time::timeout(limit, run).await.ok(),
+        None => Some(run.await),
     };
-    let ran = beside(&mut guard.heartbeat, run).await;
     let outcome = match ran {
         Some(Ok(Ok((parts, Read::Whole(body))))) => Outcome::Answered(parts, body),
         Some(Ok(Ok((parts, Read::Over(head, rest))))) => {
@@ -399,9 +408,9 @@ where
         }
     };
     let unwritten: Option<Pin<Box<dyn Future<Output = ()> + Send>>> = match pending {
-        true => Some(Box::pin(async move {
+        true => Some(Box::pin(tracing::Instrument::in_current_span(async move {
             write.await;
-        })),
+        }))),
         false => None,
     };
     (response, unwritten)
@@ -430,7 +439,7 @@ impl ClaimGuard {
     ) -> ClaimGuard {
         ClaimGuard {
             _unwritten: config.executions.pending(&key, idempotency_key),
-            heartbeat: Some(heartbeat(
+            heartbeat: Some(Heartbeat::start(
                 config.clone(),
                 key.clone(),
                 holder,
@@ -455,51 +464,35 @@ impl ClaimGuard {
             config,
             key,
             holder,
-            mut heartbeat,
-            _unwritten,
-        } = self;
-        // The lease is kept alive until the write lands (unless renewing was stopped).
-        let land = land(&config, &key, &holder, change, committed, opened);
-        beside(&mut heartbeat, land).await
-    }
-}
-
-/// The execution's final record written — or the one its handler's transaction
-/// committed taken note of.
-async fn land(
-    config: &Arc<Config>,
-    key: &RecordKey,
-    holder: &Holder,
-    change: Transition,
-    committed: Option<Record>,
-    opened: bool,
-) -> Final {
-    match &committed {
-        // The handler's transaction wrote the completion: the tiers in front of the
-        // authority learn it, and nothing is written again.
-        Some(record) => {
-            if let Err(e) = config.store.committed(key, holder, record).await {
-                tracing::warn!(key = %key.as_str(), error = %e, "the store did not take note of a committed completion");
-            }
-            Final::Written(OriginDisposition::Stored {
-                expires_at: record.expires_at(),
-            })
-        }
-        None => {
-            // The handler opened a transaction and its answer never came back
-            // committed (it was cut off, panicked, or lost the commit's
-            // acknowledgement): the authority says whether the commit landed.
-            if opened {
-                if let Some(committed) = committed_meanwhile(config, key, holder).await {
-                    return committed;
+            ..
+        } = &self;
+        match &committed {
+            // The handler's transaction wrote the completion: the tiers in front of the
+            // authority learn it, and nothing is written again.
+            Some(record) => {
+                if let Err(e) = config.store.committed(key, holder, record).await {
+                    tracing::warn!(key = %key.as_str(), error = %e, "the store did not take note of a committed completion");
                 }
+                Final::Written(OriginDisposition::Stored {
+                    expires_at: record.expires_at(),
+                })
             }
-            let op = if change == Transition::Release {
-                "release"
-            } else {
-                "complete"
-            };
-            write_final(config, key, holder, &change, op).await
+            None => {
+                // The handler opened a transaction and its answer never came back
+                // committed (it was cut off, panicked, or lost the commit's
+                // acknowledgement): the authority says whether the commit landed.
+                if opened {
+                    if let Some(committed) = committed_meanwhile(config, key, holder).await {
+                        return committed;
+                    }
+                }
+                let op = if change == Transition::Release {
+                    "release"
+                } else {
+                    "complete"
+                };
+                write_final(config, key, holder, &change, op).await
+            }
         }
     }
 }
@@ -641,35 +634,28 @@ async fn write_final(
 /// until dropped, and tells the handler — through `lease_lost` — when the lease is
 /// lost: fenced out, or not renewed by the time it may end on the store's clock.
 ///
-/// It is a future polled beside the handler and beside the final write ([`beside`]),
-/// in the execution's own task: no task per execution. Dropping it stops renewing (a
-/// beat in flight may still land: the store takes it only from the holder of a claim
-/// still in progress).
-type Heartbeat = Pin<Box<dyn Future<Output = ()> + Send>>;
+/// A task of its own, not a future polled beside the handler: a handler that blocks
+/// its thread (synchronous work in an async handler) must not stop the renewals, or
+/// its lease could end under it and a retry run it a second time.
+struct Heartbeat(tokio::task::JoinHandle<()>);
 
-fn heartbeat(
-    config: Arc<Config>,
-    key: RecordKey,
-    holder: Holder,
-    lease_lost: CancellationToken,
-    claimed_at: Instant,
-) -> Heartbeat {
-    Box::pin(keep_alive(config, key, holder, lease_lost, claimed_at))
+impl Heartbeat {
+    fn start(
+        config: Arc<Config>,
+        key: RecordKey,
+        holder: Holder,
+        lease_lost: CancellationToken,
+        claimed_at: Instant,
+    ) -> Heartbeat {
+        Heartbeat(tokio::spawn(tracing::Instrument::in_current_span(
+            keep_alive(config, key, holder, lease_lost, claimed_at),
+        )))
+    }
 }
 
-/// Runs `work`, polling `heartbeat` beside it until the heartbeat ends (fenced out, or
-/// the holder's own completion landed) or `work` is done.
-async fn beside<T>(heartbeat: &mut Option<Heartbeat>, work: impl Future<Output = T>) -> T {
-    tokio::pin!(work);
-    loop {
-        let Some(beat) = heartbeat.as_mut() else {
-            return work.await;
-        };
-        tokio::select! {
-            biased;
-            out = &mut work => return out,
-            () = beat.as_mut() => *heartbeat = None,
-        }
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
