@@ -18,6 +18,7 @@ mod load;
 mod mode;
 mod origin;
 mod peer;
+mod perf;
 mod proxy;
 mod raw;
 mod report;
@@ -133,6 +134,10 @@ struct Args {
     /// The idem-origin binary (default: the one beside this binary).
     #[arg(long)]
     origin_bin: Option<PathBuf>,
+    /// Profiles the origin with `perf record` (call graphs) during each measured
+    /// phase, into `<DIR>/<mode>-<phase>-c<conns>.data` (scripts/flamegraph draws them).
+    #[arg(long, value_name = "DIR")]
+    perf: Option<PathBuf>,
     /// Where results.csv, results.json, results.svg and the logs go.
     #[arg(long, default_value = "target/idem-bench")]
     out: PathBuf,
@@ -304,6 +309,7 @@ async fn run(args: Args) -> Result<()> {
                 raw,
                 args: &args,
                 addr: origin.addr,
+                origin_pid: origin.pid(),
                 progress: &progress,
             };
             let prefix = format!("{nonce}-{}-{c}-{round}", mode.name());
@@ -424,13 +430,14 @@ async fn compare_with_peer(
     let log = args.out.join("origin-peer-comparison.log");
     let idem = origin::OriginProcess::start(bin, &Mode::Redis.origin_args(targets), log).await?;
     let servers = [
-        (peer::PEER, peer.addr, peer::PROGRAM),
-        ("idem", idem.addr, "idem-origin"),
+        (peer::PEER, peer.addr, peer::PROGRAM, peer.pid()),
+        ("idem", idem.addr, "idem-origin", idem.pid()),
     ];
     let mut rows = Vec::new();
     for &c in &args.peer_concurrency {
         for round in 0..args.repeat {
-            for (i, (system, addr, program)) in servers.into_iter().enumerate() {
+            for (i, (system, addr, program, pid)) in servers.into_iter().enumerate() {
+                let perf = args.perf.as_deref().map(|dir| (dir, pid));
                 let prefix = format!("p{nonce}-{i}-{c}-{round}");
                 let unique = Keys::Unique {
                     prefix: format!("u{prefix}"),
@@ -438,7 +445,7 @@ async fn compare_with_peer(
                 let (warmup, duration) = (args.warmup, args.duration);
                 rows.push(
                     peer::measure(
-                        addr, program, system, "unique", c, round, unique, warmup, duration,
+                        perf, addr, program, system, "unique", c, round, unique, warmup, duration,
                     )
                     .await?,
                 );
@@ -461,7 +468,7 @@ async fn compare_with_peer(
                 };
                 rows.push(
                     peer::measure(
-                        addr, program, system, "replay", c, round, replay, warmup, duration,
+                        perf, addr, program, system, "replay", c, round, replay, warmup, duration,
                     )
                     .await?,
                 );
@@ -542,6 +549,7 @@ struct PhaseCtx<'a> {
     raw: Option<(Raw, raw::RawResult, cpu::Usage)>,
     args: &'a Args,
     addr: std::net::SocketAddr,
+    origin_pid: u32,
     progress: &'a ProgressBar,
 }
 
@@ -574,6 +582,15 @@ async fn phase(
         tokio::spawn(async move { load::drive(addr, c, keys, warmup, measure, sent).await })
     };
     tokio::time::sleep(warmup).await;
+    let profile = match &ctx.args.perf {
+        Some(dir) => Some(perf::record(
+            dir,
+            ctx.origin_pid,
+            &format!("{}-{name}-c{}", ctx.mode.name(), ctx.concurrency),
+            ctx.args.duration,
+        )?),
+        None => None,
+    };
     let sent_before = sent.load(Ordering::Relaxed);
     let before = counters(ctx.mode, s).await?;
     let cpu_before = cpu::snapshot();
@@ -582,6 +599,9 @@ async fn phase(
     let cpu = cpu_before.until(&cpu::snapshot());
     let after = counters(ctx.mode, s).await?;
     ticker.abort();
+    if let Some(profile) = profile {
+        profile.finish()?;
+    }
     // …and divided by the requests answered between the two readings.
     let answered = sent_after.saturating_sub(sent_before).max(1) as f64;
     let per_request = |b: Option<u64>, a: Option<u64>| match (b, a) {

@@ -38,6 +38,10 @@ impl OriginProcess {
         Ok(origin)
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn stop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
             let _ = Command::new("kill")

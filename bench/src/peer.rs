@@ -140,6 +140,12 @@ pub struct PeerProcess {
 }
 
 impl PeerProcess {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl PeerProcess {
     pub async fn start(out: &Path, redis_url: &str, prefix: &str) -> Result<Self> {
         let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let me = std::env::current_exe()?;
@@ -185,7 +191,10 @@ pub struct PeerRow {
 }
 
 /// Measures one phase against `addr`; `program` is the server's name, for its CPU.
+/// With `perf`, the server (its pid) is profiled into that directory meanwhile.
+#[allow(clippy::too_many_arguments)]
 pub async fn measure(
+    perf: Option<(&Path, u32)>,
     addr: SocketAddr,
     program: &str,
     system: &'static str,
@@ -206,10 +215,22 @@ pub async fn measure(
         sent.clone(),
     ));
     tokio::time::sleep(warmup).await;
+    let profile = match perf {
+        Some((dir, pid)) => Some(crate::perf::record(
+            dir,
+            pid,
+            &format!("{}-{phase}-c{concurrency}", program),
+            duration,
+        )?),
+        None => None,
+    };
     let before = sent.load(Ordering::Relaxed);
     let cpu_before = cpu::snapshot();
     let result = load.await.context("the load task panicked")??;
     let cpu = cpu_before.until(&cpu::snapshot());
+    if let Some(profile) = profile {
+        profile.finish()?;
+    }
     let answered = sent.load(Ordering::Relaxed).saturating_sub(before).max(1) as f64;
     if let Some(sample) = &result.unexpected_sample {
         eprintln!("{system} {phase}: unexpected answer: {sample}");
