@@ -191,7 +191,7 @@ impl RedisStore {
             }
         };
         let conn = if cluster {
-            Self::cluster(&nodes, timeout, ca.as_ref()).await?
+            Self::cluster(&nodes, timeout, ca.as_ref(), options.wait_replicas).await?
         } else {
             Self::single(nodes[0], timeout, ca.as_ref()).await?
         };
@@ -247,6 +247,7 @@ impl RedisStore {
         nodes: &[&str],
         timeout: Duration,
         ca: Option<&Vec<u8>>,
+        wait_replicas: u32,
     ) -> Result<Conn, StoreError> {
         let mut builder = redis::cluster::ClusterClientBuilder::new(nodes.to_vec());
         if let Some(ca) = ca {
@@ -257,7 +258,12 @@ impl RedisStore {
         // unanswered CLUSTER SLOTS or PING during a reshard stalls every request until
         // our own bound fails them all (seen in tests/tests/reshard.rs: thousands of
         // 503s). A stuck wait now costs at most a second, then a retry.
-        let attempt = timeout.min(Duration::from_secs(1));
+        // (A `WAIT` for replicas may take up to half the store timeout: its attempts get
+        // that long.)
+        let attempt = match wait_replicas {
+            0 => timeout.min(Duration::from_secs(1)),
+            _ => timeout.min(timeout / 2 + Duration::from_millis(500)),
+        };
         let client = builder
             .connection_timeout(attempt)
             .response_timeout(attempt)
