@@ -144,36 +144,12 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    // This binary under another name is the proxy comparison's upstream.
+    // This binary under another name is the peer, or the proxy comparison's upstream.
     if let Ok(spec) = std::env::var(peer::SERVE_ENV) {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build();
-        return match rt
-            .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(peer::serve(&spec)))
-        {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("bench-peer: {e:#}");
-                ExitCode::FAILURE
-            }
-        };
+        return serve_as(peer::PROGRAM, peer::serve(&spec));
     }
     if let Ok(addr) = std::env::var(proxy::SERVE_ENV) {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build();
-        return match rt
-            .map_err(anyhow::Error::from)
-            .and_then(|rt| rt.block_on(proxy::serve(&addr)))
-        {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("bench-upstream: {e:#}");
-                ExitCode::FAILURE
-            }
-        };
+        return serve_as(proxy::PROGRAM, proxy::serve(&addr));
     }
     // Explicit, so that TOKIO_WORKER_THREADS given to the bench reaches only the origin.
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
@@ -185,6 +161,23 @@ fn main() -> ExitCode {
         Ok(rt) => rt.block_on(bench()),
         Err(e) => {
             eprintln!("idem-bench: cannot start the runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs `server` on a runtime of its own until it fails (or is killed).
+fn serve_as(program: &str, server: impl std::future::Future<Output = Result<()>>) -> ExitCode {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build();
+    match rt
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(server))
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{program}: {e:#}");
             ExitCode::FAILURE
         }
     }

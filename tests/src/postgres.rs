@@ -63,6 +63,18 @@ impl TestDb {
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 
+    /// (Charges, keys charged, keys charged more than once.)
+    pub async fn charge_counts(&self) -> (i64, i64, i64) {
+        let charges = self.charges().await;
+        let keys = self
+            .count("SELECT count(DISTINCT idempotency_key) FROM charges")
+            .await;
+        let doubled = self
+            .count("SELECT count(*) FROM (SELECT 1 FROM charges GROUP BY idempotency_key HAVING count(*) > 1) d")
+            .await;
+        (charges, keys, doubled)
+    }
+
     /// Rows in `charges`.
     pub async fn charges(&self) -> i64 {
         self.count("SELECT count(*) FROM charges").await

@@ -103,15 +103,6 @@ async fn settle(base: &str, keys: &[String], latency_ms: u64, within: Duration) 
     answers
 }
 
-async fn charge_counts(db: &TestDb) -> (i64, i64, i64) {
-    let charges = db.charges().await;
-    let keys = db
-        .count("SELECT count(DISTINCT idempotency_key) FROM charges")
-        .await;
-    let doubled = db.count("SELECT count(*) FROM (SELECT 1 FROM charges GROUP BY idempotency_key HAVING count(*) > 1) d").await;
-    (charges, keys, doubled)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killing_a_cluster_master_mid_race_loses_nothing_in_sync_mode() {
     let mut cluster = tokio::task::block_in_place(|| RedisClusterProc::start("failover"));
@@ -158,7 +149,7 @@ async fn killing_a_cluster_master_mid_race_loses_nothing_in_sync_mode() {
         let failover = killed_at.elapsed();
         let after = settle(&origin.url(""), &all, 200, Duration::from_secs(60)).await;
         origin.flush().await;
-        let (charges, charged_keys, doubled) = charge_counts(&db).await;
+        let (charges, charged_keys, doubled) = db.charge_counts().await;
         report(
             "faults",
             &format!(
@@ -282,7 +273,7 @@ async fn flushing_redis_mid_run_replays_completed_keys_from_postgres() {
         }
         let after = settle(&origin.url(""), &running, 300, Duration::from_secs(30)).await;
         origin.flush().await;
-        let (charges, _, doubled) = charge_counts(&db).await;
+        let (charges, _, doubled) = db.charge_counts().await;
         let total = (done.len() + running.len()) as i64;
         report(
             "faults",

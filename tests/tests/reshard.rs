@@ -169,13 +169,7 @@ async fn resharding_and_adding_a_master_mid_race_charges_each_key_once() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
-    let charges = db.charges().await;
-    let charged_keys = db
-        .count("SELECT count(DISTINCT idempotency_key) FROM charges")
-        .await;
-    let doubled = db
-        .count("SELECT count(*) FROM (SELECT 1 FROM charges GROUP BY idempotency_key HAVING count(*) > 1) d")
-        .await;
+    let (charges, charged_keys, doubled) = db.charge_counts().await;
     let keys = seen.keys.len();
     // Records now on the master that joined mid-race: moved there by the rebalance,
     // or claimed there afterwards; each was answered by the settling pass.
