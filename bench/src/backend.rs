@@ -70,6 +70,11 @@ impl Postgres {
         Ok(row.get::<_, i64>(0) as u64)
     }
 
+    /// The connection itself, for the scale bench's bulk writes and sizes.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// Empties the records table (when the origin has created it).
     pub async fn truncate_records(&self) -> Result<()> {
         self.client
@@ -156,6 +161,26 @@ impl Redis {
         Ok(total)
     }
 
+    /// Memory the servers use for data and overhead (`used_memory`), summed.
+    pub async fn used_memory(&mut self) -> Result<u64> {
+        let mut total = 0;
+        for node in &mut self.nodes {
+            let info: String = redis::cmd("INFO").arg("memory").query_async(node).await?;
+            total += info_field(&info, "used_memory")
+                .with_context(|| format!("INFO memory has no used_memory: {info}"))?;
+        }
+        Ok(total)
+    }
+
+    /// Keys stored on these servers (`DBSIZE`), summed.
+    pub async fn keys(&mut self) -> Result<u64> {
+        let mut total = 0;
+        for node in &mut self.nodes {
+            total += redis::cmd("DBSIZE").query_async::<u64>(node).await?;
+        }
+        Ok(total)
+    }
+
     /// Deletes every key that starts with `idem-bench` (what this bench writes).
     pub async fn delete_bench_keys(&mut self) -> Result<u64> {
         let mut deleted = 0;
@@ -197,6 +222,13 @@ async fn open(url: &str) -> Result<MultiplexedConnection> {
         .with_context(|| format!("connecting to Redis at {url}"))
 }
 
+/// `<name>:<number>` from an `INFO` answer.
+fn info_field(info: &str, name: &str) -> Option<u64> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// Sums the `calls=` of an `INFO commandstats` answer, leaving out `INFO` and the
 /// commands our scripts call inside the server.
 pub fn client_commands(info: &str) -> u64 {
@@ -229,5 +261,8 @@ mod tests {
             cmdstat_ping:calls=2,usec=1,usec_per_call=0.50,rejected_calls=0,failed_calls=0\r\n";
         assert_eq!(client_commands(info), 1000 + 3 + 2);
         assert_eq!(client_commands(""), 0);
+        let memory = "# Memory\r\nused_memory:1048576\r\nused_memory_human:1.00M\r\n";
+        assert_eq!(info_field(memory, "used_memory"), Some(1_048_576));
+        assert_eq!(info_field(memory, "used_memory_rss"), None);
     }
 }

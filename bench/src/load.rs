@@ -23,6 +23,9 @@ pub enum Keys {
     Seed { prefix: String, count: usize },
     /// The seeded keys again, over and over: the replay path.
     Replay { prefix: String, count: usize },
+    /// Keys `<prefix>-0` … `<prefix>-<count-1>`, stored in bulk beforehand, replayed in
+    /// a scattered order: every lookup lands somewhere else in the store's index.
+    Preloaded { prefix: String, count: u64 },
 }
 
 impl Keys {
@@ -36,12 +39,24 @@ impl Keys {
             Keys::Replay { prefix, count } => {
                 Some(format!("{prefix}-{}", (worker + seq * concurrency) % count))
             }
+            Keys::Preloaded { prefix, count } => {
+                let n = (worker + seq * concurrency) as u64;
+                Some(format!("{prefix}-{}", scatter(n) % count))
+            }
         }
     }
 
     fn expects_replay(&self) -> bool {
-        matches!(self, Keys::Replay { .. })
+        matches!(self, Keys::Replay { .. } | Keys::Preloaded { .. })
     }
+}
+
+/// splitmix64's finaliser: a bijection on u64 that spreads consecutive numbers apart.
+fn scatter(n: u64) -> u64 {
+    let mut z = n.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// The request body for `key`: the same bytes every time a key is sent.
@@ -270,6 +285,20 @@ mod tests {
         assert_eq!(replay.key(2, 4, 3).as_deref(), Some("r-4"));
         assert!(seen.contains(&replay.key(1, 1000, 3).unwrap()));
         assert_eq!(body("k"), body("k"));
+        let preloaded = Keys::Preloaded {
+            prefix: "p".into(),
+            count: 1_000_000,
+        };
+        let picked: std::collections::HashSet<_> =
+            (0..1000).filter_map(|s| preloaded.key(0, s, 1)).collect();
+        assert!(
+            picked.len() > 990,
+            "scattered keys repeat: {}",
+            picked.len()
+        );
+        assert!(picked
+            .iter()
+            .all(|k| k[2..].parse::<u64>().unwrap() < 1_000_000));
         assert_ne!(body("k"), body("l"));
     }
 

@@ -19,9 +19,11 @@ mod mode;
 mod origin;
 mod peer;
 mod perf;
+mod preload;
 mod proxy;
 mod raw;
 mod report;
+mod scale;
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -96,6 +98,25 @@ struct Args {
     /// Leave the comparison with the `idempotent` crate out.
     #[arg(long)]
     skip_peer: bool,
+    /// Instead of the store modes: the stores filled to each of these record counts in
+    /// turn (e.g. 10k,1m,10m), and at each, new keys and replays of stored keys, bytes
+    /// per record, then the sweeper deleting --sweep-rows expired rows under load.
+    #[arg(long, value_delimiter = ',', value_parser = scale::parse_count)]
+    scale: Vec<u64>,
+    /// The modes --scale measures.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "pg-on-conflict,redis-cluster,tiered-async"
+    )]
+    scale_modes: Vec<Mode>,
+    /// Concurrent connections of the --scale runs.
+    #[arg(long, default_value_t = 32)]
+    scale_concurrency: usize,
+    /// Expired rows the sweeper deletes under load after the --scale sizes (0: none).
+    #[arg(long, default_value = "1m", value_parser = scale::parse_count)]
+    sweep_rows: u64,
     /// A short run of every mode at one concurrency: checks that the bench works.
     #[arg(long)]
     quick: bool,
@@ -193,6 +214,8 @@ async fn bench() -> ExitCode {
         args.warmup = Duration::from_millis(200);
         args.replay_keys = 200;
         args.fingerprint_ms = 100;
+        args.scale_concurrency = 8;
+        args.sweep_rows = args.sweep_rows.min(100_000);
     }
     match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -242,6 +265,9 @@ async fn run(args: Args) -> Result<()> {
         cluster_urls: args.redis_cluster_urls.clone(),
         namespace: format!("idem-bench-{nonce}"),
     };
+    if !args.scale.is_empty() {
+        return run_scale(&args, &bin, &targets, nonce).await;
+    }
     let fingerprints = if args.fingerprint_dir.is_dir() {
         eprintln!("fingerprint: native vs WASM under Node…");
         fingerprint::compare(&args.fingerprint_dir, args.fingerprint_ms).await?
@@ -404,6 +430,76 @@ async fn run(args: Args) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// `--scale`: its tables printed, and written to scale.json.
+async fn run_scale(
+    args: &Args,
+    bin: &std::path::Path,
+    targets: &Targets,
+    nonce: u128,
+) -> Result<()> {
+    let mut sizes = args.scale.clone();
+    sizes.sort_unstable();
+    sizes.dedup();
+    if args.scale_concurrency == 0 {
+        anyhow::bail!("--scale-concurrency must be at least 1");
+    }
+    let started = Instant::now();
+    let outcome = scale::run(&scale::Settings {
+        bin,
+        targets,
+        modes: &args.scale_modes,
+        sizes: &sizes,
+        concurrency: args.scale_concurrency,
+        warmup: args.warmup,
+        duration: args.duration,
+        sweep_rows: args.sweep_rows,
+        out: &args.out,
+        nonce,
+    })
+    .await?;
+    println!(
+        "idem-bench --scale {}, {:?} per phase, took {:.0} s",
+        date_utc(),
+        args.duration,
+        started.elapsed().as_secs_f64()
+    );
+    print!("{}", scale::tables(&outcome, args.scale_concurrency));
+    let json = serde_json::json!({
+        "rows": outcome.rows,
+        "footprints": outcome.footprints,
+        "sweeps": outcome.sweeps,
+    });
+    let path = args.out.join("scale.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&json)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    let unexpected: u64 = outcome.rows.iter().map(|r| r.unexpected).sum::<u64>()
+        + outcome
+            .sweeps
+            .iter()
+            .map(|w| w.without.unexpected + w.during.unexpected)
+            .sum::<u64>();
+    if unexpected > 0 {
+        anyhow::bail!("{unexpected} requests were not answered as expected (see the table)");
+    }
+    if let Some(w) = outcome.sweeps.iter().find(|w| w.swept_in_window == 0) {
+        anyhow::bail!(
+            "{}: the sweeper deleted no expired row while the load ran",
+            w.mode
+        );
+    }
+    Ok(())
+}
+
+fn date_utc() -> String {
+    std::process::Command::new("date")
+        .arg("-u")
+        .arg("+%Y-%m-%d %H:%M UTC")
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
 }
 
 /// The `idempotent` crate and idem on the same standalone Redis, alternately, each
@@ -685,13 +781,7 @@ fn write_outputs(
     fingerprints: &[fingerprint::FingerprintRow],
     took: Duration,
 ) -> Result<()> {
-    let date = std::process::Command::new("date")
-        .arg("-u")
-        .arg("+%Y-%m-%d %H:%M UTC")
-        .output()
-        .ok()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default();
+    let date = date_utc();
     let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
     let title = format!(
         "idem-bench {date}, {cpus} CPUs, {:?} per phase{}",
