@@ -200,11 +200,7 @@ impl Cluster {
     pub async fn read(&self, id: &str) -> Result<Option<Vec<u8>>> {
         let key = format!("{}:{{{}}}", self.namespace, id);
         let mut conn = self.masters[self.slot_owner[usize::from(slot(id.as_bytes()))]].clone();
-        Ok(redis::cmd("HGET")
-            .arg(&key)
-            .arg("r")
-            .query_async(&mut conn)
-            .await?)
+        Ok(redis::cmd("GET").arg(&key).query_async(&mut conn).await?)
     }
 
     async fn write(&self, rows: &[Prepared]) -> Result<()> {
@@ -213,18 +209,12 @@ impl Cluster {
             // As the store names it: `<namespace>:{<record key>}`, the record key a hash tag.
             let key = format!("{}:{{{}}}", self.namespace, r.id);
             let owner = self.slot_owner[usize::from(slot(r.id.as_bytes()))];
+            // As the store writes it: the record itself, expiring at its delete-after.
             pipes[owner]
-                .cmd("HSET")
+                .cmd("SET")
                 .arg(&key)
-                .arg("t")
-                .arg(r.token)
-                .arg("s")
-                .arg(r.state)
-                .arg("r")
                 .arg(&r.record)
-                .ignore()
-                .cmd("PEXPIREAT")
-                .arg(&key)
+                .arg("PXAT")
                 .arg(r.delete_after)
                 .ignore();
         }

@@ -519,14 +519,12 @@ async fn put_in_redis(ns: &str, key: &idem_core::RecordKey, record: &idem_core::
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let _: () = redis::cmd("HSET")
+    // As the store lays a record out: the record itself, expiring at its delete-after.
+    let _: () = redis::cmd("SET")
         .arg(format!("{ns}:{{{}}}", key.as_str()))
-        .arg("t")
-        .arg(record.token())
-        .arg("s")
-        .arg(record.state_code())
-        .arg("r")
         .arg(record.encode())
+        .arg("PXAT")
+        .arg(record.delete_after())
         .query_async(&mut conn)
         .await
         .unwrap();

@@ -259,3 +259,157 @@ async fn serving(cache: &ReplayCache) {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }
+
+/// idem 0.1 kept each Redis record as a hash (`t`, `s`, `r`); today's store keeps the
+/// record itself as a string, which takes ~40 % less memory per record (the bench's
+/// `--scale` table). Records of the old layout, as a deployment upgraded in place still
+/// holds, are replayed, listed, completed by their holder and purged; a write turns one
+/// into today's layout.
+#[tokio::test]
+async fn redis_serves_and_rewrites_records_of_the_hash_layout() {
+    use idem::store::RedisOptions;
+    use idem_core::{Holder, Record};
+    for urls in [redis_url(), redis_cluster_urls()] {
+        let namespace = idem_tests::unique_namespace("hash-layout");
+        let options = RedisOptions {
+            namespace: namespace.clone(),
+            ..RedisOptions::default()
+        };
+        let store = RedisStore::connect(&urls, options).await.unwrap();
+        let mut raw = Raw::connect(&urls, store.is_cluster()).await;
+        let name = |k: &RecordKey| format!("{namespace}:{{{}}}", k.as_str());
+        let now = store.now();
+        let tag = format!("{}-{now}", store.name());
+
+        // A completed record: read and replayed as it is.
+        let done_key = key(&format!("hash-done-{tag}"));
+        let done = Record::Completed {
+            fingerprint: FP,
+            token: now * idem_core::TOKENS_PER_MS,
+            response: response("old layout"),
+            expires_at: now + 60_000,
+        };
+        raw.put_hash(&name(&done_key), &done).await;
+        assert_eq!(store.get(&done_key).await.unwrap(), Some(done.clone()));
+        match store.claim(&done_key, &FP, store.now(), &P).await.unwrap() {
+            Decision::Replay { response: r, .. } => assert_eq!(r.body, b"old layout"),
+            other => panic!("a completed hash record replays, got {other:?}"),
+        }
+        assert_eq!(
+            raw.kind(&name(&done_key)).await,
+            "hash",
+            "reads leave it as it is"
+        );
+
+        // An in-progress one, claimed 10 s ago under a live lease: listed, then
+        // completed by its holder, which rewrites it as a string.
+        let running_key = key(&format!("hash-running-{tag}"));
+        let token = (now - 10_000) * idem_core::TOKENS_PER_MS;
+        let running = Record::InProgress {
+            fingerprint: FP,
+            token,
+            lease_until: now + 30_000,
+            expires_at: now + 60_000,
+        };
+        raw.put_hash(&name(&running_key), &running).await;
+        let page = store.in_progress(now - 5_000, None, 100).await.unwrap();
+        assert_eq!(
+            page.records,
+            vec![(running_key.clone(), running.clone())],
+            "the listing reads the old layout"
+        );
+        let holder = Holder {
+            fingerprint: FP,
+            token,
+        };
+        assert_eq!(
+            store
+                .complete(&running_key, &holder, response("finished"), store.now(), &P)
+                .await
+                .unwrap(),
+            HolderWrite::Written
+        );
+        assert_eq!(raw.kind(&name(&running_key)).await, "string");
+        assert!(store
+            .get(&running_key)
+            .await
+            .unwrap()
+            .unwrap()
+            .is_completed());
+        // A stale holder of the same key is refused, in the new layout as in the old.
+        let stale = Holder {
+            fingerprint: FP,
+            token: token - 1,
+        };
+        assert_ne!(
+            store
+                .complete(&running_key, &stale, response("stale"), store.now(), &P)
+                .await
+                .unwrap(),
+            HolderWrite::Written
+        );
+
+        // A purge deletes an old-layout record.
+        let purged = store.delete_if_same(&done_key, &done, 0).await.unwrap();
+        assert_eq!(purged, idem::store::Deletion::Deleted);
+        assert_eq!(raw.kind(&name(&done_key)).await, "none");
+
+        // New records are strings, expiring with the record.
+        let fresh = key(&format!("hash-fresh-{tag}"));
+        let Decision::Execute(_) = store.claim(&fresh, &FP, store.now(), &P).await.unwrap() else {
+            panic!("a new key executes")
+        };
+        assert_eq!(raw.kind(&name(&fresh)).await, "string");
+        assert!(raw.pttl(&name(&fresh)).await > 0);
+    }
+}
+
+/// Redis behind the store's back, standalone or cluster.
+enum Raw {
+    Single(redis::aio::MultiplexedConnection),
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl Raw {
+    async fn connect(urls: &str, cluster: bool) -> Raw {
+        if cluster {
+            let client =
+                redis::cluster::ClusterClient::new(urls.split(',').collect::<Vec<_>>()).unwrap();
+            Raw::Cluster(client.get_async_connection().await.unwrap())
+        } else {
+            let client = redis::Client::open(urls).unwrap();
+            Raw::Single(client.get_multiplexed_async_connection().await.unwrap())
+        }
+    }
+
+    async fn query<T: redis::FromRedisValue>(&mut self, cmd: &redis::Cmd) -> T {
+        match self {
+            Raw::Single(c) => cmd.query_async(c).await.unwrap(),
+            Raw::Cluster(c) => cmd.query_async(c).await.unwrap(),
+        }
+    }
+
+    /// As idem 0.1 wrote a record.
+    async fn put_hash(&mut self, name: &str, record: &idem_core::Record) {
+        let mut hset = redis::cmd("HSET");
+        hset.arg(name)
+            .arg("t")
+            .arg(record.token())
+            .arg("s")
+            .arg(record.state_code())
+            .arg("r")
+            .arg(record.encode());
+        self.query::<()>(&hset).await;
+        let mut expire = redis::cmd("PEXPIREAT");
+        expire.arg(name).arg(record.delete_after());
+        self.query::<()>(&expire).await;
+    }
+
+    async fn kind(&mut self, name: &str) -> String {
+        self.query(redis::cmd("TYPE").arg(name)).await
+    }
+
+    async fn pttl(&mut self, name: &str) -> i64 {
+        self.query(redis::cmd("PTTL").arg(name)).await
+    }
+}

@@ -24,15 +24,23 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-static INSERT_IF_ABSENT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("redis/insert_if_absent.lua")));
-static REPLACE_IF_SAME: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("redis/replace_if_same.lua")));
-static HOLDER_WRITE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("redis/holder_write.lua")));
+/// A script with the record layout's functions (`redis/layout.lua`) before it.
+macro_rules! script {
+    ($file:literal) => {
+        LazyLock::new(|| {
+            Script::new(concat!(
+                include_str!("redis/layout.lua"),
+                include_str!(concat!("redis/", $file))
+            ))
+        })
+    };
+}
+static INSERT_IF_ABSENT: LazyLock<Script> = script!("insert_if_absent.lua");
+static REPLACE_IF_SAME: LazyLock<Script> = script!("replace_if_same.lua");
+static HOLDER_WRITE: LazyLock<Script> = script!("holder_write.lua");
 #[cfg_attr(not(feature = "tiered"), allow(dead_code))]
-static MIRROR: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redis/mirror.lua")));
-static GET: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redis/get.lua")));
+static MIRROR: LazyLock<Script> = script!("mirror.lua");
+static GET: LazyLock<Script> = script!("get.lua");
 
 /// Connection settings of [`RedisStore`].
 #[derive(Clone, Debug)]
@@ -553,14 +561,14 @@ fn evicts(config: &[(String, String)]) -> Option<String> {
 /// The argument lists of the scripts.
 enum ScriptArgs<'a> {
     None,
-    /// token, state, record, pexpireat
+    /// record, pexpireat
     #[cfg_attr(not(feature = "tiered"), allow(dead_code))]
     Record(&'a Record),
     /// as `Record`, then now, tolerance
     Claim(&'a Record, Stamp),
     /// expected record, then as `Claim`
     Replace(&'a [u8], &'a Record, Stamp),
-    /// holder token, state, record, pexpireat, now, tolerance
+    /// holder token (8 bytes, big-endian, as in the record), then as `Claim`
     Holder(u64, &'a Record, Stamp),
 }
 
@@ -571,26 +579,18 @@ impl<'a> ScriptArgs<'a> {
     fn apply(self, inv: &mut redis::ScriptInvocation<'_>) {
         let (record, stamp) = match self {
             ScriptArgs::None => return,
-            ScriptArgs::Record(r) => {
-                inv.arg(r.token());
-                (r, None)
-            }
-            ScriptArgs::Claim(r, at) => {
-                inv.arg(r.token());
-                (r, Some(at))
-            }
+            ScriptArgs::Record(r) => (r, None),
+            ScriptArgs::Claim(r, at) => (r, Some(at)),
             ScriptArgs::Replace(expected, r, at) => {
-                inv.arg(expected).arg(r.token());
+                inv.arg(expected);
                 (r, Some(at))
             }
             ScriptArgs::Holder(token, r, at) => {
-                inv.arg(token);
+                inv.arg(&token.to_be_bytes()[..]);
                 (r, Some(at))
             }
         };
-        inv.arg(record.state_code())
-            .arg(record.encode())
-            .arg(pexpire_at(record));
+        inv.arg(record.encode()).arg(pexpire_at(record));
         if let Some(at) = stamp {
             inv.arg(at.now).arg(at.tolerance);
         }

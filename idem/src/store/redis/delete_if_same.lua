@@ -3,7 +3,7 @@
 -- lease's end, judged here), and announces its record key ARGV[3] on the purge channel
 -- ARGV[2] in the same step. Returns 1 when deleted, 0 when the record changed, 2 when
 -- it is too early. KEYS[1] idem:{<record key>}
-if redis.call('HGET', KEYS[1], 'r') ~= ARGV[1] then
+if read_record(KEYS[1]) ~= ARGV[1] then
   return 0
 end
 local t = redis.call('TIME')

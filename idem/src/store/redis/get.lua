@@ -1,2 +1,2 @@
 -- Read a record. KEYS[1] idem:{<record key>}
-return redis.call('HGET', KEYS[1], 'r')
+return read_record(KEYS[1])

@@ -14,13 +14,31 @@ use std::sync::LazyLock;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-static DELETE_IF_SAME: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("delete_if_same.lua")));
+static DELETE_IF_SAME: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(concat!(
+        include_str!("layout.lua"),
+        include_str!("delete_if_same.lua")
+    ))
+});
 
 /// Keys one listing page asks `SCAN` for at a time, and the most `SCAN` calls one page
 /// makes: a page's work is bounded however few of the keys are in progress.
 const SCAN_COUNT: usize = 1000;
 const SCANS_PER_PAGE: usize = 20;
+
+/// Bytes of a record's encoding up to and including its token: version, state,
+/// fingerprint, token (`Record::encode`).
+const HEADER_LEN: usize = 1 + 1 + 32 + 8;
+
+/// Whether a record's first bytes say: version 1, in progress, token below `token_before`.
+fn header_in_progress_before(header: &[u8], token_before: u64) -> bool {
+    match header {
+        [1, 0, _fingerprint @ .., t0, t1, t2, t3, t4, t5, t6, t7] if header.len() == HEADER_LEN => {
+            u64::from_be_bytes([*t0, *t1, *t2, *t3, *t4, *t5, *t6, *t7]) < token_before
+        }
+        _ => false,
+    }
+}
 
 /// The standalone server's name in a listing cursor.
 const STANDALONE: &str = "-";
@@ -100,9 +118,11 @@ impl RedisStore {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
+        // Each record's first 42 bytes: version, state, fingerprint, token.
         let mut pipe = redis::pipe();
+        pipe.ignore_errors();
         for key in keys {
-            pipe.cmd("HMGET").arg(key).arg("s").arg("t");
+            pipe.cmd("GETRANGE").arg(key).arg(0).arg(HEADER_LEN - 1);
         }
         let replies: Vec<Value> = match &self.conn {
             Conn::Single(c) => self.bounded(pipe.query_async(&mut c.clone())).await?,
@@ -118,14 +138,16 @@ impl RedisStore {
             let Some(record_key) = self.record_key_of(key) else {
                 continue;
             };
-            // A key moved to another master since the SCAN answers with an error: it is
-            // listed from there.
-            let Ok((state, token)) =
-                redis::from_redis_value_ref::<(Option<String>, Option<u64>)>(reply)
-            else {
-                continue;
+            let candidate = match reply {
+                Value::BulkString(header) => header_in_progress_before(header, token_before),
+                // Gone since the SCAN.
+                Value::Nil => false,
+                // A hash of idem 0.1: its record is read below.
+                Value::ServerError(e) if e.code() == "WRONGTYPE" => true,
+                // A key moved to another master since the SCAN is listed from there.
+                _ => false,
             };
-            if state.as_deref() != Some("0") || token.is_none_or(|t| t >= token_before) {
+            if !candidate {
                 continue;
             }
             // The record itself decides (it may have changed since).
