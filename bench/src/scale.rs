@@ -135,8 +135,9 @@ pub async fn run(s: &Settings<'_>) -> Result<Outcome> {
         Ok(())
     };
     empty(&pg, &mut masters).await?;
+    // What the servers hold besides this run's records (other runs' and tests' keys).
     let redis_baseline = match &mut masters {
-        Some(m) => Some(m.used_memory().await?),
+        Some(m) => Some((m.used_memory().await?, m.keys().await?)),
         None => None,
     };
 
@@ -335,7 +336,7 @@ async fn footprint(
     preload_s: f64,
     pg: Option<&backend::Postgres>,
     masters: &mut Option<backend::Redis>,
-    redis_baseline: Option<u64>,
+    redis_baseline: Option<(u64, u64)>,
 ) -> Result<Footprint> {
     let (pg_rows, pg_table_bytes, pg_index_bytes) = match pg {
         Some(pg) => {
@@ -353,14 +354,13 @@ async fn footprint(
         None => (None, None, None),
     };
     let (redis_keys, redis_used_memory_delta) = match masters {
-        Some(m) => (
-            Some(m.keys().await?),
-            Some(
-                m.used_memory()
-                    .await?
-                    .saturating_sub(redis_baseline.unwrap_or(0)),
-            ),
-        ),
+        Some(m) => {
+            let (memory, keys) = redis_baseline.unwrap_or_default();
+            (
+                Some(m.keys().await?.saturating_sub(keys)),
+                Some(m.used_memory().await?.saturating_sub(memory)),
+            )
+        }
         None => (None, None),
     };
     Ok(Footprint {

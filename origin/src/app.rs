@@ -49,6 +49,7 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
                 ca_file: config.redis_ca_file.clone(),
                 allow_eviction: config.redis_allow_eviction,
                 wait_replicas: config.redis_wait_replicas,
+                layout: config.redis_layout.into(),
             };
             Some(
                 RedisStore::connect(urls, options)

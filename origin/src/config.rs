@@ -1,7 +1,7 @@
 //! The command line of `idem-origin`: every flag has an environment fallback.
 
 use clap::{Parser, ValueEnum};
-use idem::store::{Durability, PgStrategy};
+use idem::store::{Durability, PgStrategy, RedisLayout};
 use idem_core::contract::{Anonymous, JwtKeys, JwtVerifier, ScopeRule, ScopeSource};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -129,6 +129,12 @@ pub struct Config {
     /// loses an acknowledged claim.
     #[arg(long, env = "IDEM_REDIS_WAIT_REPLICAS", default_value_t = 0)]
     pub redis_wait_replicas: u32,
+
+    /// How records are written to Redis: `string` (the record itself), or `hash` (as
+    /// idem 0.1 wrote them), for the first step of a rolling upgrade from 0.1 while its
+    /// replicas still run. Both are read.
+    #[arg(long, env = "IDEM_REDIS_LAYOUT", value_enum, default_value_t = RedisLayoutArg::String)]
+    pub redis_layout: RedisLayoutArg,
 
     /// Tiered store: when claims and completions reach Postgres.
     #[arg(long, env = "IDEM_DURABILITY", value_enum, default_value_t = TieredDurability::Sync)]
@@ -535,6 +541,24 @@ pub fn read_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
 pub fn parse_header_name(s: &str) -> Result<http::HeaderName, String> {
     http::HeaderName::from_bytes(s.trim().as_bytes())
         .map_err(|_| format!("{s:?} is not a header name"))
+}
+
+/// `--redis-layout`: [`RedisLayout`] on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum RedisLayoutArg {
+    /// The record's encoding as a string.
+    String,
+    /// A hash of t, s, r (idem 0.1's layout).
+    Hash,
+}
+
+impl From<RedisLayoutArg> for RedisLayout {
+    fn from(l: RedisLayoutArg) -> RedisLayout {
+        match l {
+            RedisLayoutArg::String => RedisLayout::String,
+            RedisLayoutArg::Hash => RedisLayout::Hash,
+        }
+    }
 }
 
 /// `--durability`: [`Durability`] on the command line.

@@ -364,6 +364,73 @@ async fn redis_serves_and_rewrites_records_of_the_hash_layout() {
     }
 }
 
+/// `--redis-layout hash`, the first step of a rolling upgrade from idem 0.1: the whole
+/// protocol works, and every record is written exactly as 0.1 wrote it (`t` the token
+/// in decimal, `s` the state, `r` the encoding), so 0.1's replicas keep reading and
+/// fencing them; a record a string-writing replica wrote becomes a hash again.
+#[tokio::test]
+async fn redis_hash_layout_writes_records_as_idem_0_1_did() {
+    use idem::store::{RedisLayout, RedisOptions};
+    for urls in [redis_url(), redis_cluster_urls()] {
+        let namespace = idem_tests::unique_namespace("hash-writes");
+        let connect = |layout| {
+            let options = RedisOptions {
+                namespace: namespace.clone(),
+                layout,
+                ..RedisOptions::default()
+            };
+            RedisStore::connect(&urls, options)
+        };
+        let store = connect(RedisLayout::Hash).await.unwrap();
+        let strings = connect(RedisLayout::String).await.unwrap();
+        conformance(&store).await;
+        let mut raw = Raw::connect(&urls, store.is_cluster()).await;
+        let name = |k: &RecordKey| format!("{namespace}:{{{}}}", k.as_str());
+        let tag = format!("{}-{}", store.name(), store.now());
+
+        let k = key(&format!("hash-writes-{tag}"));
+        let Decision::Execute(claim) = store.claim(&k, &FP, store.now(), &P).await.unwrap() else {
+            panic!("a new key executes")
+        };
+        let fields = |state: &str, record: &idem_core::Record| {
+            (claim.token.to_string(), state.to_string(), record.encode())
+        };
+        assert_eq!(raw.hash_fields(&name(&k)).await, fields("0", &claim.record));
+        assert!(raw.pttl(&name(&k)).await > 0);
+        assert_eq!(
+            store
+                .complete(&k, &claim.holder(), response("paid"), store.now(), &P)
+                .await
+                .unwrap(),
+            HolderWrite::Written
+        );
+        let done = store.get(&k).await.unwrap().unwrap();
+        assert!(done.is_completed());
+        assert_eq!(raw.hash_fields(&name(&k)).await, fields("1", &done));
+
+        // Written as a string by an upgraded replica, then taken over by a hash writer.
+        let k2 = key(&format!("hash-writes-2-{tag}"));
+        let Decision::Execute(first) = strings.claim(&k2, &FP, strings.now(), &P).await.unwrap()
+        else {
+            panic!("a new key executes")
+        };
+        assert_eq!(raw.kind(&name(&k2)).await, "string");
+        assert_eq!(
+            store
+                .heartbeat(&k2, &first.holder(), store.now(), &P)
+                .await
+                .unwrap(),
+            HolderWrite::Written
+        );
+        assert_eq!(raw.kind(&name(&k2)).await, "hash");
+        assert_eq!(
+            strings.get(&k2).await.unwrap(),
+            store.get(&k2).await.unwrap(),
+            "both layouts read the same record"
+        );
+    }
+}
+
 /// Redis behind the store's back, standalone or cluster.
 enum Raw {
     Single(redis::aio::MultiplexedConnection),
@@ -407,6 +474,12 @@ impl Raw {
 
     async fn kind(&mut self, name: &str) -> String {
         self.query(redis::cmd("TYPE").arg(name)).await
+    }
+
+    /// `t`, `s`, `r` of a hash record.
+    async fn hash_fields(&mut self, name: &str) -> (String, String, Vec<u8>) {
+        self.query(redis::cmd("HMGET").arg(name).arg("t").arg("s").arg("r"))
+            .await
     }
 
     async fn pttl(&mut self, name: &str) -> i64 {

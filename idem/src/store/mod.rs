@@ -31,7 +31,7 @@ pub mod tiered;
 pub mod tls;
 
 #[cfg(feature = "redis")]
-pub use self::redis::{RedisOptions, RedisStore};
+pub use self::redis::{RedisLayout, RedisOptions, RedisStore};
 pub use cache::ReplayCache;
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]

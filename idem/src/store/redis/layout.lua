@@ -1,24 +1,24 @@
--- How a record is kept (prefixed to every script): the key's value is the core's
--- encoding of the record (idem_core::Record::encode), a string, and the key expires at
--- the record's delete-after instant. In that encoding byte 1 is the version (1), byte 2
--- the state (0 in progress, 1 completed), bytes 35-42 the token, big-endian.
--- idem 0.1 kept a hash (fields t, s, r): such a record is read here too, and becomes a
--- string at its next write.
+-- How a record is kept (prefixed to every script, after WRITE_HASHES is set): the
+-- key's value is the core's encoding of the record (idem_core::Record::encode), a
+-- string, and the key expires at the record's delete-after instant. In that encoding
+-- byte 1 is the version (1), byte 2 the state (0 in progress, 1 completed), bytes 35-42
+-- the token, big-endian. idem 0.1 kept a hash (fields t, s, r): such a record is read
+-- here too, and written so while WRITE_HASHES (--redis-layout hash, for a rolling
+-- upgrade from 0.1, whose replicas can't read strings).
 local function read_record(key)
   local value = redis.pcall('GET', key)
   if type(value) == 'table' and value.err then
+    if string.sub(value.err, 1, 9) ~= 'WRONGTYPE' then
+      error(value.err)
+    end
     return redis.call('HGET', key, 'r')
   end
   return value
 end
-local function write_record(key, record, pexpireat)
-  redis.call('SET', key, record)
-  redis.call('PEXPIREAT', key, pexpireat)
-end
 -- Offsets below hold for version 1 only: anything else stops the script, nothing written.
 local function checked(record)
   if string.byte(record, 1) ~= 1 or #record < 42 then
-    error('idem: a record of an unknown encoding (version ' .. tostring(string.byte(record, 1)) .. ')')
+    error('idem: a record of an unknown encoding (' .. #record .. ' bytes, version ' .. tostring(string.byte(record, 1) or 'none') .. ')')
   end
   return record
 end
@@ -27,6 +27,28 @@ local function state_of(record)
 end
 local function token_of(record)
   return string.sub(checked(record), 35, 42)
+end
+-- The token in decimal, as idem 0.1's hashes hold it. Exact: tokens stay below 2^53
+-- (milliseconds × 1024) until the year 2248, and larger ones are refused.
+local function token_decimal(record)
+  local t = token_of(record)
+  local n = 0
+  for i = 1, 8 do
+    n = n * 256 + string.byte(t, i)
+  end
+  if n >= 9007199254740992 then
+    error('idem: a token beyond 2^53 cannot be written as a hash')
+  end
+  return string.format('%.0f', n)
+end
+local function write_record(key, record, pexpireat)
+  if WRITE_HASHES then
+    redis.call('DEL', key)
+    redis.call('HSET', key, 't', token_decimal(record), 's', tostring(state_of(record)), 'r', record)
+  else
+    redis.call('SET', key, record)
+  end
+  redis.call('PEXPIREAT', key, pexpireat)
 end
 -- Whether record a's (token, state) is below record b's, byte by byte: no floats, and
 -- no locale (Lua's own < on strings collates).

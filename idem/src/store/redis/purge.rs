@@ -124,32 +124,48 @@ impl RedisStore {
         for key in keys {
             pipe.cmd("GETRANGE").arg(key).arg(0).arg(HEADER_LEN - 1);
         }
-        let replies: Vec<Value> = match &self.conn {
-            Conn::Single(c) => self.bounded(pipe.query_async(&mut c.clone())).await?,
-            Conn::Cluster(h) => {
-                let mut connection = h.connection();
-                self.bounded(connection.route_pipeline(pipe, 0, keys.len(), address(node)?))
-                    .await?
-            }
-        };
+        let replies = self.pipeline_on(node, pipe, keys.len()).await?;
         let token_before = claimed_before.saturating_mul(idem_core::TOKENS_PER_MS);
-        let mut found = Vec::new();
+        let mut candidates = Vec::new();
+        let mut hashes = Vec::new();
         for (key, reply) in keys.iter().zip(&replies) {
+            match reply {
+                Value::BulkString(header) if header_in_progress_before(header, token_before) => {
+                    candidates.push(key);
+                }
+                Value::ServerError(e) => match e.code() {
+                    "WRONGTYPE" => hashes.push(key),
+                    // Moved to another master since the SCAN: listed from there.
+                    "MOVED" | "ASK" | "TRYAGAIN" => {}
+                    _ => return Err(StoreError::Unavailable(format!("redis: {node}: {e}"))),
+                },
+                _ => {}
+            }
+        }
+        if !hashes.is_empty() {
+            // Records idem 0.1 wrote, as hashes: their state and token fields.
+            let mut pipe = redis::pipe();
+            pipe.ignore_errors();
+            for key in &hashes {
+                pipe.cmd("HMGET").arg(key).arg("s").arg("t");
+            }
+            let replies = self.pipeline_on(node, pipe, hashes.len()).await?;
+            for (key, reply) in hashes.into_iter().zip(&replies) {
+                // An error here: moved, or rewritten as a string just now (not orphaned).
+                if let Ok((Some(state), Some(token))) =
+                    redis::from_redis_value_ref::<(Option<String>, Option<u64>)>(reply)
+                {
+                    if state == "0" && token < token_before {
+                        candidates.push(key);
+                    }
+                }
+            }
+        }
+        let mut found = Vec::new();
+        for key in candidates {
             let Some(record_key) = self.record_key_of(key) else {
                 continue;
             };
-            let candidate = match reply {
-                Value::BulkString(header) => header_in_progress_before(header, token_before),
-                // Gone since the SCAN.
-                Value::Nil => false,
-                // A hash of idem 0.1: its record is read below.
-                Value::ServerError(e) if e.code() == "WRONGTYPE" => true,
-                // A key moved to another master since the SCAN is listed from there.
-                _ => false,
-            };
-            if !candidate {
-                continue;
-            }
             // The record itself decides (it may have changed since).
             if let Some(record) = self.read(&record_key).await? {
                 if record.in_progress_claimed_before(claimed_before) {
@@ -159,6 +175,23 @@ impl RedisStore {
         }
         found.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(found)
+    }
+
+    /// `pipe` on one node (`n` commands), each command's reply or error.
+    async fn pipeline_on(
+        &self,
+        node: &str,
+        pipe: redis::Pipeline,
+        n: usize,
+    ) -> Result<Vec<Value>, StoreError> {
+        match &self.conn {
+            Conn::Single(c) => self.bounded(pipe.query_async(&mut c.clone())).await,
+            Conn::Cluster(h) => {
+                let mut connection = h.connection();
+                self.bounded(connection.route_pipeline(pipe, 0, n, address(node)?))
+                    .await
+            }
+        }
     }
 
     /// The record key inside a Redis key `<namespace>:{<record key>}`.
