@@ -229,7 +229,7 @@ async fn connection(
 }
 
 /// An HTTP/1.1 connection to `addr`, its driver spawned.
-async fn open(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>> {
+pub(crate) async fn open(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>> {
     let stream = TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;

@@ -13,6 +13,7 @@
 
 mod backend;
 mod cpu;
+mod edge_hash;
 mod fingerprint;
 mod load;
 mod mode;
@@ -152,6 +153,13 @@ struct Args {
     /// Time per fingerprint case, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     fingerprint_ms: u64,
+    /// Only the edge's hash under workerd: the built worker (edge/build) under
+    /// `wrangler dev`, SHA-256 in WASM vs WebCrypto, by body size.
+    #[arg(long)]
+    edge_hash: bool,
+    /// Timed requests per case of --edge-hash (the median is taken).
+    #[arg(long, default_value_t = 9)]
+    edge_hash_rounds: usize,
     /// The idem-origin binary (default: the one beside this binary).
     #[arg(long)]
     origin_bin: Option<PathBuf>,
@@ -215,6 +223,7 @@ async fn bench() -> ExitCode {
         args.replay_keys = 200;
         args.fingerprint_ms = 100;
         args.scale_concurrency = 8;
+        args.edge_hash_rounds = 3;
         args.sweep_rows = args.sweep_rows.min(100_000);
     }
     match run(args).await {
@@ -267,6 +276,19 @@ async fn run(args: Args) -> Result<()> {
     };
     if !args.scale.is_empty() {
         return run_scale(&args, &bin, &targets, nonce).await;
+    }
+    if args.edge_hash {
+        if args.edge_hash_rounds == 0 {
+            anyhow::bail!("--edge-hash-rounds must be at least 1");
+        }
+        let rows =
+            edge_hash::run(&std::env::current_dir()?, &args.out, args.edge_hash_rounds).await?;
+        println!("idem-bench --edge-hash {}", date_utc());
+        print!("{}", edge_hash::table(&rows));
+        let path = args.out.join("edge-hash.json");
+        std::fs::write(&path, serde_json::to_string_pretty(&rows)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        return Ok(());
     }
     let fingerprints = if args.fingerprint_dir.is_dir() {
         eprintln!("fingerprint: native vs WASM under Node…");
@@ -457,6 +479,7 @@ async fn run_scale(
         sweep_rows: args.sweep_rows,
         out: &args.out,
         nonce,
+        rounds: args.repeat,
     })
     .await?;
     println!(
@@ -465,6 +488,12 @@ async fn run_scale(
         args.duration,
         started.elapsed().as_secs_f64()
     );
+    if args.repeat > 1 {
+        println!(
+            "{} rounds each, modes alternating: the median round",
+            args.repeat
+        );
+    }
     print!("{}", scale::tables(&outcome, args.scale_concurrency));
     let json = serde_json::json!({
         "rows": outcome.rows,

@@ -8,10 +8,15 @@ use idem_core::contract::{
     self, OriginDisposition, Problem, Rejection, Route, Waiting, DEFAULT_CACHED_HEADERS,
     DEFAULT_METHODS, IDEMPOTENCY_KEY, ORIGIN_DISPOSITION,
 };
-use idem_core::{Millis, RecordKey, StoredResponse};
+use idem_core::{Fingerprint, Millis, RecordKey, StoredResponse};
 
 /// Diagnostic response header: what the edge did ([`Handled`]).
 pub const EDGE_HEADER: &str = "idem-edge";
+
+/// Bodies of at least this many bytes are hashed by the runtime's SHA-256 (WebCrypto)
+/// rather than in WASM: measured under workerd by `idem-bench --edge-hash` (README,
+/// "The edge's hash").
+pub const RUNTIME_SHA256_FROM: usize = 64 * 1024;
 
 /// A request's head as the edge sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -158,6 +163,11 @@ pub trait EdgeRuntime {
     async fn sleep(&self, ms: u64);
     /// Logs a warning.
     fn warn(&self, message: &str);
+    /// SHA-256 by the runtime itself (WebCrypto), where it has one; `None`: hash in WASM.
+    async fn sha256(&self, message: &[u8]) -> Option<[u8; 32]> {
+        let _ = message;
+        None
+    }
 }
 
 /// Handles one request: the client's answer, carrying [`EDGE_HEADER`].
@@ -193,6 +203,22 @@ pub async fn handle<R: EdgeRuntime>(
         .map_body(Payload::Bytes)
 }
 
+/// The request's fingerprint: SHA-256 in WASM, or by the runtime for bodies of at least
+/// [`RUNTIME_SHA256_FROM`] bytes, where that measured faster under workerd
+/// (`idem-bench --edge-hash`). The same bytes are hashed either way
+/// (`contract::fingerprint_message`; the shared vectors check both).
+async fn fingerprint_of<R: EdgeRuntime>(runtime: &R, head: &Head, body: &[u8]) -> Fingerprint {
+    let content_type = || head.values("content-type");
+    if body.len() >= RUNTIME_SHA256_FROM {
+        let message =
+            contract::fingerprint_message(&head.method, &head.path_and_query, content_type(), body);
+        if let Some(digest) = runtime.sha256(&message).await {
+            return Fingerprint(digest);
+        }
+    }
+    contract::fingerprint(&head.method, &head.path_and_query, content_type(), body)
+}
+
 /// A guarded request, its body read: claimed at the edge, forwarded once, its answer
 /// kept when the origin stored it.
 async fn guarded<R: EdgeRuntime>(
@@ -202,13 +228,7 @@ async fn guarded<R: EdgeRuntime>(
     record_key: RecordKey,
     body: Vec<u8>,
 ) -> Answer {
-    let fingerprint = contract::fingerprint(
-        &head.method,
-        &head.path_and_query,
-        head.values("content-type"),
-        &body,
-    )
-    .to_hex();
+    let fingerprint = fingerprint_of(runtime, &head, &body).await.to_hex();
     let records = match runtime.records(&record_key) {
         Ok(records) => records,
         Err(why) => return degraded(runtime, config, &head, body, &why).await,

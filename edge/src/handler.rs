@@ -16,6 +16,10 @@ use worker::{
 /// under `wait_until`: a client that hangs up does not cancel it halfway, which would
 /// leave the key claimed at the edge (409s) for an answer the origin already has.
 pub async fn handle(req: Request, env: Env, ctx: Context) -> Result<Response> {
+    if req.path() == crate::bench::PATH && var(&env, "IDEM_BENCH").as_deref() == Some("fingerprint")
+    {
+        return crate::bench::serve(req).await;
+    }
     let config = match EdgeConfig::from_vars(|name| var(&env, name)) {
         Ok(config) => config,
         Err(why) => {
@@ -145,6 +149,10 @@ impl EdgeRuntime for Workers {
 
     fn warn(&self, message: &str) {
         console_warn!("{message}");
+    }
+
+    async fn sha256(&self, message: &[u8]) -> Option<[u8; 32]> {
+        crate::webcrypto::sha256(message).await
     }
 }
 

@@ -27,9 +27,13 @@ pub mod memory;
 pub mod records;
 
 #[cfg(target_arch = "wasm32")]
+mod bench;
+#[cfg(target_arch = "wasm32")]
 mod durable;
 #[cfg(target_arch = "wasm32")]
 mod handler;
+#[cfg(target_arch = "wasm32")]
+mod webcrypto;
 
 #[cfg(target_arch = "wasm32")]
 pub use durable::IdemRecord;

@@ -27,8 +27,8 @@ pub use answer::{
 pub use jwt::{JwtKeys, JwtVerifier};
 pub use problem::{Problem, Rejection};
 pub use request::{
-    ambiguous_path, check_declared_length, check_pattern, fingerprint, guards, listed, normal_path,
-    route, Route,
+    ambiguous_path, check_declared_length, check_pattern, fingerprint, fingerprint_message, guards,
+    listed, normal_path, route, Route,
 };
 pub use scope::{Anonymous, ScopeRule, ScopeSource};
 pub use wait::{prefer_wait, wait_ms, wait_ms_or, Waiting};

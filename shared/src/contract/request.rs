@@ -223,6 +223,33 @@ pub fn fingerprint<'a>(
     content_type: impl IntoIterator<Item = &'a [u8]>,
     body: &[u8],
 ) -> Fingerprint {
+    with_parts(method, path_and_query, content_type, body, Fingerprint::of)
+}
+
+/// The bytes [`fingerprint`] hashes with SHA-256, for a runtime that hashes them
+/// itself (the edge hands large bodies to WebCrypto); wrap the digest in [`Fingerprint`].
+pub fn fingerprint_message<'a>(
+    method: &str,
+    path_and_query: &str,
+    content_type: impl IntoIterator<Item = &'a [u8]>,
+    body: &[u8],
+) -> alloc::vec::Vec<u8> {
+    with_parts(
+        method,
+        path_and_query,
+        content_type,
+        body,
+        Fingerprint::message,
+    )
+}
+
+fn with_parts<'a, T>(
+    method: &str,
+    path_and_query: &str,
+    content_type: impl IntoIterator<Item = &'a [u8]>,
+    body: &[u8],
+    then: impl FnOnce(&RequestParts<'_>) -> T,
+) -> T {
     let mut values = content_type.into_iter();
     let content_type: Option<Cow<'_, str>> = match (values.next(), values.next()) {
         (None, _) => None,
@@ -236,7 +263,7 @@ pub fn fingerprint<'a>(
             Some(Cow::Owned(joined))
         }
     };
-    Fingerprint::of(&RequestParts {
+    then(&RequestParts {
         method,
         path_and_query: if path_and_query.is_empty() {
             "/"
