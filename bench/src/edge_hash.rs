@@ -16,7 +16,17 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Body sizes asked for (a JSON body is the largest whole number of items below it).
-const SIZES: [usize; 6] = [128, 1024, 16 << 10, 64 << 10, 256 << 10, 1 << 20];
+const SIZES: [usize; 9] = [
+    128,
+    1024,
+    2048,
+    4096,
+    8192,
+    16 << 10,
+    64 << 10,
+    256 << 10,
+    1 << 20,
+];
 
 #[derive(Serialize, Clone)]
 pub struct EdgeHashRow {
@@ -157,7 +167,7 @@ async fn start(repo: &Path, out: &Path) -> Result<Workerd> {
             bail!("{} is missing: {how}", path.display());
         }
     }
-    let dir: PathBuf = out.join("edge-hash");
+    let dir: PathBuf = std::path::absolute(out.join("edge-hash"))?;
     std::fs::create_dir_all(&dir)?;
     let toml =
         std::fs::read_to_string(repo.join("wrangler.toml")).context("reading wrangler.toml")?;

@@ -1081,6 +1081,63 @@ async fn origin_with_large_answers(
     (TestOrigin::serve_router(app, store).await, runs)
 }
 
+/// Bodies of 4 KiB and more are hashed by workerd's WebCrypto, smaller ones in WASM
+/// (`RUNTIME_SHA256_FROM`): either way the edge stores exactly the fingerprint the
+/// origin computes natively, replays the same body, and refuses another under the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_fingerprints_large_bodies_with_webcrypto_as_the_origin_does() {
+    let (origin, runs) = origin_with_large_answers(Duration::from_secs(60), 100).await;
+    let edge = Edge::start(&origin.url(""), &[]).await;
+    let http = client();
+    let threshold = idem_edge::flow::RUNTIME_SHA256_FROM;
+    let mut seen = Vec::new();
+    for (i, size) in [threshold / 2, threshold, 256 * 1024]
+        .into_iter()
+        .enumerate()
+    {
+        let note = "n".repeat(size.saturating_sub(60));
+        let body =
+            format!(r#"{{"customer":"cus_{i}","amount":1000,"currency":"usd","note":"{note}"}}"#);
+        let key = format!("webcrypto-{i}");
+        let before = edge.stored_records().len();
+        let first = post(&http, &edge.base, &key, body.clone(), false).await;
+        assert_eq!(first.status(), 201, "{size}-byte body");
+        let records = edge.stored_records();
+        assert_eq!(records.len(), before + 1, "one more record at the edge");
+        let native = idem_core::contract::fingerprint(
+            "POST",
+            "/v1/charges",
+            [b"application/json".as_slice()],
+            body.as_bytes(),
+        );
+        // The stored value is the record's encoding, V8-serialised: its 32 fingerprint
+        // bytes appear in it as they are.
+        assert!(
+            records
+                .iter()
+                .any(|(_, _, hex)| hex.to_ascii_lowercase().contains(&native.to_hex())),
+            "the edge's fingerprint of a {}-byte body is the origin's",
+            body.len()
+        );
+        let retry = post(&http, &edge.base, &key, body.clone(), false).await;
+        assert_eq!(retry.headers()["idem-edge"], "replayed");
+        let mut other = body.clone();
+        other.replace_range(other.len() - 3..other.len() - 2, "m");
+        let refused = post(&http, &edge.base, &key, other, false).await;
+        assert_eq!(refused.status(), 422, "another body under the key");
+        seen.push(body.len());
+    }
+    let executions = runs.load(std::sync::atomic::Ordering::SeqCst);
+    report(
+        "edge",
+        &format!(
+            "bodies of {seen:?} bytes (WebCrypto from {threshold}): the edge's fingerprint \
+             is the origin's for each; replayed, another body refused; {executions} executions"
+        ),
+    );
+    assert_eq!(executions, 3, "one execution per key");
+}
+
 /// The Durable Object's storage as workerd wrote it: the record is bytes (not hex, at
 /// twice the size), and its alarm deletes it once the origin's record has expired —
 /// not before.

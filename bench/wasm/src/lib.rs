@@ -57,7 +57,7 @@ pub fn fingerprint(json: bool, body: &[u8]) -> Vec<u8> {
 }
 
 /// What the edge does instead: the bytes to hash, made in WASM and handed to the
-/// runtime's WebCrypto SHA-256 (see `edge/src/handler.rs`).
+X
 #[wasm_bindgen(js_name = fingerprintMessage)]
 pub fn fingerprint_message(json: bool, body: &[u8]) -> Vec<u8> {
     Fingerprint::message(&request(json, body))
