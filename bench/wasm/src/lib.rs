@@ -56,8 +56,9 @@ pub fn fingerprint(json: bool, body: &[u8]) -> Vec<u8> {
     fingerprint_of(json, body).0.to_vec()
 }
 
-/// What the edge does instead: the bytes to hash, made in WASM and handed to the
-X
+/// What the edge does instead for bodies of 4 KiB and more: the bytes to hash, made
+/// in WASM and handed to the runtime's WebCrypto SHA-256 (`edge/src/flow.rs`,
+/// `fingerprint_of`).
 #[wasm_bindgen(js_name = fingerprintMessage)]
 pub fn fingerprint_message(json: bool, body: &[u8]) -> Vec<u8> {
     Fingerprint::message(&request(json, body))
