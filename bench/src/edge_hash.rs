@@ -11,6 +11,7 @@ use http_body_util::{BodyExt, Full};
 use idem_core::{Fingerprint, RequestParts};
 use serde::Serialize;
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -50,7 +51,21 @@ struct Workerd {
 }
 
 impl Drop for Workerd {
+    /// wrangler leads a process group of its own, workerd in it: the whole group is
+    /// ended, politely, then firmly.
     fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill")
+            .args(["-s", "TERM", "--", &group])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline && !matches!(self.child.try_wait(), Ok(Some(_))) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = Command::new("kill")
+            .args(["-s", "KILL", "--", &group])
+            .status();
+        // (And wrangler itself, should `kill` be missing.)
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -201,6 +216,7 @@ async fn start(repo: &Path, out: &Path) -> Result<Workerd> {
         .env("WRANGLER_SEND_ERROR_REPORTS", "false")
         .env("CLOUDFLARE_CF_FETCH_ENABLED", "false")
         .env("CI", "true")
+        .process_group(0)
         .current_dir(&dir)
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)

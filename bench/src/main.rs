@@ -155,7 +155,7 @@ struct Args {
     fingerprint_ms: u64,
     /// Only the edge's hash under workerd: the built worker (edge/build) under
     /// `wrangler dev`, SHA-256 in WASM vs WebCrypto, by body size.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "scale")]
     edge_hash: bool,
     /// Timed requests per case of --edge-hash (the median is taken).
     #[arg(long, default_value_t = 9)]
@@ -833,6 +833,9 @@ fn write_outputs(
     print!("{}", report::table(rows));
     if let Some(cost) = report::transactional_cost(rows) {
         print!("{cost}");
+    }
+    if let Some(ratio) = report::tiered_async_vs_cluster(rows) {
+        print!("{ratio}");
     }
     println!();
     print!("{}", report::cpu_table(rows));

@@ -96,6 +96,30 @@ fn opt(v: Option<f64>, decimals: usize) -> String {
 /// transaction, against the same charge committed on its own first — measured in the
 /// same run — per concurrency.
 pub fn transactional_cost(rows: &[Row]) -> Option<String> {
+    new_key_ratios(
+        rows,
+        "pg-demo-transactional",
+        "pg-demo-separate",
+        "transactional completion",
+        "separate",
+    )
+}
+
+/// Tiered async's new keys against the plain Redis Cluster mode's: the hot path is
+/// Redis in both, so the ratio is what the write-behind costs.
+pub fn tiered_async_vs_cluster(rows: &[Row]) -> Option<String> {
+    new_key_ratios(
+        rows,
+        "tiered-async",
+        "redis-cluster",
+        "tiered async",
+        "redis-cluster",
+    )
+}
+
+/// "`label`, new keys, N conns: a req/s vs b `versus` = a ÷ b", at each concurrency
+/// both modes ran.
+fn new_key_ratios(rows: &[Row], a: &str, b: &str, label: &str, versus: &str) -> Option<String> {
     let rps = |mode: &str, c: usize| {
         rows.iter()
             .find(|r| r.mode == mode && r.phase == "unique" && r.concurrency == c)
@@ -104,16 +128,15 @@ pub fn transactional_cost(rows: &[Row]) -> Option<String> {
     let mut s = String::new();
     for c in rows
         .iter()
-        .filter(|r| r.mode == "pg-demo-transactional" && r.phase == "unique")
+        .filter(|r| r.mode == a && r.phase == "unique")
         .map(|r| r.concurrency)
     {
-        if let (Some(tx), Some(sep)) = (rps("pg-demo-transactional", c), rps("pg-demo-separate", c))
-        {
-            if sep > 0.0 {
+        if let (Some(x), Some(y)) = (rps(a, c), rps(b, c)) {
+            if y > 0.0 {
                 let _ = writeln!(
                     s,
-                    "transactional completion, new keys, {c} conns: {tx:.0} req/s vs {sep:.0} separate = {:.2}",
-                    tx / sep
+                    "{label}, new keys, {c} conns: {x:.0} req/s vs {y:.0} {versus} = {:.2}",
+                    x / y
                 );
             }
         }

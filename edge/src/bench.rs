@@ -1,5 +1,6 @@
 //! `POST /__idem/bench/fingerprint?impl=wasm|webcrypto&iters=K`, for `idem-bench
-//! --edge-hash` only, and served only when the var `IDEM_BENCH` is `fingerprint`: the
+//! --edge-hash` only, and served only when the var `IDEM_BENCH` is `fingerprint` (never
+//! set it on a deployed worker: the route answers anyone, before any check): the
 //! posted body fingerprinted K times, by SHA-256 in WASM or by WebCrypto over the same
 //! message, and the fingerprint as the answer. The bench times requests with K and
 //! with 0 from outside: workerd's clocks stand still while a request computes.
@@ -10,8 +11,11 @@ use worker::{Request, Response, Result};
 
 pub const PATH: &str = "/__idem/bench/fingerprint";
 
-/// More would hold a request for seconds.
+/// Bounds on one request's work (iterations × body bytes, a body counted as at least
+/// 1 KiB) and on its body: more would hold the isolate for seconds.
 const MOST_ITERATIONS: u32 = 100_000;
+const MOST_WORK_BYTES: usize = 64 << 20;
+const MOST_BODY_BYTES: usize = 1 << 20;
 
 pub async fn serve(mut req: Request) -> Result<Response> {
     let url = req.url()?;
@@ -32,6 +36,13 @@ pub async fn serve(mut req: Request) -> Result<Response> {
     };
     let content_type = req.headers().get("content-type")?;
     let body = req.bytes().await?;
+    if body.len() > MOST_BODY_BYTES || iterations as usize * body.len().max(1024) > MOST_WORK_BYTES
+    {
+        return Response::error(
+            format!("at most {MOST_BODY_BYTES} body bytes and {MOST_WORK_BYTES} bytes hashed per request"),
+            413,
+        );
+    }
     let parts = RequestParts {
         method: "POST",
         path_and_query: "/v1/charges",

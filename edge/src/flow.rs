@@ -217,6 +217,7 @@ async fn fingerprint_of<R: EdgeRuntime>(runtime: &R, head: &Head, body: &[u8]) -
         if let Some(digest) = runtime.sha256(&message).await {
             return Fingerprint(digest);
         }
+        runtime.warn("WebCrypto did not digest a request's fingerprint; hashed in WASM");
     }
     contract::fingerprint(&head.method, &head.path_and_query, content_type(), body)
 }

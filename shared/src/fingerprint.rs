@@ -42,8 +42,7 @@ impl Fingerprint {
     /// The exact bytes [`Fingerprint::of`] hashes with SHA-256, for a caller that
     /// hashes them elsewhere — the runtime's WebCrypto, say, whose native SHA-256 beats
     /// WASM on large bodies and loses on small ones (the bench compares them; the edge
-    /// hashes in WASM with [`Fingerprint::of`]). Wrap the 32-byte digest in
-    /// [`Fingerprint`].
+    /// hands it bodies of 4 KiB and more). Wrap the 32-byte digest in [`Fingerprint`].
     pub fn message(req: &RequestParts<'_>) -> Vec<u8> {
         let mut essence = [0u8; 128];
         let mut canonical = None;

@@ -5,6 +5,7 @@
 use idem_tests::upstream::sqlite as try_sqlite;
 use idem_tests::{charge_body, client, proof, report, TestDb, TestOrigin};
 use std::collections::BTreeMap;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -172,6 +173,7 @@ impl Edge {
             .env("WRANGLER_SEND_ERROR_REPORTS", "false")
             .env("CLOUDFLARE_CF_FETCH_ENABLED", "false")
             .env("CI", "true")
+            .process_group(0)
             .current_dir(&state)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -200,17 +202,21 @@ fn sqlite(db: &Path, query: &str) -> String {
 
 impl Drop for Edge {
     fn drop(&mut self) {
-        // wrangler runs workerd as a child: end the whole group politely, then firmly.
+        // wrangler runs workerd as a child: end the whole group (wrangler leads its
+        // own, see `launch_in`) politely, then firmly.
+        let group = format!("-{}", self.child.id());
         let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args(["-s", "TERM", "--", &group])
             .status();
         let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
+        while Instant::now() < deadline && !matches!(self.child.try_wait(), Ok(Some(_))) {
             std::thread::sleep(Duration::from_millis(50));
         }
+        // Whatever of the group is left (workerd outliving wrangler, say).
+        let _ = Command::new("kill")
+            .args(["-s", "KILL", "--", &group])
+            .status();
+        // (And wrangler itself, should `kill` be missing.)
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -1095,9 +1101,11 @@ async fn the_edge_fingerprints_large_bodies_with_webcrypto_as_the_origin_does() 
         .into_iter()
         .enumerate()
     {
-        let note = "n".repeat(size.saturating_sub(60));
+        // 61 bytes around the note: bodies of exactly 2 KiB, 4 KiB (the threshold), 256 KiB.
+        let note = "n".repeat(size - 61);
         let body =
             format!(r#"{{"customer":"cus_{i}","amount":1000,"currency":"usd","note":"{note}"}}"#);
+        assert_eq!(body.len(), size);
         let key = format!("webcrypto-{i}");
         let before = edge.stored_records().len();
         let first = post(&http, &edge.base, &key, body.clone(), false).await;
