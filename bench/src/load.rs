@@ -89,6 +89,20 @@ impl LoadResult {
     }
 }
 
+/// Sends each key of a `Keys::Seed` once, unmeasured: what the replay phases replay.
+pub async fn seed(addr: SocketAddr, concurrency: usize, keys: Keys) -> Result<LoadResult> {
+    let none = Duration::ZERO;
+    drive(
+        addr,
+        concurrency,
+        keys,
+        none,
+        none,
+        Arc::new(AtomicU64::new(0)),
+    )
+    .await
+}
+
 /// Runs one phase: `warmup` unmeasured, then `measure`; a `Seed` phase instead runs
 /// until its keys are used up. `sent` counts every answered request, for progress.
 pub async fn drive(

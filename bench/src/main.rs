@@ -366,15 +366,7 @@ async fn run(args: Args) -> Result<()> {
                 prefix: format!("r{prefix}"),
                 count: args.replay_keys,
             };
-            let seeded = load::drive(
-                origin.addr,
-                c,
-                seed,
-                Duration::ZERO,
-                Duration::ZERO,
-                Arc::new(AtomicU64::new(0)),
-            )
-            .await?;
+            let seeded = load::seed(origin.addr, c, seed).await?;
             if seeded.unexpected > 0 {
                 anyhow::bail!(
                     "{}: seeding the replay keys got {} unexpected answers, e.g. {}",
@@ -571,15 +563,7 @@ async fn compare_with_peer(
                     prefix: format!("r{prefix}"),
                     count: args.replay_keys,
                 };
-                load::drive(
-                    addr,
-                    c,
-                    seed,
-                    Duration::ZERO,
-                    Duration::ZERO,
-                    Arc::new(AtomicU64::new(0)),
-                )
-                .await?;
+                load::seed(addr, c, seed).await?;
                 let replay = Keys::Replay {
                     prefix: format!("r{prefix}"),
                     count: args.replay_keys,

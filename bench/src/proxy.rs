@@ -287,15 +287,7 @@ async fn run_one(s: &Settings<'_>, kind: UpstreamKind) -> Result<Vec<ProxyRow>> 
                 prefix: format!("r{prefix}"),
                 count: s.replay_keys,
             };
-            let seeded = load::drive(
-                origin.addr,
-                c,
-                seed,
-                Duration::ZERO,
-                Duration::ZERO,
-                Arc::default(),
-            )
-            .await?;
+            let seeded = load::seed(origin.addr, c, seed).await?;
             if seeded.unexpected > 0 {
                 bail!(
                     "proxy {}: seeding the replay keys got {} unexpected answers, e.g. {}",

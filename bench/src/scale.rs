@@ -245,15 +245,7 @@ async fn template(
         prefix: prefix.clone(),
         count: 1,
     };
-    let sent = load::drive(
-        origin.addr,
-        1,
-        seed,
-        Duration::ZERO,
-        Duration::ZERO,
-        Arc::new(AtomicU64::new(0)),
-    )
-    .await?;
+    let sent = load::seed(origin.addr, 1, seed).await?;
     if sent.ok != 1 {
         bail!(
             "the template request was not answered 201: {}",
