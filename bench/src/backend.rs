@@ -3,6 +3,7 @@
 //! bench's housekeeping: a database of its own, and deleting what it wrote.
 
 use anyhow::{anyhow, bail, Context, Result};
+use idem::store::postgres::IdColumn;
 use redis::aio::MultiplexedConnection;
 use std::str::FromStr;
 use tokio_postgres::{Client, NoTls};
@@ -75,6 +76,11 @@ impl Postgres {
         &self.client
     }
 
+    /// How the records table (created by the origin) holds keys.
+    pub async fn id_column(&self) -> Result<IdColumn> {
+        id_column(&self.client).await
+    }
+
     /// Empties the records table (when the origin has created it).
     pub async fn truncate_records(&self) -> Result<()> {
         self.client
@@ -88,6 +94,20 @@ impl Postgres {
             .context("emptying idem_records")?;
         Ok(())
     }
+}
+
+/// How `idem_records` (created by the origin) holds keys.
+pub async fn id_column(client: &Client) -> Result<IdColumn> {
+    let name: String = client
+        .query_one(
+            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+             WHERE attrelid = 'idem_records'::regclass AND attname = 'id'",
+            &[],
+        )
+        .await
+        .context("reading the type of idem_records.id")?
+        .get(0);
+    IdColumn::of_type(&name).with_context(|| format!("idem_records.id is of type {name}"))
 }
 
 async fn connect(config: &tokio_postgres::Config) -> Result<Client, tokio_postgres::Error> {

@@ -627,7 +627,19 @@ async fn measure_raw(raw: Raw, c: usize, args: &Args, s: &Services) -> Result<ra
     };
     match raw {
         Raw::Pgbench(strategy) => {
-            raw::pgbench(&args.database_url, strategy, c, args.duration, &args.out).await
+            let id = match &s.pg {
+                Some(pg) => pg.id_column().await?,
+                None => anyhow::bail!("pgbench needs the bench's Postgres"),
+            };
+            raw::pgbench(
+                &args.database_url,
+                strategy,
+                id,
+                c,
+                args.duration,
+                &args.out,
+            )
+            .await
         }
         Raw::RedisSetNx => {
             let (h, p) = host_port(&args.redis_url)?;

@@ -4,6 +4,7 @@
 //! Postgres and with pipelines straight to each Redis Cluster master.
 
 use anyhow::{bail, Context, Result};
+use idem::store::postgres::IdColumn;
 use idem_core::{
     Fingerprint, IdempotencyKey, Millis, Record, RecordKey, RequestParts, Scope, StoredResponse,
     TOKENS_PER_MS,
@@ -20,7 +21,9 @@ const CHUNK: u64 = 10_000;
 
 /// One record, ready for either store.
 struct Prepared {
+    /// The record key as hex text, and as its bytes.
     id: String,
+    id_bytes: Vec<u8>,
     token: i64,
     state: i16,
     expires_at: i64,
@@ -75,15 +78,23 @@ pub async fn write(
         }));
     }
     drop(tx);
+    let id_column = match targets.pg {
+        Some(pg) => Some(crate::backend::id_column(pg).await?),
+        None => None,
+    };
     let copy = match targets.pg {
         Some(pg) => {
+            let id_type = match id_column {
+                Some(IdColumn::Text) => Type::TEXT,
+                _ => Type::BYTEA,
+            };
             let sink = pg
                 .copy_in(
                     "COPY idem_records (id, token, state, expires_at, record) FROM STDIN BINARY",
                 )
                 .await
                 .context("starting COPY into idem_records")?;
-            let types = [Type::TEXT, Type::INT8, Type::INT2, Type::INT8, Type::BYTEA];
+            let types = [id_type, Type::INT8, Type::INT2, Type::INT8, Type::BYTEA];
             Some(Box::pin(BinaryCopyInWriter::new(sink, &types)))
         }
         None => None,
@@ -94,8 +105,12 @@ pub async fn write(
         let to_pg = async {
             if let Some(w) = copy.as_mut() {
                 for r in rows.iter() {
+                    let id: &(dyn tokio_postgres::types::ToSql + Sync) = match id_column {
+                        Some(IdColumn::Text) => &r.id,
+                        _ => &r.id_bytes,
+                    };
                     w.as_mut()
-                        .write(&[&r.id, &r.token, &r.state, &r.expires_at, &r.record])
+                        .write(&[id, &r.token, &r.state, &r.expires_at, &r.record])
                         .await
                         .context("COPY into idem_records")?;
                 }
@@ -126,6 +141,13 @@ pub async fn write(
     Ok(written)
 }
 
+/// The bytes a string of hex digits spells.
+fn hex_bytes(hex: &str) -> Vec<u8> {
+    (0..hex.len() / 2)
+        .filter_map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect()
+}
+
 fn prepare(prefix: &str, range: Range<u64>, shape: &Shape) -> Result<Vec<Prepared>> {
     let scope = Scope::from_authorization(None);
     let token = shape.now * TOKENS_PER_MS;
@@ -147,8 +169,10 @@ fn prepare(prefix: &str, range: Range<u64>, shape: &Shape) -> Result<Vec<Prepare
                 response: shape.response.clone(),
                 expires_at: shape.expires_at,
             };
+            let id = RecordKey::new(&scope, &parsed).as_str().to_string();
             Ok(Prepared {
-                id: RecordKey::new(&scope, &parsed).as_str().to_string(),
+                id_bytes: hex_bytes(&id),
+                id,
                 token: i64::try_from(record.token())?,
                 state: i16::from(record.state_code()),
                 expires_at: i64::try_from(record.expires_at())?,

@@ -3,7 +3,7 @@
 //! store's own claim statements.
 
 use anyhow::{anyhow, bail, Context, Result};
-use idem::store::postgres::{claim_statements, completion_statement};
+use idem::store::postgres::{claim_statements, completion_statement, IdColumn};
 use idem::store::PgStrategy;
 use idem_core::{decide, Decision, Fingerprint, Policy, StoredResponse};
 use serde::Serialize;
@@ -82,7 +82,7 @@ pub fn parse_redis_benchmark_csv(out: &str) -> Result<RawResult> {
 /// The pgbench script for `strategy`: the statements of one request for a new key —
 /// the store's claim, then its completion — with a random id and representative
 /// records (an in-progress claim; a completed 201 with a demo charge's body).
-pub fn pgbench_script(strategy: PgStrategy) -> String {
+pub fn pgbench_script(strategy: PgStrategy, id: IdColumn) -> String {
     let policy = Policy::default();
     let now = 1_800_000_000_000;
     let Decision::Execute(claim) = decide(None, &Fingerprint([7; 32]), now, &policy) else {
@@ -98,10 +98,10 @@ pub fn pgbench_script(strategy: PgStrategy) -> String {
     };
     let completed = claim.holder().completed(response, now, &policy);
     let mut script = String::from("\\set n random(1, 9000000000000000000)\n");
-    let statements = claim_statements(strategy)
-        .iter()
-        .map(|s| (*s, &claim.record))
-        .chain([(completion_statement(), &completed)]);
+    let statements = claim_statements(strategy, id)
+        .into_iter()
+        .map(|s| (s, &claim.record))
+        .chain([(completion_statement(id), &completed)]);
     for (statement, record) in statements {
         let hex: String = record.encode().iter().map(|b| format!("{b:02x}")).collect();
         let s = statement
@@ -131,13 +131,14 @@ pub fn pgbench_script(strategy: PgStrategy) -> String {
 
 /// Round trips of one pgbench script (the claim statements and the completion).
 pub fn pgbench_round_trips(strategy: PgStrategy) -> usize {
-    claim_statements(strategy).len() + 1
+    claim_statements(strategy, IdColumn::Bytes).len() + 1
 }
 
 /// `pgbench` with the store's statements for a new key, `clients` connections, for `duration`.
 pub async fn pgbench(
     database_url: &str,
     strategy: PgStrategy,
+    id: IdColumn,
     clients: usize,
     duration: Duration,
     workdir: &Path,
@@ -151,7 +152,7 @@ pub async fn pgbench(
     let user = config.get_user().unwrap_or("postgres").to_string();
     let db = config.get_dbname().unwrap_or("postgres").to_string();
     let script_path = workdir.join(format!("pgbench-{strategy:?}.sql").to_lowercase());
-    std::fs::write(&script_path, pgbench_script(strategy))
+    std::fs::write(&script_path, pgbench_script(strategy, id))
         .with_context(|| format!("writing {}", script_path.display()))?;
     let statements = pgbench_round_trips(strategy) as f64;
     let mut cmd = Command::new("pgbench");
@@ -235,7 +236,7 @@ mod tests {
 
     #[test]
     fn pgbench_script_is_the_store_statements_one_per_line() {
-        let s = pgbench_script(PgStrategy::OnConflict);
+        let s = pgbench_script(PgStrategy::OnConflict, IdColumn::Bytes);
         let lines: Vec<&str> = s.lines().collect();
         assert_eq!(lines.len(), 3, "{s}");
         assert!(lines[1].starts_with("WITH clock AS MATERIALIZED"), "{s}");
@@ -245,11 +246,11 @@ mod tests {
             "{s}"
         );
         assert!(!s.contains('$'), "every parameter is replaced: {s}");
-        let s = pgbench_script(PgStrategy::AdvisoryLock);
+        let s = pgbench_script(PgStrategy::AdvisoryLock, IdColumn::Bytes);
         assert_eq!(s.lines().count(), 7, "{s}");
         assert_eq!(pgbench_round_trips(PgStrategy::AdvisoryLock), 6);
         assert!(s.contains(
-            "pg_advisory_xact_lock(hashtext((md5(:n::text) || md5((:n::int8 + 1)::text))))"
+            "pg_advisory_xact_lock(hashtext((md5(:n::text) || md5((:n::int8 + 1)::text))::text))"
         ));
     }
 }

@@ -261,7 +261,9 @@ async fn template(
         (_, _, Some(pg)) => pg
             .client()
             .query_opt(
-                "SELECT record FROM idem_records WHERE id = $1",
+                &pg.id_column()
+                    .await?
+                    .render("SELECT record FROM idem_records WHERE id = {id}"),
                 &[&id.as_str()],
             )
             .await?

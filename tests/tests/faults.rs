@@ -515,7 +515,7 @@ async fn sigterm_during_async_load_flushes_the_outbox() {
         );
         let row = client
             .query_opt(
-                "SELECT state FROM idem_records WHERE id = $1",
+                "SELECT state FROM idem_records WHERE id = decode($1::text, 'hex')",
                 &[&id.as_str()],
             )
             .await

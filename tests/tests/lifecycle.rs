@@ -559,7 +559,7 @@ async fn tiered_async_asks_the_authority_before_taking_over_a_stale_redis_record
                 .client()
                 .await
                 .query_opt(
-                    "SELECT record FROM idem_records WHERE id = $1 AND state = 1",
+                    "SELECT record FROM idem_records WHERE id = decode($1::text, 'hex') AND state = 1",
                     &[&record_key.as_str()],
                 )
                 .await
@@ -587,7 +587,7 @@ async fn tiered_async_asks_the_authority_before_taking_over_a_stale_redis_record
         let charges = ledger.count_for_key(name);
         let kept = db
             .count(&format!(
-                "SELECT count(*) FROM idem_records WHERE id = '{}' AND state = 1 AND token = {}",
+                "SELECT count(*) FROM idem_records WHERE id = decode('{}', 'hex') AND state = 1 AND token = {}",
                 record_key.as_str(),
                 completed.token()
             ))
@@ -647,7 +647,7 @@ async fn tiered_async_a_live_holder_outlasts_a_retry_s_provisional_claim() {
         db.client()
             .await
             .query_opt(
-                "SELECT record FROM idem_records WHERE id = $1",
+                "SELECT record FROM idem_records WHERE id = decode($1::text, 'hex')",
                 &[&record_key.as_str()],
             )
             .await
@@ -734,7 +734,7 @@ async fn tiered_sync_lets_postgres_decide_over_a_stale_redis_claim() {
         .client()
         .await
         .query_one(
-            "SELECT record FROM idem_records WHERE id = $1",
+            "SELECT record FROM idem_records WHERE id = decode($1::text, 'hex')",
             &[&record_key.as_str()],
         )
         .await

@@ -6,7 +6,7 @@ mod conformance;
 
 use conformance::*;
 
-use idem::store::postgres::PgOptions;
+use idem::store::postgres::{IdColumn, PgOptions};
 use idem::store::tiered::outbox::OutboxOptions;
 use idem::store::{Durability, PostgresStore, RedisStore, ReplayCache, Store, TieredStore};
 use idem::store::{HolderWrite, StoreExt};
@@ -66,6 +66,122 @@ async fn postgres_advisory_lock() {
     let store = PostgresStore::connect(&db.url, options).await.unwrap();
     conformance(&store).await;
     purges_and_listing(&store).await;
+}
+
+/// A new table holds each key as its 32 bytes.
+#[tokio::test]
+async fn postgres_creates_tables_with_binary_keys() {
+    let db = TestDb::new("pg_bytes").await;
+    let store = pg(&db).await;
+    assert_eq!(store.id_column(), IdColumn::Bytes);
+    let k = key("bytes-1");
+    assert!(matches!(
+        store.claim(&k, &FP, store.now(), &P).await.unwrap(),
+        Decision::Execute(_)
+    ));
+    let stored = db
+        .client()
+        .await
+        .query_one(
+            "SELECT encode(id, 'hex'), octet_length(id) FROM idem_records",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(stored.get::<_, String>(0), k.as_str());
+    assert_eq!(stored.get::<_, i32>(1), 32);
+}
+
+/// A table idem 0.1 created keeps its text keys: idem serves it as it is, with either
+/// claim strategy and behind Redis; after README's conversion it serves the same
+/// records from binary keys, and a replica still using text keys fails closed.
+#[tokio::test]
+async fn postgres_serves_tables_of_idem_0_1_and_after_their_conversion() {
+    let db = TestDb::new("pg_text_ids").await;
+    // The schema exactly as idem 0.1 left it: its two migrations, applied.
+    db.exec(include_str!(
+        "../../idem/src/store/postgres/0001_records.sql"
+    ))
+    .await;
+    db.exec(
+        &include_str!("../../idem/src/store/postgres/0002_in_progress.sql")
+            .replace(" CONCURRENTLY", ""),
+    )
+    .await;
+    db.exec(
+        "CREATE TABLE idem_schema_migrations (
+            version int PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now());
+         INSERT INTO idem_schema_migrations (version) VALUES (1), (2)",
+    )
+    .await;
+    let text = pg(&db).await;
+    assert_eq!(
+        text.id_column(),
+        IdColumn::Text,
+        "not converted behind the operator's back"
+    );
+    conformance(&*text).await;
+    purges_and_listing(&*text).await;
+    let advisory = PostgresStore::connect(
+        &db.url,
+        PgOptions {
+            strategy: idem::store::PgStrategy::AdvisoryLock,
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    conformance(&advisory).await;
+    let behind = TieredStore::new(
+        redis(&redis_url()).await,
+        text.clone(),
+        Durability::Async,
+        OutboxOptions::default(),
+    );
+    conformance(&behind).await;
+    behind.flush().await.unwrap();
+
+    // An answer stored under a text key, then the conversion README gives.
+    let k = key("text-then-bytes");
+    let Decision::Execute(claim) = text.claim(&k, &FP, text.now(), &P).await.unwrap() else {
+        panic!("a new key executes")
+    };
+    let done = text
+        .write_as_holder(
+            &k,
+            &claim.holder(),
+            &idem_core::Transition::Complete(response("{\"n\":1}")),
+            text.now(),
+            &P,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(done, HolderWrite::Written), "{done:?}");
+    let before = text.get(&k).await.unwrap().expect("stored");
+    let rows = db.count("SELECT count(*) FROM idem_records").await;
+    db.exec(
+        "ALTER TABLE idem_records ALTER COLUMN id TYPE bytea USING decode(id, 'hex');
+         INSERT INTO idem_schema_migrations (version) VALUES (3)",
+    )
+    .await;
+    let bytes = pg(&db).await;
+    assert_eq!(bytes.id_column(), IdColumn::Bytes);
+    assert_eq!(db.count("SELECT count(*) FROM idem_records").await, rows);
+    assert_eq!(
+        bytes.get(&k).await.unwrap(),
+        Some(before),
+        "the same record"
+    );
+    assert!(matches!(
+        bytes.claim(&k, &FP, bytes.now(), &P).await.unwrap(),
+        Decision::Replay { .. }
+    ));
+    // The replica that still speaks text keys can neither claim nor read: it answers
+    // 503s until it restarts, and never runs a handler unguarded.
+    let fresh = key("after-conversion");
+    assert!(text.claim(&fresh, &FP, text.now(), &P).await.is_err());
+    assert!(text.get(&k).await.is_err());
+    conformance(&*bytes).await;
 }
 
 #[tokio::test]

@@ -85,6 +85,8 @@ pub struct PostgresStore {
     /// it runs must not starve claims and completions.
     transaction_pool: Pool,
     options: PgOptions,
+    /// The statements, for the table's key column.
+    sql: Arc<Sql>,
     clock: Arc<StoreClock>,
     /// How to open a connection outside the pools (the purge channel's `LISTEN`).
     connector: Connector,
@@ -101,6 +103,10 @@ enum Connector {
 }
 
 const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("postgres/0001_records.sql"))];
+/// Applied only with the table itself, to a table still empty. A table of idem 0.1 keeps
+/// its text keys until its operator converts it (README, "Postgres"): converting rewrites
+/// the table under an exclusive lock, and replicas of 0.1 can't use it afterwards.
+const WITH_NEW_TABLE: &[(i32, &str)] = &[(3, include_str!("postgres/0003_binary_ids.sql"))];
 /// Indexes added to an existing table: in the migration when the table is small, else
 /// with `CREATE INDEX CONCURRENTLY`, in the background after start-up, outside a
 /// transaction and with no statement timeout, so that adding one to a large table
@@ -115,129 +121,44 @@ const MIGRATION_LOCK: i64 = 0x1de4_0001;
 /// The same for the background index builds (with the schema's hash as second key).
 const INDEX_LOCK: i32 = 0x1de4_0002;
 
-/// Postgres' clock in ms since the epoch. `clock_timestamp()`, not `now()`: the time
-/// the statement runs, not when its transaction began.
-macro_rules! clock_ms {
-    () => {
-        "(extract(epoch FROM clock_timestamp()) * 1000)::int8"
-    };
-}
-
 mod purge;
+mod sql;
 pub mod transaction;
+
+pub use sql::IdColumn;
+use sql::{Sql, ADVISORY_LOCK, SWEEP};
 
 pub use transaction::{Authority, BeginError, CommitError, FencedTransaction};
 /// The Postgres client crates the store is built on, for handlers that run their own
 /// statements in a [`FencedTransaction`].
 pub use {deadpool_postgres, tokio_postgres};
 
-/// Insert-if-absent: inserts only when `$6` (the caller's time) is within `$7` ms of
-/// the database's clock; returns whether it inserted, the row otherwise, and the clock.
-const CLAIM_INSERT: &str = concat!(
-    "WITH clock AS MATERIALIZED (SELECT ",
-    clock_ms!(),
-    " AS now),
-    ins AS (
-        INSERT INTO idem_records (id, token, state, expires_at, record)
-        SELECT $1::text, $2::int8, $3::int2, $4::int8, $5::bytea FROM clock
-        WHERE abs(clock.now - $6::int8) <= $7::int8
-        ON CONFLICT (id) DO NOTHING RETURNING 1)
-    SELECT (SELECT count(*) FROM ins)::int AS inserted,
-           (SELECT record FROM idem_records WHERE id = $1) AS existing,
-           (SELECT now FROM clock) AS now"
-);
-/// Compare-and-swap on the whole record (`$2`, its exact bytes), under the clock check.
-const REPLACE: &str = concat!(
-    "WITH clock AS MATERIALIZED (SELECT ",
-    clock_ms!(),
-    " AS now),
-    upd AS (
-        UPDATE idem_records SET token = $3, state = $4, expires_at = $5, record = $6
-        WHERE id = $1 AND record = $2 AND (SELECT abs(now - $7::int8) <= $8::int8 FROM clock)
-        RETURNING 1)
-    SELECT (SELECT count(*) FROM upd)::int AS replaced, (SELECT now FROM clock) AS now"
-);
-#[cfg(feature = "testing")]
-const UPSERT: &str =
-    "INSERT INTO idem_records (id, token, state, expires_at, record) VALUES ($1, $2, $3, $4, $5)
-    ON CONFLICT (id) DO UPDATE SET token = EXCLUDED.token, state = EXCLUDED.state,
-        expires_at = EXCLUDED.expires_at, record = EXCLUDED.record";
-/// A holder's write under [`idem_core::Holder::check`]'s precondition and the clock
-/// check; returns whether it wrote, the clock, and the row as it was (to say why not).
-const HOLDER_WRITE: &str = concat!(
-    "WITH clock AS MATERIALIZED (SELECT ",
-    clock_ms!(),
-    " AS now),
-    upd AS (
-        UPDATE idem_records SET state = $3, expires_at = $4, record = $5
-        WHERE id = $1 AND token = $2 AND state = 0
-          AND (SELECT abs(now - $6::int8) <= $7::int8 FROM clock)
-        RETURNING 1)
-    SELECT (SELECT count(*) FROM upd)::int AS written, (SELECT now FROM clock) AS now,
-           (SELECT record FROM idem_records WHERE id = $1) AS current"
-);
-/// The write-behind upsert: many records in one statement, each applied only if it
-/// supersedes the stored row — `Record::supersedes` in SQL — and never over a
-/// completed row that has not expired: a stale claim must not bury an answer, nor may
-/// a holder's later completion replace the one its handler's transaction committed
-/// (`Record::may_write_behind`, row by row).
-const UPSERT_SUPERSEDING: &str = concat!(
-    "INSERT INTO idem_records (id, token, state, expires_at, record)
-    SELECT * FROM unnest($1::text[], $2::int8[], $3::int2[], $4::int8[], $5::bytea[])
-    ON CONFLICT (id) DO UPDATE SET token = EXCLUDED.token, state = EXCLUDED.state,
-        expires_at = EXCLUDED.expires_at, record = EXCLUDED.record
-    WHERE (EXCLUDED.token, EXCLUDED.state) >= (idem_records.token, idem_records.state)
-      AND NOT (idem_records.state = 1 AND idem_records.expires_at > ",
-    clock_ms!(),
-    ")"
-);
-const GET: &str = "SELECT record FROM idem_records WHERE id = $1";
-/// The advisory-lock strategy's read: the row and the clock, in the locked transaction.
-const GET_WITH_CLOCK: &str = concat!(
-    "SELECT (SELECT record FROM idem_records WHERE id = $1) AS record, ",
-    clock_ms!(),
-    " AS now"
-);
-const ADVISORY_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtext($1))";
-/// The advisory-lock strategy's writes: conditional, because holder writes don't take
-/// the lock (a completion may land between the locked read and the claim's write).
-const INSERT_LOCKED: &str = "INSERT INTO idem_records (id, token, state, expires_at, record)
-    VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING";
-const REPLACE_LOCKED: &str = "UPDATE idem_records SET token = $3, state = $4, expires_at = $5,
-    record = $6 WHERE id = $1 AND record = $2";
-/// Deletes rows expired before both the caller's `$1` and the database's clock.
-const SWEEP: &str = concat!(
-    "DELETE FROM idem_records WHERE id IN (
-    SELECT id FROM idem_records WHERE expires_at < LEAST($1::int8, ",
-    clock_ms!(),
-    ") ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)"
-);
-
 /// The statements a claim of a new key sends, in order, with the strategy's
 /// parameters (`$1` id, `$2` token, `$3` state, `$4` expires_at, `$5` record, `$6`
 /// the caller's clock, `$7` its tolerance). The bench runs them under `pgbench` to
 /// measure the raw database on the store's own SQL.
 #[cfg(feature = "testing")]
-pub fn claim_statements(strategy: PgStrategy) -> &'static [&'static str] {
-    match strategy {
-        PgStrategy::OnConflict => &[CLAIM_INSERT],
+pub fn claim_statements(strategy: PgStrategy, id: IdColumn) -> Vec<String> {
+    let statements: &[&str] = match strategy {
+        PgStrategy::OnConflict => &[sql::CLAIM_INSERT],
         PgStrategy::AdvisoryLock => &[
             "BEGIN",
             ADVISORY_LOCK,
-            GET_WITH_CLOCK,
-            INSERT_LOCKED,
+            sql::GET_WITH_CLOCK,
+            sql::INSERT_LOCKED,
             "COMMIT",
         ],
-        PgStrategy::Naive => &[GET, UPSERT],
-    }
+        PgStrategy::Naive => &[sql::GET, sql::UPSERT],
+    };
+    statements.iter().map(|s| id.render(s)).collect()
 }
 
 /// The statement a holder's completion sends (`$1` id, `$2` token, `$3` state,
 /// `$4` expires_at, `$5` record, `$6` the caller's clock, `$7` its tolerance): the
 /// second round trip of every new request.
 #[cfg(feature = "testing")]
-pub fn completion_statement() -> &'static str {
-    HOLDER_WRITE
+pub fn completion_statement(id: IdColumn) -> String {
+    id.render(sql::HOLDER_WRITE)
 }
 
 fn unavailable(e: impl std::error::Error) -> StoreError {
@@ -310,15 +231,17 @@ impl PostgresStore {
             options.ca_file.as_deref(),
         )?;
         let connector = connector(url, options.timeout, options.ca_file.as_deref(), None)?;
-        let store = PostgresStore {
+        let mut store = PostgresStore {
             pool,
             heartbeat_pool,
             transaction_pool,
             options,
+            sql: Arc::new(Sql::new(IdColumn::Bytes)),
             clock: Arc::new(StoreClock::new()),
             connector,
         };
-        let pending = store.with_client(async |c| migrate(c).await).await?;
+        let (pending, id) = store.with_client(async |c| migrate(c).await).await?;
+        store.sql = Arc::new(Sql::new(id));
         // Indexes too big to build in the migration are built in the background: the
         // listing they speed up works without them.
         if pending && tokio::runtime::Handle::try_current().is_ok() {
@@ -336,6 +259,7 @@ impl PostgresStore {
     pub fn authority(&self) -> Authority {
         let authority = Authority::new(
             self.transaction_pool.clone(),
+            self.sql.clone(),
             self.clock.clone(),
             self.options.timeout,
         );
@@ -350,6 +274,11 @@ impl PostgresStore {
     /// The claim strategy in use.
     pub fn strategy(&self) -> PgStrategy {
         self.options.strategy
+    }
+
+    /// How the table holds records' keys.
+    pub fn id_column(&self) -> IdColumn {
+        self.sql.id
     }
 
     /// Runs `f` on a pooled connection; the whole (pool wait included) is bounded by
@@ -421,7 +350,7 @@ impl PostgresStore {
                 .await
                 .map_err(unavailable)?;
             let get = tx
-                .prepare_cached(GET_WITH_CLOCK)
+                .prepare_cached(&self.sql.get_with_clock)
                 .await
                 .map_err(unavailable)?;
             let row = tx
@@ -439,7 +368,7 @@ impl PostgresStore {
                 let written = match &c.replaces {
                     None => {
                         let insert = tx
-                            .prepare_cached(INSERT_LOCKED)
+                            .prepare_cached(&self.sql.insert_locked)
                             .await
                             .map_err(unavailable)?;
                         tx.execute(
@@ -451,7 +380,7 @@ impl PostgresStore {
                     }
                     Some(expected) => {
                         let replace = tx
-                            .prepare_cached(REPLACE_LOCKED)
+                            .prepare_cached(&self.sql.replace_locked)
                             .await
                             .map_err(unavailable)?;
                         tx.execute(
@@ -496,7 +425,10 @@ impl PostgresStore {
             tokio::time::sleep(self.options.naive_window).await;
             let r = Row::of(&c.record);
             self.with_client(async |client| {
-                let upsert = client.prepare_cached(UPSERT).await.map_err(unavailable)?;
+                let upsert = client
+                    .prepare_cached(&self.sql.upsert)
+                    .await
+                    .map_err(unavailable)?;
                 client
                     .execute(
                         &upsert,
@@ -512,7 +444,7 @@ impl PostgresStore {
 
     /// Reads a record.
     pub(crate) async fn get_record(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
-        self.with_client(async |client| read_record(client, GET, key).await)
+        self.with_client(async |client| read_record(client, &self.sql.get, key).await)
             .await
     }
 
@@ -540,7 +472,7 @@ impl PostgresStore {
         holder_write_at(holder, change, now, policy, |next, at| async move {
             let (written, store_now, current) = self
                 .with_client_of(pool, async |client| {
-                    run_holder_write(client, key, holder, &next, at).await
+                    run_holder_write(client, &self.sql, key, holder, &next, at).await
                 })
                 .await?;
             let store_now = self.observe(store_now);
@@ -570,7 +502,7 @@ impl PostgresStore {
         let records: Vec<&[u8]> = rows.iter().map(|r| r.record.as_slice()).collect();
         self.with_client(async |client| {
             let stmt = client
-                .prepare_cached(UPSERT_SUPERSEDING)
+                .prepare_cached(&self.sql.upsert_superseding)
                 .await
                 .map_err(unavailable)?;
             client
@@ -584,7 +516,7 @@ impl PostgresStore {
 
 /// Reads the key's record with `statement` (`$1` the key, one `record` column: [`GET`],
 /// or a locking variant) on `client`, pooled or in a handler's transaction.
-pub(super) async fn read_record(
+async fn read_record(
     client: &deadpool_postgres::ClientWrapper,
     statement: &str,
     key: &RecordKey,
@@ -603,8 +535,9 @@ pub(super) async fn read_record(
 /// Runs [`HOLDER_WRITE`] for `holder`'s record `next`, computed at `at`, on `client`
 /// (pooled, or a handler's transaction): whether it wrote, the database's clock, and
 /// the row as the statement saw it.
-pub(super) async fn run_holder_write(
+async fn run_holder_write(
     client: &deadpool_postgres::ClientWrapper,
+    sql: &Sql,
     key: &RecordKey,
     holder: &Holder,
     next: &Record,
@@ -612,7 +545,7 @@ pub(super) async fn run_holder_write(
 ) -> Result<(bool, i64, Option<Vec<u8>>), StoreError> {
     let r = Row::of(next);
     let stmt = client
-        .prepare_cached(HOLDER_WRITE)
+        .prepare_cached(&sql.holder_write)
         .await
         .map_err(unavailable)?;
     let row = client
@@ -637,8 +570,9 @@ pub(super) async fn run_holder_write(
     ))
 }
 
-/// Applies pending migrations; `true` when an index is left to build in the background.
-async fn migrate(client: &mut Client) -> Result<bool, StoreError> {
+/// Applies pending migrations. Returns whether an index is left to build in the
+/// background, and how the table holds keys.
+async fn migrate(client: &mut Client) -> Result<(bool, IdColumn), StoreError> {
     let tx = client.transaction().await.map_err(unavailable)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await
@@ -656,7 +590,9 @@ async fn migrate(client: &mut Client) -> Result<bool, StoreError> {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    for (version, sql) in MIGRATIONS {
+    let new_table = !applied.contains(&1);
+    let with_new_table = WITH_NEW_TABLE.iter().filter(|_| new_table);
+    for (version, sql) in MIGRATIONS.iter().chain(with_new_table) {
         if !applied.contains(version) {
             tx.batch_execute(sql).await.map_err(unavailable)?;
             tx.execute(
@@ -699,8 +635,26 @@ async fn migrate(client: &mut Client) -> Result<bool, StoreError> {
             pending = true;
         }
     }
+    let column: Option<String> = tx
+        .query_opt(
+            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+             WHERE attrelid = to_regclass('idem_records') AND attname = 'id' AND NOT attisdropped",
+            &[],
+        )
+        .await
+        .map_err(unavailable)?
+        .map(|row| row.get(0));
+    let id = column
+        .as_deref()
+        .and_then(IdColumn::of_type)
+        .ok_or_else(|| {
+            StoreError::Unavailable(format!(
+                "idem_records.id is of type {}: idem uses bytea, or text as idem 0.1 created it",
+                column.as_deref().unwrap_or("(none)")
+            ))
+        })?;
     tx.commit().await.map_err(unavailable)?;
-    Ok(pending)
+    Ok((pending, id))
 }
 
 /// Below this many rows (Postgres' estimate) an index is built in the migration itself.
@@ -909,7 +863,7 @@ impl CasRecords for PostgresStore {
         let (inserted, existing, store_now) = self
             .with_client(async |client| {
                 let stmt = client
-                    .prepare_cached(CLAIM_INSERT)
+                    .prepare_cached(&self.sql.claim_insert)
                     .await
                     .map_err(unavailable)?;
                 let row = client
@@ -956,7 +910,10 @@ impl CasRecords for PostgresStore {
         let expected = expected.encode();
         let (replaced, store_now) = self
             .with_client(async |client| {
-                let stmt = client.prepare_cached(REPLACE).await.map_err(unavailable)?;
+                let stmt = client
+                    .prepare_cached(&self.sql.replace)
+                    .await
+                    .map_err(unavailable)?;
                 let row = client
                     .query_one(
                         &stmt,

@@ -16,27 +16,6 @@ use tokio_postgres::AsyncMessage;
 /// costs them a cache entry they did not have.
 pub const CHANNEL: &str = "idem_purge";
 
-/// Deletes the row only if it still holds exactly `$2` and the database's clock has
-/// reached `$3`, and notifies the channel in the same statement: listeners hear of it
-/// when it commits, never before, never if not. Returns whether it deleted, and the
-/// clock it judged by (so that a refusal says why).
-const DELETE_IF_SAME: &str = concat!(
-    "WITH clock AS MATERIALIZED (SELECT ",
-    clock_ms!(),
-    " AS now),
-    gone AS (
-        DELETE FROM idem_records WHERE id = $1 AND record = $2
-            AND $3::int8 <= (SELECT now FROM clock) RETURNING id),
-    told AS (SELECT pg_notify('idem_purge', id) FROM gone)
-    SELECT (SELECT count(*) FROM told)::int AS deleted,
-           (SELECT now FROM clock) AS now"
-);
-
-/// In-progress rows claimed before `$1` (as a token: time × 1024), after key `$2`, in
-/// key order — along the partial index of in-progress rows.
-const IN_PROGRESS: &str = "SELECT id, record FROM idem_records
-    WHERE state = 0 AND token < $1 AND id > $2 ORDER BY id LIMIT $3";
-
 impl PostgresStore {
     pub(crate) async fn delete_record_if_same(
         &self,
@@ -48,7 +27,7 @@ impl PostgresStore {
         let not_before = sql_i64(not_before);
         self.with_client(async |client| {
             let stmt = client
-                .prepare_cached(DELETE_IF_SAME)
+                .prepare_cached(&self.sql.delete_if_same)
                 .await
                 .map_err(unavailable)?;
             let row = client
@@ -79,7 +58,7 @@ impl PostgresStore {
         let rows = self
             .with_client(async |client| {
                 let stmt = client
-                    .prepare_cached(IN_PROGRESS)
+                    .prepare_cached(&self.sql.in_progress)
                     .await
                     .map_err(unavailable)?;
                 client

@@ -24,17 +24,12 @@
 //! dropped, or whose fate is unclear, has its connection closed, which makes the
 //! server roll it back.
 
-use super::{
-    read_record, run_holder_write, unavailable, Row, GET, GET_WITH_CLOCK, UPSERT_SUPERSEDING,
-};
+use super::{read_record, run_holder_write, unavailable, Row, Sql};
 use crate::store::{decode, Stamp, StoreClock, StoreError};
 use deadpool_postgres::{ClientWrapper, Object, Pool};
 use idem_core::{Holder, Millis, Policy, Record, RecordKey, Refusal, StoredResponse};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// A read that waits for any transaction holding the row's lock to end.
-const READ_SETTLED: &str = "SELECT record FROM idem_records WHERE id = $1 FOR SHARE";
 
 /// Rounds of the completion when the database keeps reporting a clock difference.
 const MAX_ROUNDS: usize = 4;
@@ -44,6 +39,8 @@ const MAX_ROUNDS: usize = 4;
 #[derive(Clone)]
 pub struct Authority {
     pool: Pool,
+    /// The store's statements, for its table's key column.
+    sql: Arc<Sql>,
     clock: Arc<StoreClock>,
     timeout: Duration,
     /// Whether its records are written behind (the claim may not be there yet).
@@ -84,9 +81,15 @@ pub enum BeginError {
 }
 
 impl Authority {
-    pub(super) fn new(pool: Pool, clock: Arc<StoreClock>, timeout: Duration) -> Self {
+    pub(super) fn new(
+        pool: Pool,
+        sql: Arc<Sql>,
+        clock: Arc<StoreClock>,
+        timeout: Duration,
+    ) -> Self {
         Authority {
             pool,
+            sql,
             clock,
             timeout,
             behind: false,
@@ -174,13 +177,13 @@ impl Authority {
                 let client = tx.client();
                 // Prepared first, so that the pipeline below sends its statements in order.
                 let read = client
-                    .prepare_cached(GET_WITH_CLOCK)
+                    .prepare_cached(&self.sql.get_with_clock)
                     .await
                     .map_err(unavailable)?;
                 let upsert = match self.behind {
                     true => Some(
                         client
-                            .prepare_cached(UPSERT_SUPERSEDING)
+                            .prepare_cached(&self.sql.upsert_superseding)
                             .await
                             .map_err(unavailable)?,
                     ),
@@ -245,7 +248,7 @@ impl Authority {
     pub async fn read_settled(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
         self.bounded("a read", async {
             let client = self.pool.get().await.map_err(unavailable)?;
-            read_record(&client, READ_SETTLED, key).await
+            read_record(&client, &self.sql.read_settled, key).await
         })
         .await
     }
@@ -368,7 +371,14 @@ impl FencedTransaction {
             let (written, store_now, current) = authority
                 .bounded(
                     "the completion",
-                    run_holder_write(self.client(), &self.key, &self.holder, &next, at),
+                    run_holder_write(
+                        self.client(),
+                        &self.authority.sql,
+                        &self.key,
+                        &self.holder,
+                        &next,
+                        at,
+                    ),
                 )
                 .await
                 .map_err(CommitError::Failed)?;
@@ -389,7 +399,10 @@ impl FencedTransaction {
                 // takeover committed while it waited): look again.
                 // (A statement of its own reads a new snapshot.)
                 current = authority
-                    .bounded("a read", read_record(self.client(), GET, &self.key))
+                    .bounded(
+                        "a read",
+                        read_record(self.client(), &self.authority.sql.get, &self.key),
+                    )
                     .await
                     .map_err(CommitError::Failed)?;
             }
