@@ -8,6 +8,8 @@
 //! * [`proxy`] — proxy mode (`--upstream`): any HTTP service behind the layer.
 //! * [`routes`] — the route file (`--routes`): settings per path.
 //! * [`admin_cli`] — `idem-origin admin …`: the admin API from a shell.
+//! * [`convert_cli`] — `idem-origin convert-keys`: a Postgres table of idem 0.1 to
+//!   binary keys.
 //! * [`telemetry`] — traces over OTLP (`--otlp-endpoint`).
 #![forbid(unsafe_code)]
 
@@ -15,6 +17,7 @@ pub mod admin_cli;
 pub mod app;
 pub mod charges;
 pub mod config;
+pub mod convert_cli;
 pub mod metrics;
 pub mod proxy;
 pub mod routes;

@@ -15,6 +15,12 @@ async fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == "admin") {
         return idem_origin::admin_cli::run(std::env::args_os().skip(1)).await;
     }
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "convert-keys")
+    {
+        return idem_origin::convert_cli::run(std::env::args_os().skip(1)).await;
+    }
     let config = Config::parse();
     if let Err(e) = config.validate() {
         eprintln!("idem-origin: error: {e}");

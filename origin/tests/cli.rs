@@ -254,3 +254,33 @@ fn the_admin_listener_needs_a_readable_token_file_of_long_tokens() {
     assert!(stderr(&o).contains("idem-origin admin"), "{}", stderr(&o));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn convert_keys_says_what_it_needs() {
+    let o = run(&["convert-keys"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--database-url"), "{}", stderr(&o));
+    let o = run(&["convert-keys", "--database-url", "not a url"], &[]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("invalid database URL"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(
+        &[
+            "convert-keys",
+            "--database-url",
+            "postgres://127.0.0.1:1/x",
+            "--timeout",
+            "1s",
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).starts_with("idem-origin convert-keys: "),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -93,8 +93,9 @@ async fn postgres_creates_tables_with_binary_keys() {
 }
 
 /// A table idem 0.1 created keeps its text keys: idem serves it as it is, with either
-/// claim strategy and behind Redis; after README's conversion it serves the same
-/// records from binary keys, and a replica still using text keys fails closed.
+/// claim strategy and behind Redis. `idem-origin convert-keys` refuses while replicas
+/// are connected; forced, it converts, and the same records are served from binary
+/// keys, while a replica still using text keys fails closed.
 #[tokio::test]
 async fn postgres_serves_tables_of_idem_0_1_and_after_their_conversion() {
     let db = TestDb::new("pg_text_ids").await;
@@ -159,11 +160,31 @@ async fn postgres_serves_tables_of_idem_0_1_and_after_their_conversion() {
     assert!(matches!(done, HolderWrite::Written), "{done:?}");
     let before = text.get(&k).await.unwrap().expect("stored");
     let rows = db.count("SELECT count(*) FROM idem_records").await;
-    db.exec(
-        "ALTER TABLE idem_records ALTER COLUMN id TYPE bytea USING decode(id, 'hex');
-         INSERT INTO idem_schema_migrations (version) VALUES (3)",
-    )
-    .await;
+    // Refused while replicas are connected: this one's sessions used the table.
+    let convert = |force: bool| {
+        let mut cmd = std::process::Command::new(idem_tests::OriginProcess::binary());
+        cmd.args(["convert-keys", "--database-url", &db.url]);
+        if force {
+            cmd.arg("--force");
+        }
+        let out = cmd.output().unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let (code, _, stderr) = convert(false);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("stop every replica first"), "{stderr}");
+    assert_eq!(text.id_column(), IdColumn::Text);
+    assert!(text.get(&k).await.unwrap().is_some(), "nothing changed");
+    let (code, stdout, stderr) = convert(true);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains(&format!(": {rows} records now keyed by 32 bytes")),
+        "{stdout}"
+    );
+    let (code, stdout, _) = convert(false);
+    assert_eq!(code, Some(0));
+    assert!(stdout.contains("already holds binary keys"), "{stdout}");
     let bytes = pg(&db).await;
     assert_eq!(bytes.id_column(), IdColumn::Bytes);
     assert_eq!(db.count("SELECT count(*) FROM idem_records").await, rows);

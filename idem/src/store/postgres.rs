@@ -121,10 +121,12 @@ const MIGRATION_LOCK: i64 = 0x1de4_0001;
 /// The same for the background index builds (with the schema's hash as second key).
 const INDEX_LOCK: i32 = 0x1de4_0002;
 
+mod convert;
 mod purge;
 mod sql;
 pub mod transaction;
 
+pub use convert::{convert_keys, Converted};
 pub use sql::IdColumn;
 use sql::{Sql, ADVISORY_LOCK, SWEEP};
 
@@ -814,6 +816,10 @@ fn connector(
     let mut config =
         tokio_postgres::Config::from_str(&tls.url).map_err(|e| invalid(e.to_string()))?;
     config.connect_timeout(timeout);
+    // Names idem's sessions in `pg_stat_activity`, unless the URL names them.
+    if config.get_application_name().is_none() {
+        config.application_name("idem");
+    }
     if let Some(limit) = statement_timeout {
         let setting = format!("-c statement_timeout={}", limit.as_millis().max(1));
         let options = match config.get_options() {

@@ -52,6 +52,11 @@ impl PostgresStore {
         limit: usize,
     ) -> Result<InProgressPage, StoreError> {
         let before = sql_i64(claimed_before.saturating_mul(TOKENS_PER_MS));
+        // A cursor is the last record key of the previous page: anything else is the
+        // caller's mistake (and a bytea table's `decode` would fail on it).
+        if let Some(c) = cursor.filter(|c| RecordKey::from_stored(c).is_none()) {
+            return Err(StoreError::Corrupt(format!("listing cursor {c:?}")));
+        }
         let after = cursor.unwrap_or("");
         // One more than asked tells whether a next page exists.
         let fetch = i64::try_from(limit).unwrap_or(i64::MAX - 1) + 1;
