@@ -160,7 +160,7 @@ struct Args {
     /// Timed requests per case of --edge-hash (the median is taken).
     #[arg(long, default_value_t = 9)]
     edge_hash_rounds: usize,
-    /// The idem-origin binary (default: the one beside this binary).
+    /// The idem-origin binary (default: the one beside this binary); named idem-origin.
     #[arg(long)]
     origin_bin: Option<PathBuf>,
     /// Profiles the origin with `perf record` (call graphs) during each measured
@@ -260,6 +260,12 @@ async fn run(args: Args) -> Result<()> {
         );
     }
     let bin = match &args.origin_bin {
+        // Its CPU is read from /proc by the program's name.
+        Some(b) if b.file_name().is_none_or(|n| n != "idem-origin") => anyhow::bail!(
+            "--origin-bin {}: the binary must be named idem-origin (the bench finds its CPU \
+             time by that name); copy it into a directory of its own",
+            b.display()
+        ),
         Some(b) => b.clone(),
         None => origin::default_binary()?,
     };
