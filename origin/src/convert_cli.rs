@@ -29,7 +29,8 @@ pub struct ConvertCli {
     timeout: Duration,
 
     /// Convert even though other sessions of idem, or that used the table, are
-    /// connected. Their replicas fail closed afterwards; a handler one of them is
+    /// connected (the check sees what `pg_stat_activity` shows this role: stop the
+    /// replicas first either way). Their replicas fail closed afterwards; a handler one of them is
     /// running can't store its answer and runs again on a retry after its lease.
     #[arg(long)]
     force: bool,

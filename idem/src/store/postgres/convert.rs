@@ -5,7 +5,11 @@
 //! statements fails (503s), and a handler one of them was running can't store its
 //! answer, so once its lease ends a retry runs it again, as after a crash. Hence the
 //! conversion is refused while sessions of idem, or that used `idem_records`, are
-//! connected.
+//! connected. That check is a safety net, not a proof: sessions of another role are
+//! seen only by their `application_name` (not their statements) without
+//! `pg_read_all_stats`, idem 0.1 set none, and replicas behind a transaction-pooling
+//! PgBouncer may hold no server session at the moment. Stopping the replicas is the
+//! operator's part.
 
 use super::{connector, unavailable, Connector, IdColumn, MIGRATION_LOCK};
 use crate::store::StoreError;
@@ -45,6 +49,13 @@ pub async fn convert_keys(
         }
     };
     let tx = client.transaction().await.map_err(unavailable)?;
+    // Bounds the waits for the migration lock and for the table's, not the rewrite.
+    tx.batch_execute(&format!(
+        "SET LOCAL lock_timeout = {}; SET LOCAL statement_timeout = 0",
+        timeout.as_millis().max(1)
+    ))
+    .await
+    .map_err(unavailable)?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await
         .map_err(unavailable)?;
@@ -73,6 +84,7 @@ pub async fn convert_keys(
                 "SELECT pid, coalesce(host(client_addr), 'local'), application_name
                  FROM pg_stat_activity
                  WHERE datname = current_database() AND pid <> pg_backend_pid()
+                   AND backend_type = 'client backend'
                    AND (query ILIKE '%idem_records%' OR application_name LIKE 'idem%')
                  ORDER BY pid",
                 &[],
@@ -102,12 +114,6 @@ pub async fn convert_keys(
         }
     }
     let started = Instant::now();
-    tx.batch_execute(&format!(
-        "SET LOCAL lock_timeout = {}; SET LOCAL statement_timeout = 0",
-        timeout.as_millis().max(1)
-    ))
-    .await
-    .map_err(unavailable)?;
     tx.batch_execute(include_str!("0003_binary_ids.sql"))
         .await
         .map_err(unavailable)?;
