@@ -102,7 +102,6 @@ impl Edge {
             "{} is missing: run scripts/edge-toolchain",
             wrangler.display()
         );
-        let port = idem_tests::procs::free_port();
         std::fs::create_dir_all(&state).unwrap();
         // The repository's wrangler.toml, minus its [build] step (the worker is built
         // already), with this test's vars.
@@ -150,48 +149,75 @@ impl Edge {
         std::fs::write(&config, toml).unwrap();
         let logs = repo().join("target/idem-reports");
         std::fs::create_dir_all(&logs).unwrap();
-        let log = std::fs::File::create(logs.join(format!("wrangler-{port}.log"))).unwrap();
-        let child = Command::new(&wrangler)
-            .args([
-                "dev",
-                "--config",
-                config.to_str().unwrap(),
-                "--ip",
-                "127.0.0.1",
-                "--port",
-                &port.to_string(),
-            ])
-            .args([
-                "--persist-to",
-                state.join("state").to_str().unwrap(),
-                "--show-interactive-dev-session=false",
-                // Each instance its own inspector port: two at once would both take 9229.
-                "--inspector-port",
-                &idem_tests::procs::free_port().to_string(),
-            ])
-            .env("WRANGLER_SEND_METRICS", "false")
-            .env("WRANGLER_SEND_ERROR_REPORTS", "false")
-            .env("CLOUDFLARE_CF_FETCH_ENABLED", "false")
-            .env("CI", "true")
-            .process_group(0)
-            .current_dir(&state)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("wrangler runs");
-        let base = format!("http://127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Ok(r) = client().get(format!("{base}/healthz")).send().await {
-                if ready(r.status().as_u16()) {
+        // A free port can be taken by another test between its choice and workerd's
+        // bind ("Address already in use"): then wrangler gives up, and it is launched
+        // again on other ports.
+        for attempt in 1..=3 {
+            let port = idem_tests::procs::free_port();
+            let log_path = logs.join(format!("wrangler-{port}.log"));
+            let log = std::fs::File::create(&log_path).unwrap();
+            let child = Command::new(&wrangler)
+                .args([
+                    "dev",
+                    "--config",
+                    config.to_str().unwrap(),
+                    "--ip",
+                    "127.0.0.1",
+                    "--port",
+                    &port.to_string(),
+                ])
+                .args([
+                    "--persist-to",
+                    state.join("state").to_str().unwrap(),
+                    "--show-interactive-dev-session=false",
+                    // Each instance its own inspector port: two at once would both take 9229.
+                    "--inspector-port",
+                    &idem_tests::procs::free_port().to_string(),
+                ])
+                .env("WRANGLER_SEND_METRICS", "false")
+                .env("WRANGLER_SEND_ERROR_REPORTS", "false")
+                .env("CLOUDFLARE_CF_FETCH_ENABLED", "false")
+                .env("CI", "true")
+                .process_group(0)
+                .current_dir(&state)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .expect("wrangler runs");
+            let base = format!("http://127.0.0.1:{port}");
+            // Dropped on every path but success: ends wrangler's process group.
+            let mut edge = Edge {
+                child,
+                base,
+                state: state.clone(),
+            };
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                if let Ok(r) = client().get(format!("{}/healthz", edge.base)).send().await {
+                    if ready(r.status().as_u16()) {
+                        return edge;
+                    }
+                }
+                let log_says = std::fs::read_to_string(&log_path).unwrap_or_default();
+                let port_taken = log_says.contains("Address already in use");
+                if port_taken && attempt < 3 {
+                    eprintln!(
+                        "wrangler dev: a port was taken ({}); launching again",
+                        log_path.display()
+                    );
                     break;
                 }
+                let gone = matches!(edge.child.try_wait(), Ok(Some(_)));
+                assert!(
+                    !gone && Instant::now() < deadline,
+                    "wrangler dev did not serve: it exited, or 60 s passed (see {})",
+                    log_path.display()
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
-            assert!(Instant::now() < deadline, "wrangler dev did not serve within 60 s (see target/idem-reports/wrangler-{port}.log)");
-            tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        Edge { child, base, state }
+        unreachable!("the last attempt returns or panics")
     }
 }
 
