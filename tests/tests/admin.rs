@@ -586,8 +586,9 @@ async fn a_fast_clock_cannot_purge_a_live_lease(args: Vec<String>, db: TestDb, l
     let tokens = token_file(label);
     let mut args = args;
     args.extend(["--lease".into(), "30s".into()]);
-    let a = replica(&args, &tokens).await;
+    // Found before anything is started: a panic after a spawn would leave it running.
     let lib = idem_tests::faketime_lib();
+    let a = replica(&args, &tokens).await;
     let ahead = replica_env(
         &args,
         &tokens,

@@ -134,8 +134,9 @@ async fn a_replica_whose_clock_runs_ahead_never_takes_over_a_live_holder() {
         "--lease",
         "3s",
     ];
-    let (mut normal, normal_url) = OriginProcess::spawn(&args).await;
+    // Found before anything is started: a panic after a spawn would leave it running.
     let lib = idem_tests::faketime_lib();
+    let (mut normal, normal_url) = OriginProcess::spawn(&args).await;
     let (mut ahead, ahead_url) = OriginProcess::spawn_env(
         &args,
         &[
