@@ -98,16 +98,9 @@ impl Postgres {
 
 /// How `idem_records` (created by the origin) holds keys.
 pub async fn id_column(client: &Client) -> Result<IdColumn> {
-    let name: String = client
-        .query_one(
-            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute
-             WHERE attrelid = 'idem_records'::regclass AND attname = 'id'",
-            &[],
-        )
+    idem::store::postgres::id_column(client)
         .await
-        .context("reading the type of idem_records.id")?
-        .get(0);
-    IdColumn::of_type(&name).with_context(|| format!("idem_records.id is of type {name}"))
+        .map_err(|e| anyhow!("reading the type of idem_records.id: {e}"))
 }
 
 async fn connect(config: &tokio_postgres::Config) -> Result<Client, tokio_postgres::Error> {

@@ -637,7 +637,16 @@ async fn migrate(client: &mut Client) -> Result<(bool, IdColumn), StoreError> {
             pending = true;
         }
     }
-    let column: Option<String> = tx
+    let id = id_column(&*tx).await?;
+    tx.commit().await.map_err(unavailable)?;
+    Ok((pending, id))
+}
+
+/// The type of `idem_records.id` on the search path (`format_type`), if the table exists.
+async fn id_column_type(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<Option<String>, StoreError> {
+    Ok(client
         .query_opt(
             "SELECT format_type(atttypid, atttypmod) FROM pg_attribute
              WHERE attrelid = to_regclass('idem_records') AND attname = 'id' AND NOT attisdropped",
@@ -645,8 +654,16 @@ async fn migrate(client: &mut Client) -> Result<(bool, IdColumn), StoreError> {
         )
         .await
         .map_err(unavailable)?
-        .map(|row| row.get(0));
-    let id = column
+        .map(|row| row.get(0)))
+}
+
+/// How `idem_records` on `client`'s search path holds keys; an error if there is no such
+/// table or its `id` is neither `text` nor `bytea`.
+pub async fn id_column(
+    client: &impl tokio_postgres::GenericClient,
+) -> Result<IdColumn, StoreError> {
+    let column = id_column_type(client).await?;
+    column
         .as_deref()
         .and_then(IdColumn::of_type)
         .ok_or_else(|| {
@@ -654,9 +671,7 @@ async fn migrate(client: &mut Client) -> Result<(bool, IdColumn), StoreError> {
                 "idem_records.id is of type {}: idem uses bytea, or text as idem 0.1 created it",
                 column.as_deref().unwrap_or("(none)")
             ))
-        })?;
-    tx.commit().await.map_err(unavailable)?;
-    Ok((pending, id))
+        })
 }
 
 /// Below this many rows (Postgres' estimate) an index is built in the migration itself.

@@ -11,7 +11,7 @@
 //! PgBouncer may hold no server session at the moment. Stopping the replicas is the
 //! operator's part.
 
-use super::{connector, unavailable, Connector, IdColumn, MIGRATION_LOCK};
+use super::{connector, id_column_type, unavailable, Connector, IdColumn, MIGRATION_LOCK};
 use crate::store::StoreError;
 use std::time::{Duration, Instant};
 use tokio_postgres::NoTls;
@@ -59,15 +59,7 @@ pub async fn convert_keys(
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
         .await
         .map_err(unavailable)?;
-    let column: Option<String> = tx
-        .query_opt(
-            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute
-             WHERE attrelid = to_regclass('idem_records') AND attname = 'id' AND NOT attisdropped",
-            &[],
-        )
-        .await
-        .map_err(unavailable)?
-        .map(|row| row.get(0));
+    let column = id_column_type(&tx).await?;
     match column.as_deref().and_then(IdColumn::of_type) {
         Some(IdColumn::Bytes) => return Ok(Converted::AlreadyBinary),
         Some(IdColumn::Text) => {}
