@@ -162,4 +162,9 @@ pub enum Bug {
     /// Redis gave up, even when that claim was a retry's provisional one, made after Redis
     /// lost the holder's record, that the authority would have replaced.
     FencedByProvisionalClaim,
+    /// A speed-up tried and not kept (2026-11-30): in tiered async, the cold path's read
+    /// of Postgres sent together with the claim to Redis rather than after Redis
+    /// answered. The read may then predate a write-behind that lands, and a loss of
+    /// Redis' records, before the claim reaches Redis.
+    ColdReadWithTheClaim,
 }

@@ -1,6 +1,6 @@
 //! The model: which steps are possible in a state, and the properties checked.
 
-use crate::config::{Completion, Config, Deployment};
+use crate::config::{Bug, Completion, Config, Deployment};
 use crate::state::{Answer, Attempt, Ghost, Pc, State};
 use crate::stores::Slot;
 use crate::{POLICY, T0, TICK};
@@ -14,6 +14,10 @@ pub enum Action {
     Tick,
     /// Attempt `i` takes its next step, and every reply arrives.
     Step(usize),
+    /// Tiered async with [`Bug::ColdReadWithTheClaim`]: attempt `i`'s cold read reaches
+    /// Postgres before its claim reaches Redis (they are sent together; `Step` is the
+    /// other order).
+    ReadAhead(usize),
     /// Attempt `i`'s next store write lands, but its reply is lost.
     LoseReply(usize),
     /// Attempt `i`'s holder renews its lease.
@@ -85,7 +89,9 @@ impl ProtocolModel {
             return false; // in-process: no reply to lose
         }
         match attempt.pc {
-            Pc::Insert | Pc::Replace { .. } | Pc::Finishing { .. } => true,
+            Pc::Insert | Pc::InsertAfterRead { .. } | Pc::Replace { .. } | Pc::Finishing { .. } => {
+                true
+            }
             Pc::Idle => !matches!(
                 c.deployment,
                 Deployment::TieredSync | Deployment::EdgeOverOrigin
@@ -156,6 +162,9 @@ impl Model for ProtocolModel {
             if live || a.edge.is_some() {
                 actions.push(Action::Step(i));
             }
+            if matches!(a.pc, Pc::Idle | Pc::Insert) && c.bug == Some(Bug::ColdReadWithTheClaim) {
+                actions.push(Action::ReadAhead(i));
+            }
             if live && c.faults.lost_replies && self.writes(a) {
                 actions.push(Action::LoseReply(i));
             }
@@ -195,6 +204,10 @@ impl Model for ProtocolModel {
             Action::Tick => next.now += TICK,
             Action::Step(i) => self.step(&mut next, i, false),
             Action::LoseReply(i) => self.step(&mut next, i, true),
+            Action::ReadAhead(i) => {
+                let authority = next.other.bytes.clone();
+                next.attempts[i].pc = Pc::InsertAfterRead { authority };
+            }
             Action::Heartbeat(i) => self.heartbeat(&mut next, i),
             Action::Crash(i) => {
                 let a = &mut next.attempts[i];

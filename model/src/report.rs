@@ -103,6 +103,9 @@ fn trace(model: &ProtocolModel, property: &str, path: Vec<(State, Option<Action>
                     pc(&next.attempts[i].pc)
                 )
             }
+            Action::ReadAhead(i) => {
+                format!("attempt {i} reads Postgres before its claim reaches Redis")
+            }
             Action::Mirror(i) => format!("attempt {i}'s replica mirrors Postgres into Redis"),
             Action::WriteBehind(i) => format!("attempt {i}'s outbox writes behind"),
             Action::Tick => "the clock ticks".to_owned(),
@@ -134,6 +137,7 @@ fn pc(pc: &Pc) -> String {
         Pc::Idle => "sends".to_owned(),
         Pc::Insert => "claiming".to_owned(),
         Pc::ColdRead { .. } => "claimed in Redis, reading Postgres".to_owned(),
+        Pc::InsertAfterRead { .. } => "Postgres read, claiming in Redis".to_owned(),
         Pc::Replace { .. } => "swapping in a claim".to_owned(),
         Pc::Running { token: t } => format!("holds token{}", token(*t)),
         Pc::Finishing { token: t, response } => {

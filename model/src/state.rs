@@ -29,6 +29,9 @@ pub enum Pc {
     Insert,
     /// Tiered async: our claim is in Redis; Postgres is read next (the cold path).
     ColdRead { ours: Vec<u8> },
+    /// Tiered async with [`crate::config::Bug::ColdReadWithTheClaim`]: Postgres was read
+    /// (`authority`, what it held) before the claim reached Redis; insert-if-absent next.
+    InsertAfterRead { authority: Option<Vec<u8>> },
     /// Claiming by compare-and-swap: swap `expected` for `record`, decided at the store's
     /// time `at`.
     Replace {

@@ -120,8 +120,15 @@ impl ProtocolModel {
     pub(crate) fn step(&self, state: &mut State, i: usize, lose_reply: bool) {
         match state.attempts[i].pc.clone() {
             Pc::Idle => self.begin(state, i, lose_reply),
-            Pc::Insert => self.claim(state, i, lose_reply),
-            Pc::ColdRead { ours } => self.cold_read(state, i, &decode(&ours)),
+            Pc::Insert => self.claim(state, i, lose_reply, None),
+            Pc::InsertAfterRead { authority } => {
+                let authority = authority.as_deref().map(decode);
+                self.claim(state, i, lose_reply, Some(authority))
+            }
+            Pc::ColdRead { ours } => {
+                let authority = state.other.record();
+                self.cold_read(state, i, &decode(&ours), authority)
+            }
             Pc::Replace {
                 expected,
                 record,
@@ -243,13 +250,21 @@ impl ProtocolModel {
             }
             _ => {
                 state.attempts[i].pc = Pc::Insert;
-                self.claim(state, i, lose_reply);
+                self.claim(state, i, lose_reply, None);
             }
         }
     }
 
     /// The claim: atomic where the store decides under a lock, else insert-if-absent.
-    fn claim(&self, state: &mut State, i: usize, lose_reply: bool) {
+    /// `read_ahead`: tiered async, what Postgres held when it was read before this
+    /// insert (else Postgres is read after it).
+    fn claim(
+        &self,
+        state: &mut State,
+        i: usize,
+        lose_reply: bool,
+        read_ahead: Option<Option<Record>>,
+    ) {
         let fp = fingerprint(state.attempts[i].request);
         let atomic = matches!(
             self.config.deployment,
@@ -286,10 +301,15 @@ impl ProtocolModel {
         self.observe(state, i);
         match found {
             Insert::Stored if self.config.deployment == Deployment::TieredAsync => {
-                state.attempts[i].pc = Pc::ColdRead {
-                    ours: fresh.record.encode(),
-                };
                 state.attempts[i].lease = Some(lease_of(&fresh.record));
+                match read_ahead {
+                    Some(authority) => self.cold_read(state, i, &fresh.record, authority),
+                    None => {
+                        state.attempts[i].pc = Pc::ColdRead {
+                            ours: fresh.record.encode(),
+                        }
+                    }
+                }
             }
             Insert::Stored => {
                 Self::claimed(state, i, &fresh.record);
@@ -339,9 +359,10 @@ impl ProtocolModel {
         }
     }
 
-    /// Tiered async: our claim is in Redis; Postgres may still know the key.
-    fn cold_read(&self, state: &mut State, i: usize, ours: &Record) {
-        let Some(found) = state.other.record() else {
+    /// Tiered async: our claim is in Redis; Postgres, read before or after it, held
+    /// `authority`.
+    fn cold_read(&self, state: &mut State, i: usize, ours: &Record, authority: Option<Record>) {
+        let Some(found) = authority else {
             Self::claimed(state, i, ours);
             self.behind(state, i, ours);
             return;

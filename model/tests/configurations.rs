@@ -237,6 +237,27 @@ fn limits() -> Vec<Case> {
             .with_bug(Bug::FencedByProvisionalClaim),
             &[AT_MOST_ONCE, ONE_ANSWER],
         ),
+        // The cold read sent with the claim (a speed-up, not kept): it read Postgres before
+        // the holder's claim was written behind; Redis then lost its records, and the
+        // retry's claim, finding Redis empty, trusted the older read and ran again.
+        case(
+            Config::new(
+                "tiered async, Redis losing its records, cold read sent with the claim (not kept)",
+                Deployment::TieredAsync,
+            )
+            // Redis' loss alone shows it; the other faults only grow the state space.
+            .faults(Faults {
+                redis_loss: true,
+                ..Faults::default()
+            })
+            .with_bug(Bug::ColdReadWithTheClaim),
+            &[
+                AT_MOST_ONCE,
+                ONE_ANSWER,
+                FENCED_NEVER_COMPLETES,
+                TOKENS_INCREASE,
+            ],
+        ),
         // Holder writes without their precondition: the fenced holder completes.
         case(
             Config::new(

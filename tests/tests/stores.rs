@@ -277,6 +277,57 @@ async fn tiered_async() {
     );
 }
 
+/// The cold path's reads go to Postgres many at a time (`batched_reads`): 120 claims at
+/// once on a replica whose Redis knows none of the keys (as after a flush) each get
+/// their own key's answer from Postgres, and the keys Postgres never saw execute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiered_async_cold_reads_answer_each_claim_with_its_own_record() {
+    let db = TestDb::new("conf_tasync_cold").await;
+    let pg = pg(&db).await;
+    let writer = TieredStore::new(
+        redis(&redis_url()).await,
+        pg.clone(),
+        Durability::Async,
+        OutboxOptions::default(),
+    );
+    let keys: Vec<RecordKey> = (0..120).map(|n| key(&format!("cold-{n}"))).collect();
+    for (n, k) in keys.iter().enumerate().take(80) {
+        let Decision::Execute(claim) = writer.claim(k, &FP, writer.now(), &P).await.unwrap() else {
+            panic!("a new key executes")
+        };
+        let (holder, answer) = (claim.holder(), response(&format!("answer-{n}")));
+        let written = writer.complete(k, &holder, answer, writer.now(), &P);
+        assert_eq!(written.await.unwrap(), HolderWrite::Written);
+    }
+    writer.flush().await.unwrap();
+    let reader = Arc::new(TieredStore::new(
+        redis(&redis_url()).await,
+        pg,
+        Durability::Async,
+        OutboxOptions::default(),
+    ));
+    let claims: Vec<_> = keys
+        .into_iter()
+        .enumerate()
+        .map(|(n, k)| {
+            let reader = reader.clone();
+            tokio::spawn(async move { (n, reader.claim(&k, &FP, reader.now(), &P).await) })
+        })
+        .collect();
+    let (mut replayed, mut executed) = (0, 0);
+    for claim in claims {
+        match claim.await.unwrap() {
+            (n, Ok(Decision::Replay { response, .. })) if n < 80 => {
+                assert_eq!(response.body, format!("answer-{n}").into_bytes(), "key {n}");
+                replayed += 1;
+            }
+            (n, Ok(Decision::Execute(_))) if n >= 80 => executed += 1,
+            (n, other) => panic!("key {n}: {other:?}"),
+        }
+    }
+    assert_eq!((replayed, executed), (80, 40));
+}
+
 #[tokio::test]
 async fn replay_cache_over_postgres() {
     let db = TestDb::new("conf_cache_pg").await;

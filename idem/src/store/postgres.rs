@@ -121,6 +121,7 @@ const MIGRATION_LOCK: i64 = 0x1de4_0001;
 /// The same for the background index builds (with the schema's hash as second key).
 const INDEX_LOCK: i32 = 0x1de4_0002;
 
+pub(crate) mod batched_reads;
 mod convert;
 mod purge;
 mod sql;
@@ -448,6 +449,24 @@ impl PostgresStore {
     pub(crate) async fn get_record(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
         self.with_client(async |client| read_record(client, &self.sql.get, key).await)
             .await
+    }
+
+    /// The records of those of `keys` that exist, each with its key, in one statement.
+    pub(crate) async fn get_records(
+        &self,
+        keys: &[&str],
+    ) -> Result<Vec<(String, Record)>, StoreError> {
+        self.with_client(async |client| {
+            let stmt = client
+                .prepare_cached(&self.sql.get_many)
+                .await
+                .map_err(unavailable)?;
+            let rows = client.query(&stmt, &[&keys]).await.map_err(unavailable)?;
+            rows.iter()
+                .map(|row| Ok((row.get::<_, String>(0), decode(row.get::<_, &[u8]>(1))?)))
+                .collect()
+        })
+        .await
     }
 
     /// Records the database's clock as a statement returned it; returns it as `Millis`.

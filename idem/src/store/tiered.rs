@@ -16,6 +16,7 @@
 
 pub mod outbox;
 
+use super::postgres::batched_reads::BatchedReads;
 use super::postgres::Authority;
 use super::{
     claim_by_cas, CasRecords, Deletion, HolderWrite, Insert, PostgresStore, RedisStore, Stamp,
@@ -47,6 +48,8 @@ pub struct TieredStore {
     redis: RedisStore,
     pg: Arc<PostgresStore>,
     outbox: Option<Outbox>,
+    /// `async`: the cold path's reads of Postgres, many requests' per statement.
+    cold_reads: Option<BatchedReads>,
 }
 
 impl TieredStore {
@@ -57,11 +60,19 @@ impl TieredStore {
         durability: Durability,
         outbox: OutboxOptions,
     ) -> Self {
-        let outbox = match durability {
-            Durability::Sync => None,
-            Durability::Async => Some(Outbox::start(pg.clone(), outbox)),
+        let (outbox, cold_reads) = match durability {
+            Durability::Sync => (None, None),
+            Durability::Async => (
+                Some(Outbox::start(pg.clone(), outbox)),
+                Some(BatchedReads::start(pg.clone())),
+            ),
         };
-        TieredStore { redis, pg, outbox }
+        TieredStore {
+            redis,
+            pg,
+            outbox,
+            cold_reads,
+        }
     }
 
     /// The durability mode.
@@ -297,8 +308,15 @@ impl CasRecords for ColdPath<'_> {
             Insert::Stored => {}
             other => return Ok((other, redis_now)),
         }
-        // Redis had nothing. Postgres may still know the key (Redis lost it).
-        let authority = match tiered.pg.get_record(key).await {
+        // Redis had nothing. Postgres may still know the key (Redis lost it). Read only
+        // now, not together with the insert: an earlier read may predate a holder's
+        // claim written behind just before Redis lost it (the model checker's trace,
+        // README "The protocol, model-checked"). Batched with other requests' reads.
+        let authority = match &tiered.cold_reads {
+            Some(reads) => reads.get(key).await,
+            None => tiered.pg.get_record(key).await,
+        };
+        let authority = match authority {
             Ok(found) => found,
             Err(e) => {
                 let holder = Holder {

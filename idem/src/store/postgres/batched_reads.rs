@@ -1,0 +1,78 @@
+//! Point reads of many concurrent callers, sent as one statement.
+//!
+//! The tiered `async` store asks Postgres about every key Redis did not know (its cold
+//! path), so each new key costs a read. A statement costs Postgres a backend wake-up and
+//! the origin a protocol exchange, whatever it reads. So one task sends the reads, one
+//! statement at a time: while a statement is out, callers queue, and the next statement
+//! reads for all of them (group commit, as the outbox writes).
+//!
+//! A caller is answered only by a statement sent after it asked, never by one already
+//! in flight, so it sees every write committed before it asked, as its own read would.
+
+use super::PostgresStore;
+use crate::store::StoreError;
+use idem_core::{Record, RecordKey};
+use std::collections::HashMap;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+
+/// Most keys per statement.
+const BATCH: usize = 256;
+
+type Answer = oneshot::Sender<Result<Option<Record>, StoreError>>;
+
+/// The queue of reads and the task that sends them; dropping it ends the task.
+pub(crate) struct BatchedReads {
+    queue: mpsc::Sender<(RecordKey, Answer)>,
+}
+
+impl BatchedReads {
+    /// Starts the sending task on the current runtime.
+    pub(crate) fn start(pg: Arc<PostgresStore>) -> Self {
+        let (queue, waiting) = mpsc::channel(BATCH * 4);
+        tokio::spawn(send_reads(pg, waiting));
+        BatchedReads { queue }
+    }
+
+    /// `key`'s record in Postgres, if it has one.
+    pub(crate) async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
+        let stopped = || StoreError::Unavailable("postgres: the batched reads stopped".into());
+        let (answer, answered) = oneshot::channel();
+        self.queue
+            .send((key.clone(), answer))
+            .await
+            .map_err(|_| stopped())?;
+        answered.await.map_err(|_| stopped())?
+    }
+}
+
+async fn send_reads(pg: Arc<PostgresStore>, mut waiting: mpsc::Receiver<(RecordKey, Answer)>) {
+    let mut reads = Vec::with_capacity(BATCH);
+    // Zero when every sender is gone: the store was dropped.
+    while waiting.recv_many(&mut reads, BATCH).await > 0 {
+        answer(&pg, &mut reads).await;
+    }
+}
+
+/// Reads `reads`' keys in one statement and answers each caller (every one of them
+/// with the error, if it failed), leaving `reads` empty.
+async fn answer(pg: &PostgresStore, reads: &mut Vec<(RecordKey, Answer)>) {
+    let rows = {
+        let keys: Vec<&str> = reads.iter().map(|(key, _)| key.as_str()).collect();
+        pg.get_records(&keys).await
+    };
+    match rows {
+        Ok(rows) => {
+            let found: HashMap<String, Record> = rows.into_iter().collect();
+            for (key, answer) in reads.drain(..) {
+                // Cloned: two callers may ask for one key.
+                let _ = answer.send(Ok(found.get(key.as_str()).cloned()));
+            }
+        }
+        Err(e) => {
+            for (_, answer) in reads.drain(..) {
+                let _ = answer.send(Err(e.clone()));
+            }
+        }
+    }
+}
