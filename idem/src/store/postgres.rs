@@ -121,6 +121,7 @@ const MIGRATION_LOCK: i64 = 0x1de4_0001;
 /// The same for the background index builds (with the schema's hash as second key).
 const INDEX_LOCK: i32 = 0x1de4_0002;
 
+#[cfg(feature = "tiered")]
 pub(crate) mod batched_reads;
 mod convert;
 mod purge;
@@ -452,6 +453,7 @@ impl PostgresStore {
     }
 
     /// The records of those of `keys` that exist, each with its key, in one statement.
+    #[cfg(feature = "tiered")]
     pub(crate) async fn get_records(
         &self,
         keys: &[&str],

@@ -187,6 +187,7 @@ pub(super) struct Sql {
     pub(super) holder_write: String,
     pub(super) upsert_superseding: String,
     pub(super) get: String,
+    #[cfg_attr(not(feature = "tiered"), allow(dead_code))]
     pub(super) get_many: String,
     pub(super) get_with_clock: String,
     pub(super) read_settled: String,
