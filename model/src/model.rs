@@ -162,7 +162,10 @@ impl Model for ProtocolModel {
             if live || a.edge.is_some() {
                 actions.push(Action::Step(i));
             }
-            if matches!(a.pc, Pc::Idle | Pc::Insert) && c.bug == Some(Bug::ColdReadWithTheClaim) {
+            if matches!(a.pc, Pc::Idle | Pc::Insert)
+                && c.deployment == Deployment::TieredAsync
+                && c.bug == Some(Bug::ColdReadWithTheClaim)
+            {
                 actions.push(Action::ReadAhead(i));
             }
             if live && c.faults.lost_replies && self.writes(a) {

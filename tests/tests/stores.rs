@@ -9,10 +9,11 @@ use conformance::*;
 use idem::store::postgres::{IdColumn, PgOptions};
 use idem::store::tiered::outbox::OutboxOptions;
 use idem::store::{Durability, PostgresStore, RedisStore, ReplayCache, Store, TieredStore};
-use idem::store::{HolderWrite, StoreExt};
+use idem::store::{HolderWrite, StoreError, StoreExt};
 use idem_core::{Decision, RecordKey};
 use idem_tests::{redis_cluster_urls, redis_url, TestDb};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 async fn pg(db: &TestDb) -> Arc<PostgresStore> {
     Arc::new(
@@ -279,7 +280,8 @@ async fn tiered_async() {
 
 /// The cold path's reads go to Postgres many at a time (`batched_reads`): 120 claims at
 /// once on a replica whose Redis knows none of the keys (as after a flush) each get
-/// their own key's answer from Postgres, and the keys Postgres never saw execute.
+/// their own key's answer from Postgres, and the keys Postgres never saw execute. A
+/// record that does not decode fails its own key's claim, not the others read with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tiered_async_cold_reads_answer_each_claim_with_its_own_record() {
     let db = TestDb::new("conf_tasync_cold").await;
@@ -300,6 +302,16 @@ async fn tiered_async_cold_reads_answer_each_claim_with_its_own_record() {
         assert_eq!(written.await.unwrap(), HolderWrite::Written);
     }
     writer.flush().await.unwrap();
+    let corrupted = db
+        .client()
+        .await
+        .execute(
+            "UPDATE idem_records SET record = '\\x00'::bytea WHERE id = decode($1, 'hex')",
+            &[&keys[0].as_str()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(corrupted, 1);
     let reader = Arc::new(TieredStore::new(
         redis(&redis_url()).await,
         pg,
@@ -317,6 +329,7 @@ async fn tiered_async_cold_reads_answer_each_claim_with_its_own_record() {
     let (mut replayed, mut executed) = (0, 0);
     for claim in claims {
         match claim.await.unwrap() {
+            (0, Err(StoreError::Corrupt(_))) => {}
             (n, Ok(Decision::Replay { response, .. })) if n < 80 => {
                 assert_eq!(response.body, format!("answer-{n}").into_bytes(), "key {n}");
                 replayed += 1;
@@ -325,7 +338,61 @@ async fn tiered_async_cold_reads_answer_each_claim_with_its_own_record() {
             (n, other) => panic!("key {n}: {other:?}"),
         }
     }
-    assert_eq!((replayed, executed), (80, 40));
+    assert_eq!((replayed, executed), (79, 40));
+}
+
+/// A cold read waits at most the store's timeout, however long the reads queued before
+/// it take: with the table locked, a claim made while another's read is stuck fails
+/// within its own timeout (before the bound, it waited for the stuck read first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiered_async_cold_reads_wait_at_most_the_store_timeout() {
+    const TIMEOUT: Duration = Duration::from_secs(2);
+    let db = TestDb::new("conf_tasync_cold_wait").await;
+    let pg = PostgresStore::connect(
+        &db.url,
+        PgOptions {
+            timeout: TIMEOUT,
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let store = Arc::new(TieredStore::new(
+        redis(&redis_url()).await,
+        Arc::new(pg),
+        Durability::Async,
+        OutboxOptions::default(),
+    ));
+    let mut locker = db.client().await;
+    let lock = locker.transaction().await.unwrap();
+    lock.execute("LOCK TABLE idem_records IN ACCESS EXCLUSIVE MODE", &[])
+        .await
+        .unwrap();
+    let claim = |name: &'static str| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let outcome = store.claim(&key(name), &FP, store.now(), &P).await;
+            (outcome, started.elapsed())
+        })
+    };
+    let first = claim("cold-wait-first");
+    tokio::time::sleep(TIMEOUT / 2).await;
+    let (second, waited) = claim("cold-wait-second").await.unwrap();
+    assert!(
+        matches!(second, Err(StoreError::Unavailable(_))),
+        "{second:?}"
+    );
+    assert!(
+        waited < TIMEOUT + TIMEOUT / 4,
+        "the second claim waited {waited:?} with a {TIMEOUT:?} timeout"
+    );
+    let (first, _) = first.await.unwrap();
+    assert!(
+        matches!(first, Err(StoreError::Unavailable(_))),
+        "{first:?}"
+    );
+    lock.rollback().await.unwrap();
 }
 
 #[tokio::test]

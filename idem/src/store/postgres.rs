@@ -210,6 +210,12 @@ fn heartbeat_pool_size(pool_size: usize) -> usize {
 }
 
 impl PostgresStore {
+    /// How long a statement, pool wait included, may take.
+    #[cfg(feature = "tiered")]
+    pub(crate) fn timeout(&self) -> Duration {
+        self.options.timeout
+    }
+
     /// Connects (bounded by `options.timeout`) and applies pending migrations.
     pub async fn connect(url: &str, options: PgOptions) -> Result<Self, StoreError> {
         // idem's own statements end on the server too when the store timeout gives up
@@ -452,21 +458,23 @@ impl PostgresStore {
             .await
     }
 
-    /// The records of those of `keys` that exist, each with its key, in one statement.
+    /// The records of those of `keys` that exist, each with its key, in one statement;
+    /// each decoded on its own (one corrupt record fails its key only).
     #[cfg(feature = "tiered")]
     pub(crate) async fn get_records(
         &self,
         keys: &[&str],
-    ) -> Result<Vec<(String, Record)>, StoreError> {
+    ) -> Result<Vec<(String, Result<Record, StoreError>)>, StoreError> {
         self.with_client(async |client| {
             let stmt = client
                 .prepare_cached(&self.sql.get_many)
                 .await
                 .map_err(unavailable)?;
             let rows = client.query(&stmt, &[&keys]).await.map_err(unavailable)?;
-            rows.iter()
-                .map(|row| Ok((row.get::<_, String>(0), decode(row.get::<_, &[u8]>(1))?)))
-                .collect()
+            Ok(rows
+                .iter()
+                .map(|row| (row.get::<_, String>(0), decode(row.get::<_, &[u8]>(1))))
+                .collect())
         })
         .await
     }

@@ -8,6 +8,7 @@
 //!
 //! A caller is answered only by a statement sent after it asked, never by one already
 //! in flight, so it sees every write committed before it asked, as its own read would.
+//! It waits at most the store's timeout, queueing included, as a read of its own would.
 
 use super::PostgresStore;
 use crate::store::StoreError;
@@ -24,25 +25,38 @@ type Answer = oneshot::Sender<Result<Option<Record>, StoreError>>;
 /// The queue of reads and the task that sends them; dropping it ends the task.
 pub(crate) struct BatchedReads {
     queue: mpsc::Sender<(RecordKey, Answer)>,
+    pg: Arc<PostgresStore>,
 }
 
 impl BatchedReads {
     /// Starts the sending task on the current runtime.
     pub(crate) fn start(pg: Arc<PostgresStore>) -> Self {
         let (queue, waiting) = mpsc::channel(BATCH * 4);
-        tokio::spawn(send_reads(pg, waiting));
-        BatchedReads { queue }
+        tokio::spawn(send_reads(pg.clone(), waiting));
+        BatchedReads { queue, pg }
     }
 
     /// `key`'s record in Postgres, if it has one.
     pub(crate) async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
-        let stopped = || StoreError::Unavailable("postgres: the batched reads stopped".into());
+        let timeout = self.pg.timeout();
         let (answer, answered) = oneshot::channel();
-        self.queue
-            .send((key.clone(), answer))
+        let read = async {
+            if self.queue.send((key.clone(), answer)).await.is_err() {
+                // The task is gone (it can only have panicked): read alone.
+                return self.pg.get_record(key).await;
+            }
+            match answered.await {
+                Ok(found) => found,
+                Err(_) => self.pg.get_record(key).await,
+            }
+        };
+        tokio::time::timeout(timeout, read)
             .await
-            .map_err(|_| stopped())?;
-        answered.await.map_err(|_| stopped())?
+            .unwrap_or_else(|_| {
+                Err(StoreError::Unavailable(format!(
+                    "postgres: no answer within {timeout:?}"
+                )))
+            })
     }
 }
 
@@ -50,12 +64,16 @@ async fn send_reads(pg: Arc<PostgresStore>, mut waiting: mpsc::Receiver<(RecordK
     let mut reads = Vec::with_capacity(BATCH);
     // Zero when every sender is gone: the store was dropped.
     while waiting.recv_many(&mut reads, BATCH).await > 0 {
-        answer(&pg, &mut reads).await;
+        // Callers that gave up (timed out, or their request was dropped) need no read.
+        reads.retain(|(_, answer)| !answer.is_closed());
+        if !reads.is_empty() {
+            answer(&pg, &mut reads).await;
+        }
     }
 }
 
 /// Reads `reads`' keys in one statement and answers each caller (every one of them
-/// with the error, if it failed), leaving `reads` empty.
+/// with the error, if the statement failed), leaving `reads` empty.
 async fn answer(pg: &PostgresStore, reads: &mut Vec<(RecordKey, Answer)>) {
     let rows = {
         let keys: Vec<&str> = reads.iter().map(|(key, _)| key.as_str()).collect();
@@ -63,10 +81,11 @@ async fn answer(pg: &PostgresStore, reads: &mut Vec<(RecordKey, Answer)>) {
     };
     match rows {
         Ok(rows) => {
-            let found: HashMap<String, Record> = rows.into_iter().collect();
+            let found: HashMap<String, Result<Record, StoreError>> = rows.into_iter().collect();
             for (key, answer) in reads.drain(..) {
-                // Cloned: two callers may ask for one key.
-                let _ = answer.send(Ok(found.get(key.as_str()).cloned()));
+                // Cloned: two callers may ask for one key. A record that does not
+                // decode fails its own key's callers only.
+                let _ = answer.send(found.get(key.as_str()).cloned().transpose());
             }
         }
         Err(e) => {
