@@ -312,30 +312,6 @@ async fn tiered_async_cold_reads_answer_each_claim_with_its_own_record() {
         .await
         .unwrap();
     assert_eq!(corrupted, 1);
-    let statements = db.client().await;
-    statements
-        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements SCHEMA public")
-        .await
-        .unwrap();
-    // Wherever it is (a run before this one may have made it elsewhere).
-    let view: String = statements
-        .query_one(
-            "SELECT format('%I.pg_stat_statements', extnamespace::regnamespace)
-             FROM pg_extension WHERE extname = 'pg_stat_statements'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    let batched_reads = async || -> i64 {
-        let count = format!(
-            "SELECT coalesce(sum(calls), 0)::int8 FROM {view}
-             WHERE query LIKE '%CROSS JOIN LATERAL%' AND dbid =
-                 (SELECT oid FROM pg_database WHERE datname = current_database())"
-        );
-        statements.query_one(&count, &[]).await.unwrap().get(0)
-    };
-    let before = batched_reads().await;
     let reader = Arc::new(TieredStore::new(
         redis(&redis_url()).await,
         pg,
@@ -364,7 +340,7 @@ async fn tiered_async_cold_reads_answer_each_claim_with_its_own_record() {
     }
     assert_eq!((replayed, executed), (79, 40));
     // And in fewer statements than claims.
-    let sent = batched_reads().await - before;
+    let sent = reader.cold_read_statements().unwrap();
     assert!(
         (1..60).contains(&sent),
         "{sent} statements for 120 cold reads"

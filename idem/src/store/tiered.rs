@@ -75,6 +75,12 @@ impl TieredStore {
         }
     }
 
+    /// `async`: the statements the cold path's batched reads sent so far.
+    #[cfg(feature = "testing")]
+    pub fn cold_read_statements(&self) -> Option<u64> {
+        self.cold_reads.as_ref().map(BatchedReads::statements)
+    }
+
     /// The durability mode.
     pub fn durability(&self) -> Durability {
         if self.outbox.is_some() {

@@ -8,12 +8,18 @@
 //!
 //! A caller is answered only by a statement sent after it asked, never by one already
 //! in flight, so it sees every write committed before it asked, as its own read would.
-//! It waits at most the store's timeout, queueing included, as a read of its own would.
+//! It waits at most the store's timeout from the moment it asks, the wait for the
+//! statement in flight included: when statements take more than half the timeout,
+//! queued callers fail (503) where reads of their own might not have.
+//!
+//! `idem_tiered_cold_read_statements_total` counts the statements,
+//! `idem_tiered_cold_reads_total` the reads they answered.
 
 use super::PostgresStore;
 use crate::store::StoreError;
 use idem_core::{Record, RecordKey};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
@@ -26,28 +32,45 @@ type Answer = oneshot::Sender<Result<Option<Record>, StoreError>>;
 pub(crate) struct BatchedReads {
     queue: mpsc::Sender<(RecordKey, Answer)>,
     pg: Arc<PostgresStore>,
+    /// Statements sent so far (read by tests; operators have the metric).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    statements: Arc<AtomicU64>,
 }
 
 impl BatchedReads {
     /// Starts the sending task on the current runtime.
     pub(crate) fn start(pg: Arc<PostgresStore>) -> Self {
         let (queue, waiting) = mpsc::channel(BATCH * 4);
-        tokio::spawn(send_reads(pg.clone(), waiting));
-        BatchedReads { queue, pg }
+        let statements = Arc::new(AtomicU64::new(0));
+        tokio::spawn(send_reads(pg.clone(), waiting, statements.clone()));
+        BatchedReads {
+            queue,
+            pg,
+            statements,
+        }
+    }
+
+    /// Statements sent so far.
+    #[cfg(feature = "testing")]
+    pub(crate) fn statements(&self) -> u64 {
+        self.statements.load(Ordering::Relaxed)
     }
 
     /// `key`'s record in Postgres, if it has one.
     pub(crate) async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
         let timeout = self.pg.timeout();
         let (answer, answered) = oneshot::channel();
+        let alone = async || {
+            tracing::error!("the batched cold reads' task is gone; reading alone");
+            self.pg.get_record(key).await
+        };
         let read = async {
             if self.queue.send((key.clone(), answer)).await.is_err() {
-                // The task is gone (it can only have panicked): read alone.
-                return self.pg.get_record(key).await;
+                return alone().await; // the task is gone: it can only have panicked
             }
             match answered.await {
                 Ok(found) => found,
-                Err(_) => self.pg.get_record(key).await,
+                Err(_) => alone().await,
             }
         };
         tokio::time::timeout(timeout, read)
@@ -60,13 +83,20 @@ impl BatchedReads {
     }
 }
 
-async fn send_reads(pg: Arc<PostgresStore>, mut waiting: mpsc::Receiver<(RecordKey, Answer)>) {
+async fn send_reads(
+    pg: Arc<PostgresStore>,
+    mut waiting: mpsc::Receiver<(RecordKey, Answer)>,
+    statements: Arc<AtomicU64>,
+) {
     let mut reads = Vec::with_capacity(BATCH);
     // Zero when every sender is gone: the store was dropped.
     while waiting.recv_many(&mut reads, BATCH).await > 0 {
         // Callers that gave up (timed out, or their request was dropped) need no read.
         reads.retain(|(_, answer)| !answer.is_closed());
         if !reads.is_empty() {
+            statements.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!("idem_tiered_cold_read_statements_total").increment(1);
+            metrics::counter!("idem_tiered_cold_reads_total").increment(reads.len() as u64);
             answer(&pg, &mut reads).await;
         }
     }
