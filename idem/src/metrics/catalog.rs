@@ -72,6 +72,8 @@ pub const CATALOG: &[Metric] = &[
     metric("idem_replay_cache_hits_total", Counter, &[], "", "decisions made on a cached completed record, without the store"),
     metric("idem_tiered_redis_errors_total", Counter, &["op"], "", "tiered sync: Redis failures that Postgres absorbed"),
     metric("idem_tiered_cold_path_hits_total", Counter, &[], "", "Redis had no record, Postgres had one"),
+    metric("idem_tiered_cold_reads_total", Counter, &[], "", "tiered async: Postgres reads of the cold path (a new key in Redis)"),
+    metric("idem_tiered_cold_read_statements_total", Counter, &[], "", "the statements those reads were sent in (batched: reads ÷ statements is the batch size)"),
     metric("idem_outbox_depth", Gauge, &[], "", "records queued for Postgres (tiered async)"),
     metric("idem_outbox_written_total", Counter, &[], "", "records written behind (tiered async)"),
     metric("idem_outbox_batches_total", Counter, &[], "", "batches written behind (tiered async)"),
