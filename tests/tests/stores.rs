@@ -748,3 +748,95 @@ impl Raw {
         self.query(redis::cmd("PTTL").arg(name)).await
     }
 }
+
+/// idem's statements find rows by index even in a table analysed while empty: after the
+/// sweeper emptied it, say. Before the fix a prepared statement planned then kept a
+/// sequential scan while the table grew, and every claim (the Postgres store) or cold
+/// read (tiered async) read the whole table. Counted by Postgres: sequential scans of
+/// this schema's `idem_records` while 150 keys are claimed, completed and replayed on
+/// the Postgres store and 150 more claimed and completed on tiered async.
+#[tokio::test]
+async fn a_table_analysed_empty_is_still_read_by_index() {
+    let db = TestDb::new("seqscan").await;
+    let scans = async |db: &TestDb| -> (i64, i64) {
+        let c = db.client().await;
+        c.batch_execute("SELECT pg_stat_clear_snapshot()")
+            .await
+            .unwrap();
+        let row = c
+            .query_one(
+                "SELECT seq_scan, coalesce(idx_scan, 0) FROM pg_stat_user_tables
+                 WHERE schemaname = $1 AND relname = 'idem_records'",
+                &[&db.schema],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    };
+    // The table, made by one store and its background index build; their sessions end
+    // before counting starts (a session reports its counts when it ends or idles).
+    let setup = pg(&db).await;
+    let built = "SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+        WHERE c.relname = 'idem_records_in_progress' AND i.indisvalid
+        AND c.relnamespace = current_schema()::regnamespace";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while db.count(built).await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the in-progress index was not built"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(setup);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    db.exec("ANALYZE idem_records").await;
+    let store = pg(&db).await;
+    let (seq_before, idx_before) = scans(&db).await;
+
+    for n in 0..150 {
+        let k = key(&format!("seqscan-pg-{n}"));
+        let Decision::Execute(claim) = store.claim(&k, &FP, store.now(), &P).await.unwrap() else {
+            panic!("a new key executes")
+        };
+        let holder = claim.holder();
+        let written = store.complete(&k, &holder, response("ok"), store.now(), &P);
+        assert_eq!(written.await.unwrap(), HolderWrite::Written);
+        let replay = store.claim(&k, &FP, store.now(), &P).await.unwrap();
+        assert!(matches!(replay, Decision::Replay { .. }), "{replay:?}");
+    }
+    let tiered = TieredStore::new(
+        redis(&redis_url()).await,
+        store.clone(),
+        Durability::Async,
+        OutboxOptions::default(),
+    );
+    for n in 0..150 {
+        let k = key(&format!("seqscan-tiered-{n}"));
+        let Decision::Execute(claim) = tiered.claim(&k, &FP, tiered.now(), &P).await.unwrap()
+        else {
+            panic!("a new key executes")
+        };
+        let holder = claim.holder();
+        let written = tiered.complete(&k, &holder, response("ok"), tiered.now(), &P);
+        assert_eq!(written.await.unwrap(), HolderWrite::Written);
+    }
+    tiered.flush().await.unwrap();
+    drop((tiered, store));
+
+    // Backends report their counts when they end or idle (within ~10 s): wait until the
+    // index scans of the run are all counted, at least one a claim.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (seq, idx) = loop {
+        let (seq, idx) = scans(&db).await;
+        if idx - idx_before >= 300 || Instant::now() > deadline {
+            break (seq - seq_before, idx - idx_before);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(idx >= 300, "only {idx} index scans counted within 30 s");
+    assert_eq!(
+        seq, 0,
+        "{seq} sequential scans of idem_records ({idx} index scans)"
+    );
+    assert_eq!(db.live_records().await, 300);
+}

@@ -822,7 +822,8 @@ pub fn pool(
     pool_with(url, size, timeout, ca_file, None)
 }
 
-/// [`pool`], its connections' statements ended by the server after `statement_timeout`.
+/// [`pool`] for idem's own statements: ended by the server after `statement_timeout`,
+/// and planned without sequential scans (see [`connector`]).
 fn pool_with(
     url: &str,
     size: usize,
@@ -865,7 +866,19 @@ fn connector(
         config.application_name("idem");
     }
     if let Some(limit) = statement_timeout {
-        let setting = format!("-c statement_timeout={}", limit.as_millis().max(1));
+        // Every statement idem sends finds its rows through an index (the key, the
+        // expiry, the in-progress claims). A table analysed while (nearly) empty —
+        // after the sweeper emptied it, or when it was new — makes a sequential scan
+        // look cheaper, a prepared statement keeps that plan while the table grows, and
+        // each claim then reads the whole table: 2 731 new keys/s instead of ~5 000,
+        // 1 942 sequential scans in 7 s (docs/bench/seqscan-2026-12-01.txt). Without
+        // sequential scans the plan is the index's, whatever the statistics say; a
+        // statement with no index to use still scans. Handlers' transactions (their
+        // own pool, no `statement_timeout`) keep the planner's defaults.
+        let setting = format!(
+            "-c statement_timeout={} -c enable_seqscan=off",
+            limit.as_millis().max(1)
+        );
         let options = match config.get_options() {
             Some(given) if !given.is_empty() => format!("{given} {setting}"),
             _ => setting,
