@@ -485,21 +485,7 @@ async fn an_attempt_orphaned_by_kill_9_is_listed_and_purged() {
             .await
             .map(|r| r.status().as_u16())
     });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let record_key = loop {
-        let (status, body) = admin(
-            "GET",
-            &format!("{}/admin/v1/in-progress", b.admin),
-            Some(TOKEN),
-        )
-        .await;
-        assert_eq!(status, 200);
-        if let Some(r) = body["records"].as_array().and_then(|r| r.first()) {
-            break r["record_key"].as_str().unwrap().to_owned();
-        }
-        assert!(Instant::now() < deadline, "the claim never showed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let record_key = first_in_progress(&b.admin).await;
     let mut a = a;
     a.child.kill().unwrap(); // SIGKILL
     a.child.wait().unwrap();
@@ -582,6 +568,41 @@ async fn an_attempt_orphaned_by_kill_9_is_listed_and_purged() {
 /// it has not seen the store's clock): it must not take a live 30 s lease for expired.
 /// The store judges the lease on its own clock. Before that, the purge deleted the
 /// live claim and a retry charged the customer a second time.
+/// The first in-progress record the listing shows, waiting up to 10 s for one. Every
+/// page is read: on Redis a page can be empty and still have a next one (other keys
+/// in the cluster take its scan), which a loop on the first page never got past.
+async fn first_in_progress(admin_url: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = match &cursor {
+            Some(c) => {
+                let c: String = c
+                    .bytes()
+                    .map(|b| match b {
+                        b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                            (b as char).to_string()
+                        }
+                        _ => format!("%{b:02X}"),
+                    })
+                    .collect();
+                format!("{admin_url}/admin/v1/in-progress?cursor={c}")
+            }
+            None => format!("{admin_url}/admin/v1/in-progress"),
+        };
+        let (status, body) = admin("GET", &page, Some(TOKEN)).await;
+        assert_eq!(status, 200, "{body}");
+        if let Some(r) = body["records"].as_array().and_then(|r| r.first()) {
+            return r["record_key"].as_str().unwrap().to_owned();
+        }
+        assert!(Instant::now() < deadline, "no claim listed within 10 s");
+        cursor = body["next_cursor"].as_str().map(str::to_owned);
+        if cursor.is_none() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
 async fn a_fast_clock_cannot_purge_a_live_lease(args: Vec<String>, db: TestDb, label: &str) {
     let tokens = token_file(label);
     let mut args = args;
@@ -603,19 +624,7 @@ async fn a_fast_clock_cannot_purge_a_live_lease(args: Vec<String>, db: TestDb, l
     let a_url = a.url.clone();
     let first_key = key.clone();
     let first = tokio::spawn(async move { charge(&a_url, &first_key, 3_000).await });
-    let record_key = loop {
-        let (status, body) = admin(
-            "GET",
-            &format!("{}/admin/v1/in-progress", a.admin),
-            Some(TOKEN),
-        )
-        .await;
-        assert_eq!(status, 200);
-        if let Some(r) = body["records"].as_array().and_then(|r| r.first()) {
-            break r["record_key"].as_str().unwrap().to_owned();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let record_key = first_in_progress(&a.admin).await;
     let (status, body) = admin(
         "DELETE",
         &format!("{}/admin/v1/records/{record_key}", ahead.admin),
