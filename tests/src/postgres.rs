@@ -44,6 +44,62 @@ impl TestDb {
         connect(&self.url).await
     }
 
+    /// The schema's URL with its sessions named `name` (idem keeps a given name), so
+    /// that [`TestDb::wait_sessions_gone`] can tell them.
+    pub fn url_named(&self, name: &str) -> String {
+        format!("{}&application_name={name}", self.url)
+    }
+
+    /// Waits (up to 30 s) until no session named `name` is connected: a session
+    /// reports its statistics (`pg_stat_user_tables`…) when it ends.
+    pub async fn wait_sessions_gone(&self, name: &str) {
+        let c = self.client().await;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let open: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                    &[&name],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if open == 0 {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{open} sessions of {name} still open"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
+    /// One statistics counter of the schema's `idem_records` (`seq_scan`, …) or of one
+    /// of its indexes (`index` = `Some(name)`: `idx_tup_read`, …), read afresh.
+    pub async fn table_stat(&self, index: Option<&str>, column: &str) -> i64 {
+        let c = self.client().await;
+        c.batch_execute("SELECT pg_stat_clear_snapshot()")
+            .await
+            .unwrap();
+        let sql = match index {
+            None => format!(
+                "SELECT coalesce({column}, 0)::int8 FROM pg_stat_user_tables
+                 WHERE schemaname = $1 AND relname = 'idem_records'"
+            ),
+            Some(_) => format!(
+                "SELECT coalesce({column}, 0)::int8 FROM pg_stat_user_indexes
+                 WHERE schemaname = $1 AND indexrelname = $2"
+            ),
+        };
+        let index = index.unwrap_or_default();
+        let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = match index.is_empty() {
+            true => vec![&self.schema],
+            false => vec![&self.schema, &index],
+        };
+        c.query_one(&sql, &params).await.unwrap().get(0)
+    }
+
     /// One integer from `sql`.
     pub async fn count(&self, sql: &str) -> i64 {
         self.client()

@@ -260,7 +260,9 @@ impl PostgresStore {
         Ok(store)
     }
 
-    /// The connection pool, shared with the demo ledger.
+    /// The connection pool, shared with the demo ledger. Its sessions plan without
+    /// sequential scans (idem's statements all have an index; see `connector`): a
+    /// caller whose own queries need them should use a pool of its own.
     pub fn pool(&self) -> &Pool {
         &self.pool
     }
@@ -866,15 +868,16 @@ fn connector(
         config.application_name("idem");
     }
     if let Some(limit) = statement_timeout {
-        // Every statement idem sends finds its rows through an index (the key, the
-        // expiry, the in-progress claims). A table analysed while (nearly) empty —
+        // Every statement idem sends on these pools finds its rows through an index
+        // (the key, the expiry, the in-progress claims). A table analysed while (nearly) empty —
         // after the sweeper emptied it, or when it was new — makes a sequential scan
         // look cheaper, a prepared statement keeps that plan while the table grows, and
         // each claim then reads the whole table: 2 731 new keys/s instead of ~5 000,
         // 1 942 sequential scans in 7 s (docs/bench/seqscan-2026-12-01.txt). Without
         // sequential scans the plan is the index's, whatever the statistics say; a
         // statement with no index to use still scans. Handlers' transactions (their
-        // own pool, no `statement_timeout`) keep the planner's defaults.
+        // own pool, no `statement_timeout`) keep the planner's defaults: idem's
+        // statements in them turn sequential scans off for themselves (transaction.rs).
         let setting = format!(
             "-c statement_timeout={} -c enable_seqscan=off",
             limit.as_millis().max(1)

@@ -170,7 +170,12 @@ impl Authority {
         // A floor of a minute: a handler may legitimately sit between two statements
         // for a while; what this bounds is a holder that will never come back.
         let idle_ms = policy.lease_ms.saturating_mul(2).max(60_000);
-        let begin = format!("BEGIN; SET LOCAL idle_in_transaction_session_timeout = {idle_ms}");
+        // idem's read plans without sequential scans, as on idem's own pools (see
+        // `connector`); the handler's statements after it get the server's default back.
+        let begin = format!(
+            "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {idle_ms}; \
+             SET LOCAL enable_seqscan = off"
+        );
         let claim = Row::of(&holder.renewed(self.clock.now(), policy));
         let read = self
             .bounded("BEGIN", async {
@@ -211,10 +216,11 @@ impl Authority {
                         .await
                 };
                 // Pipelined, in this order: one round trip.
-                let (_, _, row) = tokio::try_join!(
+                let (_, _, row, _) = tokio::try_join!(
                     write_claim,
                     client.batch_execute(&begin),
-                    client.query_one(&read, &params)
+                    client.query_one(&read, &params),
+                    client.batch_execute("SET LOCAL enable_seqscan TO DEFAULT")
                 )
                 .map_err(unavailable)?;
                 Ok((row.get::<_, Option<Vec<u8>>>(0), row.get::<_, i64>(1)))
@@ -365,6 +371,17 @@ impl FencedTransaction {
         policy: &Policy,
     ) -> Result<Record, CommitError> {
         let authority = &self.authority;
+        // The handler is done with the transaction: idem's statements from here to the
+        // COMMIT plan without sequential scans, as on idem's own pools.
+        authority
+            .bounded("SET LOCAL", async {
+                let set = self
+                    .client()
+                    .batch_execute("SET LOCAL enable_seqscan = off");
+                set.await.map_err(unavailable)
+            })
+            .await
+            .map_err(CommitError::Failed)?;
         let mut at = Stamp::new(authority.clock.now(), policy);
         for _ in 0..MAX_ROUNDS {
             let next = self.holder.completed(response.clone(), at.now, policy);
