@@ -81,3 +81,45 @@ async fn memory_sweeps_expired_records_in_batches() {
     sweeps_only_expired(&store).await;
     assert_eq!(store.len(), 5);
 }
+
+/// A sweep reads the expiry index only up to the clock: the last batch of a sweep (fewer
+/// expired rows than the batch) used to walk the index of every live record, the
+/// clock being a volatile call the index could not stop at. Counted by Postgres: index
+/// entries read by one sweep of 20 expired records among 2 000 live ones.
+#[tokio::test]
+async fn postgres_sweep_reads_the_expiry_index_only_up_to_the_clock() {
+    let db = TestDb::new("sweep_bound").await;
+    let fill_name = format!("idem-sweep-fill-{}", std::process::id());
+    let store = PostgresStore::connect(&db.url_named(&fill_name), PgOptions::default())
+        .await
+        .unwrap();
+    let now = store.now();
+    fill(&store, 20, "old", now, 1).await;
+    fill(&store, 2_000, "live", now, 3_600_000).await;
+    drop(store);
+    db.wait_sessions_gone(&fill_name).await;
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    db.exec("ANALYZE idem_records").await;
+    let index = Some("idem_records_expires_at");
+    let before = db.table_stat(index, "idx_tup_read").await;
+
+    let sweep_name = format!("idem-sweep-{}", std::process::id());
+    let store = PostgresStore::connect(&db.url_named(&sweep_name), PgOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(store.sweep(store.now(), 1_000).await.unwrap(), 20);
+    drop(store);
+    db.wait_sessions_gone(&sweep_name).await;
+    let read = db.table_stat(index, "idx_tup_read").await - before;
+    idem_tests::report(
+        "postgres-plans",
+        &format!(
+            "one sweep of 20 expired among 2 000 live records read {read} expiry-index entries"
+        ),
+    );
+    assert!(
+        (20..200).contains(&read),
+        "one sweep read {read} entries of the expiry index to delete 20 of 2 020 records"
+    );
+    assert_eq!(db.count("SELECT count(*) FROM idem_records").await, 2_000);
+}

@@ -149,12 +149,15 @@ pub(super) const INSERT_LOCKED: &str =
 pub(super) const REPLACE_LOCKED: &str =
     "UPDATE idem_records SET token = $3, state = $4, expires_at = $5,
     record = $6 WHERE id = {id} AND record = $2";
-/// Deletes rows expired before both the caller's `$1` and the database's clock.
+/// Deletes rows expired before both the caller's `$1` and the database's clock. The
+/// clock is read once, in a subquery: a bound the expiry index can stop at (the volatile
+/// call itself is only a filter, and the last batch of a sweep then walked the index of
+/// every live record).
 pub(super) const SWEEP: &str = concat!(
     "DELETE FROM idem_records WHERE id IN (
-    SELECT id FROM idem_records WHERE expires_at < LEAST($1::int8, ",
+    SELECT id FROM idem_records WHERE expires_at < LEAST($1::int8, (SELECT ",
     clock_ms!(),
-    ") ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)"
+    ")) ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED)"
 );
 /// Deletes the row only if it still holds exactly `$2` and the database's clock has
 /// reached `$3`, and notifies the channel in the same statement: listeners hear of it
