@@ -564,10 +564,6 @@ async fn an_attempt_orphaned_by_kill_9_is_listed_and_purged() {
     );
 }
 
-/// A purge through a replica whose clock runs 60 s ahead, which has made no claim (so
-/// it has not seen the store's clock): it must not take a live 30 s lease for expired.
-/// The store judges the lease on its own clock. Before that, the purge deleted the
-/// live claim and a retry charged the customer a second time.
 /// The first in-progress record the listing shows, waiting up to 10 s for one. Every
 /// page is read: on Redis a page can be empty and still have a next one (other keys
 /// in the cluster take its scan), which a loop on the first page never got past.
@@ -603,6 +599,10 @@ async fn first_in_progress(admin_url: &str) -> String {
     }
 }
 
+/// A purge through a replica whose clock runs 60 s ahead, which has made no claim (so
+/// it has not seen the store's clock): it must not take a live 30 s lease for expired.
+/// The store judges the lease on its own clock. Before that, the purge deleted the
+/// live claim and a retry charged the customer a second time.
 async fn a_fast_clock_cannot_purge_a_live_lease(args: Vec<String>, db: TestDb, label: &str) {
     let tokens = token_file(label);
     let mut args = args;
