@@ -876,7 +876,7 @@ fn connector(
         // 1 942 sequential scans in 7 s (docs/bench/seqscan-2026-12-01.txt). Without
         // sequential scans the plan is the index's, whatever the statistics say; a
         // statement with no index to use still scans. Handlers' transactions (their
-        // own pool, no `statement_timeout`) keep the planner's defaults: idem's
+        // own pool, no `statement_timeout`) keep their sessions' settings: idem's
         // statements in them turn sequential scans off for themselves (transaction.rs).
         let setting = format!(
             "-c statement_timeout={} -c enable_seqscan=off",

@@ -171,7 +171,7 @@ impl Authority {
         // for a while; what this bounds is a holder that will never come back.
         let idle_ms = policy.lease_ms.saturating_mul(2).max(60_000);
         // idem's read plans without sequential scans, as on idem's own pools (see
-        // `connector`); the handler's statements after it get the server's default back.
+        // `connector`); the handler's statements after it get the session's own back.
         let begin = format!(
             "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {idle_ms}; \
              SET LOCAL enable_seqscan = off"
@@ -336,7 +336,11 @@ impl FencedTransaction {
                     let client = self.client();
                     self.authority
                         .bounded("COMMIT", async {
-                            client.batch_execute("COMMIT").await.map_err(unavailable)
+                            // The session's own setting back first: deferred
+                            // constraints and triggers run at COMMIT, and are the
+                            // handler's.
+                            let commit = "SET LOCAL enable_seqscan TO DEFAULT; COMMIT";
+                            client.batch_execute(commit).await.map_err(unavailable)
                         })
                         .await
                 };
@@ -372,7 +376,8 @@ impl FencedTransaction {
     ) -> Result<Record, CommitError> {
         let authority = &self.authority;
         // The handler is done with the transaction: idem's statements from here to the
-        // COMMIT plan without sequential scans, as on idem's own pools.
+        // COMMIT plan without sequential scans, as on idem's own pools (the session's
+        // setting comes back just before the COMMIT).
         authority
             .bounded("SET LOCAL", async {
                 let set = self
