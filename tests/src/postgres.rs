@@ -76,28 +76,20 @@ impl TestDb {
     }
 
     /// One statistics counter of the schema's `idem_records` (`seq_scan`, …) or of one
-    /// of its indexes (`index` = `Some(name)`: `idx_tup_read`, …), read afresh.
+    /// of its indexes (`index` = `Some(name)`: `idx_tup_read`, …), read on a new
+    /// session (no statistics snapshot of its own yet).
     pub async fn table_stat(&self, index: Option<&str>, column: &str) -> i64 {
+        let (view, name) = match index {
+            None => ("pg_stat_user_tables WHERE relname", "idem_records"),
+            Some(index) => ("pg_stat_user_indexes WHERE indexrelname", index),
+        };
+        let sql =
+            format!("SELECT coalesce({column}, 0)::int8 FROM {view} = $2 AND schemaname = $1");
         let c = self.client().await;
-        c.batch_execute("SELECT pg_stat_clear_snapshot()")
+        c.query_one(&sql, &[&self.schema, &name])
             .await
-            .unwrap();
-        let sql = match index {
-            None => format!(
-                "SELECT coalesce({column}, 0)::int8 FROM pg_stat_user_tables
-                 WHERE schemaname = $1 AND relname = 'idem_records'"
-            ),
-            Some(_) => format!(
-                "SELECT coalesce({column}, 0)::int8 FROM pg_stat_user_indexes
-                 WHERE schemaname = $1 AND indexrelname = $2"
-            ),
-        };
-        let index = index.unwrap_or_default();
-        let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = match index.is_empty() {
-            true => vec![&self.schema],
-            false => vec![&self.schema, &index],
-        };
-        c.query_one(&sql, &params).await.unwrap().get(0)
+            .unwrap()
+            .get(0)
     }
 
     /// One integer from `sql`.

@@ -571,20 +571,12 @@ async fn first_in_progress(admin_url: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut cursor: Option<String> = None;
     loop {
+        let listing = format!("{admin_url}/admin/v1/in-progress");
         let page = match &cursor {
-            Some(c) => {
-                let c: String = c
-                    .bytes()
-                    .map(|b| match b {
-                        b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                            (b as char).to_string()
-                        }
-                        _ => format!("%{b:02X}"),
-                    })
-                    .collect();
-                format!("{admin_url}/admin/v1/in-progress?cursor={c}")
-            }
-            None => format!("{admin_url}/admin/v1/in-progress"),
+            Some(c) => reqwest::Url::parse_with_params(&listing, [("cursor", c)])
+                .unwrap()
+                .to_string(),
+            None => listing,
         };
         let (status, body) = admin("GET", &page, Some(TOKEN)).await;
         assert_eq!(status, 200, "{body}");

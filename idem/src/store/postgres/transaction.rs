@@ -375,33 +375,36 @@ impl FencedTransaction {
         policy: &Policy,
     ) -> Result<Record, CommitError> {
         let authority = &self.authority;
-        // The handler is done with the transaction: idem's statements from here to the
-        // COMMIT plan without sequential scans, as on idem's own pools (the session's
-        // setting comes back just before the COMMIT).
-        authority
-            .bounded("SET LOCAL", async {
-                let set = self
-                    .client()
-                    .batch_execute("SET LOCAL enable_seqscan = off");
-                set.await.map_err(unavailable)
-            })
-            .await
-            .map_err(CommitError::Failed)?;
         let mut at = Stamp::new(authority.clock.now(), policy);
-        for _ in 0..MAX_ROUNDS {
+        for round in 0..MAX_ROUNDS {
             let next = self.holder.completed(response.clone(), at.now, policy);
+            let write = run_holder_write(
+                self.client(),
+                &self.authority.sql,
+                &self.key,
+                &self.holder,
+                &next,
+                at,
+            );
+            // The handler is done with the transaction: idem's statements from here to
+            // the COMMIT plan without sequential scans, as on idem's own pools (the
+            // session's setting comes back just before the COMMIT). Sent ahead of the
+            // first write, in the same round trip (requests go out in polling order).
+            let first = round == 0;
+            let turn_off = async {
+                if first {
+                    let set = self
+                        .client()
+                        .batch_execute("SET LOCAL enable_seqscan = off");
+                    set.await.map_err(unavailable)?;
+                }
+                Ok(())
+            };
             let (written, store_now, current) = authority
-                .bounded(
-                    "the completion",
-                    run_holder_write(
-                        self.client(),
-                        &self.authority.sql,
-                        &self.key,
-                        &self.holder,
-                        &next,
-                        at,
-                    ),
-                )
+                .bounded("the completion", async {
+                    let ((), written) = tokio::try_join!(turn_off, write)?;
+                    Ok(written)
+                })
                 .await
                 .map_err(CommitError::Failed)?;
             let store_now = self.observe(store_now);
