@@ -104,7 +104,8 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
     };
     let layer = layer(config, store.clone())?;
     // The charges commit with their records when both are in one Postgres: the store's
-    // authority, which the Postgres ledger shares its pool with.
+    // authority, whose database also holds the Postgres ledger's table (the ledger has a
+    // pool of its own; a transactional charge is written on the handler's transaction).
     let shared = ledger_in_authority
         && store
             .authority()

@@ -251,10 +251,34 @@ impl Authority {
     /// The key's record as the authority holds it once no transaction that may still
     /// commit a change to it is in flight: the read waits for the row lock a
     /// completion holds until its commit (or rollback).
+    ///
+    /// On the handlers' pool, whose sessions keep their own settings: sequential scans
+    /// are turned off for this read alone, as at [`Self::begin`], so that a plan kept
+    /// from a table analysed while empty can't make it read the whole table.
     pub async fn read_settled(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
         self.bounded("a read", async {
             let client = self.pool.get().await.map_err(unavailable)?;
-            read_record(&client, &self.sql.read_settled, key).await
+            // Prepared first, so that the pipeline below sends its statements in order.
+            let read = client
+                .prepare_cached(&self.sql.read_settled)
+                .await
+                .map_err(unavailable)?;
+            let id = key.as_str();
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&id];
+            // Pipelined, in this order: one round trip. A failure anywhere leaves the
+            // transaction open: the connection is discarded, not returned.
+            let read = tokio::try_join!(
+                client.batch_execute("BEGIN; SET LOCAL enable_seqscan = off"),
+                client.query_opt(&read, &params),
+                client.batch_execute("COMMIT"),
+            );
+            match read {
+                Ok((_, row, _)) => row.map(|r| decode(r.get::<_, &[u8]>(0))).transpose(),
+                Err(e) => {
+                    let _ = Object::take(client);
+                    Err(unavailable(e))
+                }
+            }
         })
         .await
     }
