@@ -4,6 +4,13 @@
 //! is the operator's call. Purging an in-progress record whose lease is live is a
 //! different matter: its holder is probably still running the handler, and a retry
 //! after the purge would run it a second time — so it is refused unless forced.
+//!
+//! A purge is decided on the record as it was read. If a write lands before the delete
+//! (its compare-and-delete then finds the record changed), the purge decides again only
+//! while the record is still the same attempt in the same state ([`PurgeTarget`]): a
+//! heartbeat that renewed the lease, say. An orphan claim whose holder woke up and
+//! completed it is not the record the operator chose to delete: its answer may already
+//! be with the client, and deleting it would let a retry charge again.
 
 use crate::{Millis, Record};
 
@@ -19,14 +26,44 @@ pub enum PurgeDecision {
         /// When the holder's lease ends (store time).
         lease_until: Millis,
     },
+    /// The record is no longer the attempt, or no longer in the state, the purge was
+    /// decided on; not deleted.
+    Changed,
+}
+
+/// The attempt (its token) and its state that a purge was decided on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PurgeTarget {
+    /// The attempt's fencing token.
+    pub token: u64,
+    /// Whether it had completed.
+    pub completed: bool,
+}
+
+impl PurgeTarget {
+    /// `record`'s attempt and state.
+    pub fn of(record: &Record) -> Self {
+        PurgeTarget {
+            token: record.token(),
+            completed: record.is_completed(),
+        }
+    }
 }
 
 /// Decides a purge of the key whose record is `record`, at the store's `now`. `force`
 /// deletes an in-progress record even under a live lease (an operator who knows its
-/// holder is gone: a process killed, a host lost).
-pub fn decide_purge(record: Option<&Record>, now: Millis, force: bool) -> PurgeDecision {
+/// holder is gone: a process killed, a host lost). `target`, when the purge was already
+/// decided on an earlier read of the record, is what that read found: any other attempt
+/// or state is [`PurgeDecision::Changed`].
+pub fn decide_purge(
+    record: Option<&Record>,
+    target: Option<PurgeTarget>,
+    now: Millis,
+    force: bool,
+) -> PurgeDecision {
     match record {
         None => PurgeDecision::Absent,
+        Some(r) if target.is_some_and(|t| t != PurgeTarget::of(r)) => PurgeDecision::Changed,
         Some(Record::InProgress { lease_until, .. }) if *lease_until > now && !force => {
             PurgeDecision::LeaseLive {
                 lease_until: *lease_until,
@@ -66,18 +103,18 @@ mod tests {
     fn a_live_lease_is_refused_unless_forced() {
         let live = in_progress(31_000);
         assert_eq!(
-            decide_purge(Some(&live), 30_999, false),
+            decide_purge(Some(&live), None, 30_999, false),
             PurgeDecision::LeaseLive {
                 lease_until: 31_000
             }
         );
         assert_eq!(
-            decide_purge(Some(&live), 30_999, true),
+            decide_purge(Some(&live), None, 30_999, true),
             PurgeDecision::Delete
         );
         // The lease ends at its instant: a takeover could happen now, so may a purge.
         assert_eq!(
-            decide_purge(Some(&live), 31_000, false),
+            decide_purge(Some(&live), None, 31_000, false),
             PurgeDecision::Delete
         );
     }
@@ -104,8 +141,58 @@ mod tests {
             response: StoredResponse::default(),
             expires_at: 10,
         };
-        assert_eq!(decide_purge(Some(&done), 5, false), PurgeDecision::Delete);
-        assert_eq!(decide_purge(None, 5, false), PurgeDecision::Absent);
+        assert_eq!(
+            decide_purge(Some(&done), None, 5, false),
+            PurgeDecision::Delete
+        );
+        assert_eq!(decide_purge(None, None, 5, false), PurgeDecision::Absent);
+    }
+
+    /// Decided on an orphan claim, then its holder's completion landed: not the record
+    /// the operator chose, even with force. A renewed lease is the same attempt, and
+    /// is decided on again; another attempt's claim is not.
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_purge_decides_again_only_on_the_attempt_and_state_it_read() {
+        let orphan = in_progress(31_000);
+        let target = Some(PurgeTarget::of(&orphan));
+        assert_eq!(target.map(|t| t.completed), Some(false));
+        let completed = Record::Completed {
+            fingerprint: Fingerprint([1; 32]),
+            token: orphan.token(),
+            response: StoredResponse::default(),
+            expires_at: 90_000,
+        };
+        for force in [false, true] {
+            assert_eq!(
+                decide_purge(Some(&completed), target, 40_000, force),
+                PurgeDecision::Changed
+            );
+        }
+        let renewed = in_progress(45_000);
+        assert_eq!(
+            decide_purge(Some(&renewed), target, 40_000, false),
+            PurgeDecision::LeaseLive {
+                lease_until: 45_000
+            }
+        );
+        assert_eq!(
+            decide_purge(Some(&orphan), target, 40_000, false),
+            PurgeDecision::Delete
+        );
+        let takeover = Record::InProgress {
+            fingerprint: Fingerprint([1; 32]),
+            token: orphan.token() + 1,
+            lease_until: 31_000,
+            expires_at: 90_000,
+        };
+        assert_eq!(
+            decide_purge(Some(&takeover), target, 40_000, true),
+            PurgeDecision::Changed
+        );
+        assert_eq!(
+            decide_purge(None, target, 40_000, false),
+            PurgeDecision::Absent
+        );
     }
 
     #[wasm_bindgen_test(unsupported = test)]

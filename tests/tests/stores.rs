@@ -857,3 +857,87 @@ async fn a_table_analysed_empty_is_still_read_by_index() {
         "(path, sequential scans, index scans): {counted:?}"
     );
 }
+
+/// An operator purges an orphan claim (its lease ran out: its holder looks gone), and
+/// the holder, only paused, wakes up and commits its charge with its answer while the
+/// purge is deleting. Postgres makes the interleaving exact: the holder's transaction
+/// holds the row lock, the purge's compare-and-delete waits on it, then finds the row
+/// changed. Before the fix the purge read again, decided afresh on the completed record
+/// and deleted it: the client had its answer, and its retry charged a second time. The
+/// purge must refuse instead (the record is not the one it decided on), and the retry
+/// replay. Charges = the handler's executions: the holder's, plus the retry's if it ran.
+#[tokio::test]
+async fn a_purge_does_not_delete_a_completion_that_landed_while_it_was_deleting() {
+    use idem::store::Purged;
+    let db = TestDb::new("purge_race").await;
+    let name = format!("idem-purge-race-{}", std::process::id());
+    let store = Arc::new(
+        PostgresStore::connect(&db.url_named(&name), PgOptions::default())
+            .await
+            .unwrap(),
+    );
+    let short = idem_core::Policy {
+        lease_ms: 200,
+        ttl_ms: 60_000,
+    };
+    let k = key("purged-while-completing");
+    let Decision::Execute(claim) = store.claim(&k, &FP, store.now(), &short).await.unwrap() else {
+        panic!("a new key executes")
+    };
+    let mut charges = 1;
+    // The holder pauses past its lease; then its transaction takes the row's lock.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let authority = store.authority();
+    let tx = authority.begin(&k, &claim.holder(), &short).await.unwrap();
+    tx.client()
+        .batch_execute("SELECT 1 FROM idem_records FOR UPDATE")
+        .await
+        .unwrap();
+    // The operator's purge: the orphan's lease is over, so it deletes — and waits.
+    let purging = tokio::spawn({
+        let store = store.clone();
+        let k = k.clone();
+        async move { store.purge(&k, store.now(), false).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let waiting = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = '{name}' \
+         AND wait_event_type = 'Lock'"
+    );
+    while db.count(&waiting).await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the purge never waited on the row"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The holder commits its charge's answer; the purge's delete then finds it.
+    tx.commit(response("charge 1"), &short).await.unwrap();
+    let purged = purging.await.unwrap().unwrap();
+    let retry = store.claim(&k, &FP, store.now(), &short).await.unwrap();
+    if matches!(retry, Decision::Execute(_)) {
+        charges += 1;
+    }
+    idem_tests::report(
+        "purge-race",
+        &format!(
+            "a purge whose delete waited on a completing holder: {}; the retry {}; {charges} charge(s)",
+            match &purged {
+                Purged::Deleted(_) => "deleted the completion",
+                Purged::Changed(_) => "refused, the record changed",
+                other => panic!("{other:?}"),
+            },
+            match &retry {
+                Decision::Replay { .. } => "replayed",
+                Decision::Execute(_) => "ran the handler",
+                _ => "other",
+            }
+        ),
+    );
+    assert!(
+        matches!(&purged, Purged::Changed(r) if r.is_completed()),
+        "{purged:?}"
+    );
+    assert_eq!(retry.replayed(), Some(&response("charge 1")), "{retry:?}");
+    assert_eq!(charges, 1);
+}

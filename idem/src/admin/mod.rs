@@ -458,12 +458,15 @@ async fn purge(
         Ok(Purged::Deleted(_)) => "deleted",
         Ok(Purged::Absent) => "absent",
         Ok(Purged::LeaseLive(_)) => "refused-lease-live",
+        Ok(Purged::Changed(_)) => "refused-changed",
         Err(StoreError::Contention) => "refused-changing",
         Err(_) => "store-error",
     };
     let state = match &purged {
-        Ok(Purged::Deleted(r) | Purged::LeaseLive(r)) if r.is_completed() => "completed",
-        Ok(Purged::Deleted(_) | Purged::LeaseLive(_)) => "in_progress",
+        Ok(Purged::Deleted(r) | Purged::LeaseLive(r) | Purged::Changed(r)) if r.is_completed() => {
+            "completed"
+        }
+        Ok(Purged::Deleted(_) | Purged::LeaseLive(_) | Purged::Changed(_)) => "in_progress",
         _ => "-",
     };
     tracing::info!(target: "idem::admin", operator = %actor.operator, peer = %actor.peer, action = "purge", record_key = key.as_str(), force, state, outcome);
@@ -494,6 +497,12 @@ async fn purge(
                 json!({ "record": view::record(&key, &record, now, false) }),
             )
         }
+        Ok(Purged::Changed(record)) => problem_with(
+            StatusCode::CONFLICT,
+            "record-changed",
+            "the record changed while it was being purged: its attempt completed, or another attempt claimed the key. Nothing was deleted; read it and decide again (a completed answer may already be with the client, and purging it lets a retry run the handler again)",
+            json!({ "record": view::record(&key, &record, now, false) }),
+        ),
         Err(StoreError::Contention) => problem(
             StatusCode::CONFLICT,
             "record-changing",

@@ -247,9 +247,12 @@ pub trait StoreExt: Store {
     /// Purges the key's record as an operator asked, at the store's `now`: refused
     /// while an attempt holds it under a live lease, unless `force`
     /// ([`idem_core::decide_purge`]). The delete is a compare-and-delete of the record
-    /// the decision read, retried when a concurrent write changed it.
+    /// the decision read, decided again when a concurrent write changed it — on the same
+    /// attempt in the same state only (a renewed lease), never on a completion or a
+    /// claim that landed meanwhile.
     async fn purge(&self, key: &RecordKey, now: Millis, force: bool) -> Result<Purged, StoreError> {
         const ATTEMPTS: u32 = 8;
+        let mut target = None;
         for attempt in 0..ATTEMPTS {
             if attempt > 0 {
                 // A write raced the purge (a holder's completion, a write-behind): let
@@ -257,7 +260,10 @@ pub trait StoreExt: Store {
                 tokio::time::sleep(std::time::Duration::from_millis(10 << attempt)).await;
             }
             let record = self.get(key).await?;
-            match (idem_core::decide_purge(record.as_ref(), now, force), record) {
+            match (
+                idem_core::decide_purge(record.as_ref(), target, now, force),
+                record,
+            ) {
                 (idem_core::PurgeDecision::Absent, _) | (_, None) => {
                     // Announced all the same: a purge repeated after a failure half-way
                     // still reaches every replica's cache.
@@ -269,7 +275,9 @@ pub trait StoreExt: Store {
                 (idem_core::PurgeDecision::LeaseLive { .. }, Some(r)) => {
                     return Ok(Purged::LeaseLive(r))
                 }
+                (idem_core::PurgeDecision::Changed, Some(r)) => return Ok(Purged::Changed(r)),
                 (idem_core::PurgeDecision::Delete, Some(r)) => {
+                    target = Some(idem_core::PurgeTarget::of(&r));
                     let not_before = idem_core::purge_not_before(&r, force);
                     match self.delete_if_same(key, &r, not_before).await? {
                         Deletion::Deleted => return Ok(Purged::Deleted(r)),

@@ -21,6 +21,10 @@ pub enum Purged {
     Absent,
     /// An attempt holds the key under a live lease: not deleted (force to delete it).
     LeaseLive(Record),
+    /// A write landed while the purge was deleting: the record became another attempt's,
+    /// or its attempt completed (its answer may be with the client already). Not
+    /// deleted; this is the record now.
+    Changed(Record),
 }
 
 /// What a compare-and-delete did ([`super::Store::delete_if_same`]).
