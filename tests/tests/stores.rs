@@ -941,3 +941,51 @@ async fn a_purge_does_not_delete_a_completion_that_landed_while_it_was_deleting(
     assert_eq!(retry.replayed(), Some(&response("charge 1")), "{retry:?}");
     assert_eq!(charges, 1);
 }
+
+/// A database whose default isolation is repeatable read (or serializable): the
+/// holder's heartbeat updates its record's row while the handler's transaction is open,
+/// and before the fix the completion's update of that row then failed ("could not
+/// serialize access due to concurrent update"): every transactional handler that ran
+/// longer than a heartbeat answered 503 and its charge was rolled back. The handler's
+/// transaction is read committed now, and commits.
+#[tokio::test]
+async fn a_handler_transaction_commits_on_a_database_defaulting_to_repeatable_read() {
+    let db = TestDb::new("rr_default").await;
+    let url = db.url.replace(
+        "options=-c%20search_path",
+        "options=-c%20default_transaction_isolation%3Drepeatable%5C%20read%20-c%20search_path",
+    );
+    assert_ne!(url, db.url);
+    let store = PostgresStore::connect(&url, PgOptions::default())
+        .await
+        .unwrap();
+    let session = store.pool().get().await.unwrap();
+    let default: String = session
+        .query_one("SHOW default_transaction_isolation", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(default, "repeatable read", "the session's default took");
+    drop(session);
+    let k = key("rr-default");
+    let Decision::Execute(claim) = store.claim(&k, &FP, store.now(), &P).await.unwrap() else {
+        panic!("a new key executes")
+    };
+    let authority = store.authority();
+    let tx = authority.begin(&k, &claim.holder(), &P).await.unwrap();
+    tx.client()
+        .batch_execute("SELECT count(*) FROM idem_records")
+        .await
+        .unwrap();
+    // The heartbeat, from its own connection, while the handler runs.
+    let beat = store.heartbeat(&k, &claim.holder(), store.now(), &P).await;
+    assert_eq!(beat.unwrap(), HolderWrite::Written);
+    let committed = tx.commit(response("charged"), &P).await;
+    idem_tests::report(
+        "isolation",
+        &format!("a handler transaction on a repeatable-read database, heartbeat mid-handler: commit {committed:?}"),
+    );
+    committed.unwrap();
+    let replay = store.claim(&k, &FP, store.now(), &P).await.unwrap();
+    assert_eq!(replay.replayed(), Some(&response("charged")), "{replay:?}");
+}

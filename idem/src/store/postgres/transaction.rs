@@ -172,8 +172,13 @@ impl Authority {
         let idle_ms = policy.lease_ms.saturating_mul(2).max(60_000);
         // idem's read plans without sequential scans, as on idem's own pools (see
         // `connector`); the handler's statements after it get the session's own back.
+        // Read committed whatever the database's default: the holder's heartbeat updates
+        // the record's row from another connection while the handler runs, and under
+        // repeatable read or serializable the completion's update of that row would fail
+        // with a serialization error, so every handler longer than a heartbeat would.
         let begin = format!(
-            "BEGIN; SET LOCAL idle_in_transaction_session_timeout = {idle_ms}; \
+            "BEGIN ISOLATION LEVEL READ COMMITTED; \
+             SET LOCAL idle_in_transaction_session_timeout = {idle_ms}; \
              SET LOCAL enable_seqscan = off"
         );
         let claim = Row::of(&holder.renewed(self.clock.now(), policy));
