@@ -989,3 +989,81 @@ async fn a_handler_transaction_commits_on_a_database_defaulting_to_repeatable_re
     let replay = store.claim(&k, &FP, store.now(), &P).await.unwrap();
     assert_eq!(replay.replayed(), Some(&response("charged")), "{replay:?}");
 }
+
+/// Tiered async: a holder releases its claim (nothing happened) while Postgres is slow
+/// to write (a lock holds the outbox's writes; reads pass). Its client, told the key is
+/// free, sends the corrected request (another body) at once. Before the fix the
+/// release was answered before Postgres had it: the corrected claim's cold path found
+/// the pre-release claim in Postgres, put it back into Redis, and the corrected request
+/// was refused 422 — and went on being refused after Postgres caught up, since Redis
+/// then held that claim until it expired. Now a release is answered once Postgres has
+/// it. Executions of the corrected request: 0 before, 1 after.
+#[tokio::test]
+async fn tiered_async_a_corrected_request_runs_after_a_release_while_postgres_lags() {
+    use idem_core::Fingerprint;
+    let db = TestDb::new("tasync_release").await;
+    let store = Arc::new(TieredStore::new(
+        redis(&redis_url()).await,
+        pg(&db).await,
+        Durability::Async,
+        OutboxOptions::default(),
+    ));
+    let corrected_fp = Fingerprint([2; 32]);
+    let k = key(&format!("release-lag-{}", store.now()));
+    let Decision::Execute(claim) = store.claim(&k, &FP, store.now(), &P).await.unwrap() else {
+        panic!("a new key executes")
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while db.count("SELECT count(*) FROM idem_records").await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the claim was never written behind"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Postgres takes 600 ms to accept writes.
+    let locker = db.client().await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE idem_records IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let client = tokio::spawn({
+        let (store, k, holder) = (store.clone(), k.clone(), claim.holder());
+        async move {
+            let released = store.release(&k, &holder, store.now(), &P).await;
+            // The corrected request, sent on the release's answer.
+            let corrected = store.claim(&k, &corrected_fp, store.now(), &P).await;
+            (released, corrected)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    locker.batch_execute("COMMIT").await.unwrap();
+    let (released, corrected) = client.await.unwrap();
+    assert_eq!(released.unwrap(), HolderWrite::Written);
+    let corrected = corrected.unwrap();
+    let mut executions = u32::from(matches!(corrected, Decision::Execute(_)));
+    let said = |d: &Decision| match d {
+        Decision::Execute(_) => "executed",
+        Decision::Mismatch => "refused 422 (another body's claim)",
+        _ => "other",
+    };
+    // Once Postgres has caught up, the corrected request sent again.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let again = match executions {
+        0 => {
+            let again = store
+                .claim(&k, &corrected_fp, store.now(), &P)
+                .await
+                .unwrap();
+            executions += u32::from(matches!(again, Decision::Execute(_)));
+            said(&again)
+        }
+        _ => "-",
+    };
+    idem_tests::report(
+        "release-lag",
+        &format!("tiered async, a corrected request sent on a release's answer while Postgres lagged 600 ms: {}; sent again after: {again}; executions of the corrected request: {executions}", said(&corrected)),
+    );
+    assert!(matches!(corrected, Decision::Execute(_)), "{corrected:?}");
+    assert_eq!(executions, 1);
+}

@@ -285,6 +285,23 @@ impl TieredStore {
                     }
                 }
                 match (written.is_written(), slot) {
+                    // A release is answered once Postgres has it. Until then Postgres
+                    // holds the claim as it was, and a corrected retry (another body)
+                    // sent on the release's answer would find it there through the cold
+                    // path, put it back into Redis and be refused 422 until the record
+                    // expired. Releases are rare (nothing happened): the wait is cheap.
+                    (true, Some(slot)) if matches!(change, Transition::Release) => {
+                        let heard = slot.send_acknowledged(key.clone(), next);
+                        let timeout = self.pg.timeout();
+                        match tokio::time::timeout(timeout, heard).await {
+                            Ok(Ok(())) => {}
+                            _ => {
+                                return Err(StoreError::Unavailable(format!(
+                                    "the release did not reach Postgres within {timeout:?}"
+                                )))
+                            }
+                        }
+                    }
                     (true, Some(slot)) => slot.send(key.clone(), next),
                     (true, None) => {
                         metrics::counter!("idem_outbox_skipped_heartbeats_total").increment(1)

@@ -11,13 +11,17 @@
 //!
 //! Failed batches are retried with backoff until they land. On shutdown the queue is
 //! closed and drained, retrying until `drain_deadline`.
+//!
+//! A writer that must know when its record reached Postgres (a release: see
+//! `TieredStore::holder_write`) sends it with [`Slot::send_acknowledged`]; it is told
+//! once the batch that wrote it (or a record of the key that superseded it) committed.
 
 use crate::store::{PostgresStore, StoreError};
 use idem_core::{Millis, Record, RecordKey};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
 
 /// Sizing of the outbox.
@@ -44,7 +48,8 @@ impl Default for OutboxOptions {
     }
 }
 
-type Entry = (RecordKey, Record);
+/// A record to write, and who waits for it to be written, if anyone.
+type Entry = (RecordKey, Record, Option<oneshot::Sender<()>>);
 
 pub(crate) struct Outbox {
     tx: mpsc::Sender<Entry>,
@@ -65,8 +70,17 @@ pub(crate) struct Slot(mpsc::OwnedPermit<Entry>);
 
 impl Slot {
     pub(crate) fn send(self, key: RecordKey, record: Record) {
-        self.0.send((key, record));
+        self.0.send((key, record, None));
         metrics::gauge!("idem_outbox_depth").increment(1.0);
+    }
+
+    /// Sends `record`; the receiver hears once Postgres committed it (it is dropped
+    /// unheard if the outbox gave up on it: shut down past its drain deadline).
+    pub(crate) fn send_acknowledged(self, key: RecordKey, record: Record) -> oneshot::Receiver<()> {
+        let (written, heard) = oneshot::channel();
+        self.0.send((key, record, Some(written)));
+        metrics::gauge!("idem_outbox_depth").increment(1.0);
+        heard
     }
 }
 
@@ -179,10 +193,12 @@ async fn write_behind(
         let Some(first) = first else { break };
         // Group commit: everything that queued up while the last batch was written.
         let mut batch: HashMap<RecordKey, Record> = HashMap::new();
+        let mut waiting = Vec::new();
         let mut next = Some(first);
         let mut taken = 0usize;
-        while let Some((key, record)) = next.take() {
+        while let Some((key, record, written)) = next.take() {
             taken += 1;
+            waiting.extend(written);
             // One row per key per statement: keep the record that supersedes.
             if batch
                 .get(&key)
@@ -195,7 +211,7 @@ async fn write_behind(
             }
         }
         metrics::gauge!("idem_outbox_depth").decrement(taken as f64);
-        let rows: Vec<Entry> = batch.into_iter().collect();
+        let rows: Vec<(RecordKey, Record)> = batch.into_iter().collect();
         let mut backoff = Duration::from_millis(20);
         loop {
             match pg.upsert_superseding(&rows).await {
@@ -203,6 +219,9 @@ async fn write_behind(
                     written += rows.len() as u64;
                     metrics::counter!("idem_outbox_written_total").increment(rows.len() as u64);
                     metrics::counter!("idem_outbox_batches_total").increment(1);
+                    for w in waiting.drain(..) {
+                        let _ = w.send(());
+                    }
                     break;
                 }
                 Err(e) => {
