@@ -222,8 +222,7 @@ impl Model for ProtocolModel {
             Action::WriteBehind(i) => {
                 let record = next.attempts[i].outbox.remove(0);
                 let record = idem_core::Record::decode(&record).expect("queued records decode");
-                let now = next.now;
-                next.other.write_behind(&record, now);
+                next.other.write_behind(&record);
             }
             Action::Replicate => {
                 let bytes = self.redis(&next).bytes.clone();

@@ -135,9 +135,10 @@ impl Slot {
         }
     }
 
-    /// `UPSERT_SUPERSEDING`, the write-behind upsert, on this store's clock.
-    pub fn write_behind(&mut self, record: &Record, t: Millis) -> bool {
-        if record.may_write_behind(self.record().as_ref(), self.now(t)) {
+    /// `UPSERT_SUPERSEDING`, the write-behind upsert (expiry judged at the written
+    /// record's claim time, not on this store's clock).
+    pub fn write_behind(&mut self, record: &Record) -> bool {
+        if record.may_write_behind(self.record().as_ref()) {
             self.put(record);
             true
         } else {

@@ -118,15 +118,19 @@ impl Record {
 
     /// Whether this record, written behind into the authority (the tiered async
     /// outbox, or a written-behind claim before a transactional completion), may
-    /// replace `current` there when the authority's clock reads `now`: it supersedes it,
-    /// and it never buries a completion that has not expired — a stale claim must not
-    /// hide an answer, nor may a holder's later completion replace the one its
-    /// handler's transaction committed. (Postgres states exactly this in SQL.)
-    pub fn may_write_behind(&self, current: Option<&Record>, now: Millis) -> bool {
+    /// replace `current` there: it supersedes it, and it never buries a completion that
+    /// had not expired when this record's attempt claimed the key — a stale claim must
+    /// not hide an answer, nor may a holder's later completion replace the one its
+    /// handler's transaction committed. Expiry is judged at this record's claim time
+    /// (its token), on the clock that decided the claim, not on the authority's: an
+    /// authority whose clock runs behind would otherwise refuse, silently, a reuse the
+    /// deciding store rightly allowed. (Postgres states exactly this in SQL.)
+    pub fn may_write_behind(&self, current: Option<&Record>) -> bool {
         match current {
             None => true,
             Some(current) => {
-                self.supersedes(current) && !(current.is_completed() && current.expires_at() > now)
+                self.supersedes(current)
+                    && !(current.is_completed() && current.expires_at() > self.claimed_at())
             }
         }
     }
@@ -377,6 +381,40 @@ mod tests {
             ip(42).supersedes(&ip(42)),
             "the same holder's newer write (a heartbeat) passes"
         );
+    }
+
+    /// Written behind over a live completion C: a claim made while C was live (by the
+    /// clock that decided it: its token) is refused, one made after C expired passes —
+    /// whatever the authority's own clock says, which is not asked.
+    #[wasm_bindgen_test(unsupported = test)]
+    fn written_behind_over_a_completion_judged_at_the_claim_time() {
+        let c = Record::Completed {
+            fingerprint: Fingerprint([7; 32]),
+            token: 1_000 * TOKENS_PER_MS,
+            response: StoredResponse::default(),
+            expires_at: 4_000,
+        };
+        let claimed_at = |ms: u64| Record::InProgress {
+            fingerprint: Fingerprint([2; 32]),
+            token: ms * TOKENS_PER_MS,
+            lease_until: ms + 30_000,
+            expires_at: ms + 60_000,
+        };
+        assert!(!claimed_at(3_999).may_write_behind(Some(&c)), "C was live");
+        assert!(
+            claimed_at(4_000).may_write_behind(Some(&c)),
+            "C had expired"
+        );
+        assert!(claimed_at(4_500).may_write_behind(Some(&c)));
+        // The same attempt's later completion never replaces the committed one.
+        let again = Record::Completed {
+            fingerprint: Fingerprint([7; 32]),
+            token: 1_000 * TOKENS_PER_MS,
+            response: StoredResponse::default(),
+            expires_at: 9_000,
+        };
+        assert!(!again.may_write_behind(Some(&c)));
+        assert!(claimed_at(1).may_write_behind(None));
     }
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -1067,3 +1067,114 @@ async fn tiered_async_a_corrected_request_runs_after_a_release_while_postgres_la
     assert!(matches!(corrected, Decision::Execute(_)), "{corrected:?}");
     assert_eq!(executions, 1);
 }
+
+/// Tiered async: Redis decides (its clock says when an answer expires); Postgres, whose
+/// clock here runs 2 s behind Redis', only stores what is written behind. A completion
+/// C expires at E; a request N reuses the key 0.5 s after E (Redis' time), runs and
+/// completes. Before the fix the write-behind judged C's expiry on Postgres' clock, for
+/// which C still had 1.5 s to live, and silently skipped N's claim and completion:
+/// Postgres kept C. Redis then loses N's record (a flush, a restart without
+/// persistence), the sweeper deletes C, and N's retry, through the cold path, finds no
+/// trace of N and runs it again. The write-behind now judges C's expiry at N's own claim time (its token, on
+/// the clock that decided). Executions of N: 2 before, 1 after.
+#[tokio::test]
+async fn tiered_async_writes_behind_a_reuse_when_postgres_clock_runs_behind() {
+    use idem::store::RedisOptions;
+    use idem_core::{Fingerprint, Policy};
+    // A Postgres of its own, its clock 2 s behind the machine's (and Redis').
+    let behind = idem_tests::procs::PgProc::start_skewed("reuse-behind", "-2s");
+    let namespace = idem_tests::unique_namespace("reuse");
+    let options = RedisOptions {
+        namespace: namespace.clone(),
+        ..RedisOptions::default()
+    };
+    let redis = RedisStore::connect(&redis_url(), options).await.unwrap();
+    let pg = PostgresStore::connect(&behind.url(), PgOptions::default())
+        .await
+        .unwrap();
+    let store = TieredStore::new(
+        redis,
+        Arc::new(pg),
+        Durability::Async,
+        OutboxOptions::default(),
+    );
+    let db = idem_tests::connect(&behind.url()).await;
+    let pg_now: i64 = db
+        .query_one(
+            "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        (pg_now as u64) < idem::now() - 1_500,
+        "Postgres' clock runs behind: {pg_now} vs {}",
+        idem::now()
+    );
+    let policy = Policy {
+        lease_ms: 30_000,
+        ttl_ms: 3_000,
+    };
+    let k = key("reused");
+    let Decision::Execute(c) = store.claim(&k, &FP, store.now(), &policy).await.unwrap() else {
+        panic!("a new key executes")
+    };
+    let holder = c.holder();
+    let done = store.complete(&k, &holder, response("C"), store.now(), &policy);
+    assert_eq!(done.await.unwrap(), HolderWrite::Written);
+    let in_postgres = async |token: u64, within: Duration| {
+        let sql = format!("SELECT count(*) FROM idem_records WHERE token = {token} AND state = 1");
+        let deadline = Instant::now() + within;
+        loop {
+            let found: i64 = db.query_one(&sql, &[]).await.unwrap().get(0);
+            if found == 1 {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    assert!(in_postgres(c.token, Duration::from_secs(5)).await);
+    let expires_at = store.get(&k).await.unwrap().unwrap().expires_at();
+    // 0.5 s past C's expiry on Redis' clock (1.5 s before it on Postgres').
+    let until = (expires_at + 500).saturating_sub(store.now());
+    tokio::time::sleep(Duration::from_millis(until)).await;
+    let n_fp = Fingerprint([2; 32]);
+    let mut executions = 0;
+    let decided = store.claim(&k, &n_fp, store.now(), &policy).await.unwrap();
+    let Decision::Execute(n) = decided else {
+        panic!("C has expired: {decided:?}")
+    };
+    executions += 1;
+    let holder = n.holder();
+    let done = store.complete(&k, &holder, response("N"), store.now(), &policy);
+    assert_eq!(done.await.unwrap(), HolderWrite::Written);
+    let written_behind = in_postgres(n.token, Duration::from_secs(1)).await;
+    // Redis loses N's record; once C has expired on both clocks and the sweeper ran,
+    // N's retry comes.
+    let mut raw = Raw::connect(&redis_url(), false).await;
+    let _: i64 = raw
+        .query(redis::cmd("DEL").arg(format!("{namespace}:{{{}}}", k.as_str())))
+        .await;
+    let until = (expires_at + 2_200).saturating_sub(idem::now());
+    tokio::time::sleep(Duration::from_millis(until)).await;
+    // The sweeper deletes what has expired on Postgres' clock: C, if it is still there.
+    store.sweep(idem::now(), 100).await.unwrap();
+    let retry = store.claim(&k, &n_fp, store.now(), &policy).await.unwrap();
+    executions += u32::from(matches!(retry, Decision::Execute(_)));
+    let retry_said = match &retry {
+        Decision::Execute(_) => "ran N again",
+        Decision::Replay { .. } => "replayed N's answer",
+        _ => "other",
+    };
+    idem_tests::report(
+        "reuse-write-behind",
+        &format!("tiered async, Postgres' clock 2 s behind Redis', a key reused 0.5 s after its answer expired: N's completion written behind: {written_behind}; after Redis lost it, N's retry {retry_said}; executions of N: {executions}"),
+    );
+    assert!(written_behind, "N's completion reached Postgres");
+    assert_eq!(retry.replayed(), Some(&response("N")), "{retry:?}");
+    assert_eq!(executions, 1);
+}

@@ -10,6 +10,8 @@ pub struct PgProc {
     pub port: u16,
     dir: PathBuf,
     bin: PathBuf,
+    /// Environment of the server (libfaketime's, for a skewed clock).
+    env: Vec<(String, String)>,
 }
 
 fn pg_bin() -> PathBuf {
@@ -24,6 +26,15 @@ fn pg_bin() -> PathBuf {
 
 /// Runs a Postgres tool as the `postgres` OS user when we are root (it refuses root).
 fn as_postgres(bin: &Path, tool: &str, args: &[&str]) -> std::process::Output {
+    as_postgres_with(bin, tool, args, &[])
+}
+
+fn as_postgres_with(
+    bin: &Path,
+    tool: &str,
+    args: &[&str],
+    env: &[(String, String)],
+) -> std::process::Output {
     let is_root = Command::new("id")
         .arg("-u")
         .output()
@@ -36,21 +47,35 @@ fn as_postgres(bin: &Path, tool: &str, args: &[&str]) -> std::process::Output {
     } else {
         Command::new(bin.join(tool))
     };
-    cmd.args(args).output().expect("Postgres tool runs")
+    cmd.args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .expect("Postgres tool runs")
 }
 
 impl PgProc {
     /// initdb and start.
     pub fn start(label: &str) -> PgProc {
-        Self::start_with(label, None)
+        Self::start_with(label, None, Vec::new())
+    }
+
+    /// initdb and start a server whose clock reads `offset` (as libfaketime's
+    /// `FAKETIME` takes it: `"-2s"`) from the machine's.
+    pub fn start_skewed(label: &str, offset: &str) -> PgProc {
+        let env = vec![
+            ("LD_PRELOAD".into(), crate::faketime_lib()),
+            ("FAKETIME".into(), offset.into()),
+            ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
+        ];
+        Self::start_with(label, None, env)
     }
 
     /// initdb and start with `ssl = on`, serving `ca`'s server certificate.
     pub fn start_tls(label: &str, ca: &TestCa) -> PgProc {
-        Self::start_with(label, Some(ca))
+        Self::start_with(label, Some(ca), Vec::new())
     }
 
-    fn start_with(label: &str, tls: Option<&TestCa>) -> PgProc {
+    fn start_with(label: &str, tls: Option<&TestCa>, env: Vec<(String, String)>) -> PgProc {
         let dir = temp_dir(label);
         let _ = Command::new("chown")
             .args(["-R", "postgres:postgres", dir.to_str().unwrap()])
@@ -99,6 +124,7 @@ impl PgProc {
             port: free_port(),
             dir,
             bin,
+            env,
         };
         p.start_server();
         p
@@ -117,7 +143,7 @@ impl PgProc {
             self.dir.display()
         );
         let log = self.dir.join("log");
-        let out = as_postgres(
+        let out = as_postgres_with(
             &self.bin,
             "pg_ctl",
             &[
@@ -132,6 +158,7 @@ impl PgProc {
                 "30",
                 "start",
             ],
+            &self.env,
         );
         assert!(
             out.status.success(),

@@ -109,10 +109,12 @@ pub(super) const HOLDER_WRITE: &str = concat!(
 );
 /// The write-behind upsert: many records in one statement, each applied only if it
 /// supersedes the stored row — `Record::supersedes` in SQL — and never over a
-/// completed row that has not expired: a stale claim must not bury an answer, nor may
-/// a holder's later completion replace the one its handler's transaction committed
-/// (`Record::may_write_behind`, row by row).
-pub(super) const UPSERT_SUPERSEDING: &str = concat!(
+/// completed row that had not expired when the written record's attempt claimed the
+/// key (its token ÷ `TOKENS_PER_MS`, 1024): a stale claim must not bury an answer, nor
+/// may a holder's later completion replace the one its handler's transaction committed
+/// (`Record::may_write_behind`, row by row). Not on this database's clock: the store
+/// that decided the claim judged the expiry on its own.
+pub(super) const UPSERT_SUPERSEDING: &str =
     "INSERT INTO idem_records (id, token, state, expires_at, record)
     SELECT {ids}, u.token, u.state, u.expires_at, u.record
     FROM unnest($1::text[], $2::int8[], $3::int2[], $4::int8[], $5::bytea[])
@@ -120,10 +122,9 @@ pub(super) const UPSERT_SUPERSEDING: &str = concat!(
     ON CONFLICT (id) DO UPDATE SET token = EXCLUDED.token, state = EXCLUDED.state,
         expires_at = EXCLUDED.expires_at, record = EXCLUDED.record
     WHERE (EXCLUDED.token, EXCLUDED.state) >= (idem_records.token, idem_records.state)
-      AND NOT (idem_records.state = 1 AND idem_records.expires_at > ",
-    clock_ms!(),
-    ")"
-);
+      AND NOT (idem_records.state = 1 AND idem_records.expires_at > EXCLUDED.token / 1024)";
+// The statement above divides by it.
+const _: () = assert!(idem_core::TOKENS_PER_MS == 1024);
 pub(super) const GET: &str = "SELECT record FROM idem_records WHERE id = {id}";
 /// The rows of the keys `$1` that exist, each with its key: many callers' reads in one
 /// statement (`batched_reads`). One index lookup per key, whatever the statistics say:
