@@ -1178,3 +1178,66 @@ async fn tiered_async_writes_behind_a_reuse_when_postgres_clock_runs_behind() {
     assert_eq!(retry.replayed(), Some(&response("N")), "{retry:?}");
     assert_eq!(executions, 1);
 }
+
+/// Tiered async: an answer has expired and Redis has dropped it (a second after its
+/// expiry), but Postgres still holds it until the sweeper's next pass. A request that
+/// reuses the key then runs. Before the fix the cold path put the expired record back
+/// into Redis, with an expiry already past, so Redis dropped it at once; the claim went
+/// round until it gave up (contention: a 503), every time until the sweep.
+#[tokio::test]
+async fn tiered_async_reuses_a_key_whose_expired_answer_postgres_still_holds() {
+    use idem_core::{Fingerprint, Policy};
+    let db = TestDb::new("tasync_expired").await;
+    let store = TieredStore::new(
+        redis(&redis_url()).await,
+        pg(&db).await,
+        Durability::Async,
+        OutboxOptions::default(),
+    );
+    let policy = Policy {
+        lease_ms: 30_000,
+        ttl_ms: 500,
+    };
+    let k = key(&format!("expired-in-postgres-{}", store.now()));
+    let Decision::Execute(c) = store.claim(&k, &FP, store.now(), &policy).await.unwrap() else {
+        panic!("a new key executes")
+    };
+    let holder = c.holder();
+    let done = store.complete(&k, &holder, response("old"), store.now(), &policy);
+    assert_eq!(done.await.unwrap(), HolderWrite::Written);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while db
+        .count("SELECT count(*) FROM idem_records WHERE state = 1")
+        .await
+        == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the completion was never written behind"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Past the expiry and Redis' grace after it; no sweep has run.
+    tokio::time::sleep(Duration::from_millis(500 + 1_000 + 300)).await;
+    assert_eq!(db.count("SELECT count(*) FROM idem_records").await, 1);
+    let mut outcomes = Vec::new();
+    for fp in [FP, Fingerprint([2; 32])] {
+        let k = k.clone();
+        let claimed = store.claim(&k, &fp, store.now(), &policy).await;
+        outcomes.push(match &claimed {
+            Ok(Decision::Execute(_)) => "executed".to_string(),
+            Ok(other) => format!("{other:?}"),
+            Err(e) => format!("error: {e}"),
+        });
+        if let Ok(Decision::Execute(c)) = claimed {
+            let holder = c.holder();
+            let released = store.release(&k, &holder, store.now(), &policy);
+            assert_eq!(released.await.unwrap(), HolderWrite::Written);
+        }
+    }
+    idem_tests::report(
+        "expired-in-postgres",
+        &format!("tiered async, a key reused after its answer expired, Redis having dropped it and Postgres not yet swept: {outcomes:?}"),
+    );
+    assert_eq!(outcomes, ["executed", "executed"]);
+}

@@ -355,6 +355,20 @@ impl CasRecords for ColdPath<'_> {
         };
         match authority {
             None => Ok((Insert::Stored, redis_now)),
+            // Expired (past its TTL, or released), and not yet swept from Postgres: as
+            // good as none. The claim Redis stored is the very one the core makes over
+            // it (its token's floor is above the expired record's), so it stands.
+            // Putting the record back first would not do: Redis drops a record past its
+            // expiry at once, and the claim would go round until it gave up (a 503).
+            Some(found)
+                if redis_now >= found.expires_at()
+                    && matches!(
+                        decide(Some(&found), record.fingerprint(), at.now, self.1),
+                        Decision::Execute(c) if c.record == *record
+                    ) =>
+            {
+                Ok((Insert::Stored, redis_now))
+            }
             Some(found) => {
                 metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
                 // Put the authority's record back in place of ours; the core decides on it.
