@@ -202,6 +202,11 @@ impl core::fmt::Display for Refusal {
 }
 
 impl Holder {
+    /// When this holder claimed the key (store time, ms), read off its token.
+    pub fn claimed_at(&self) -> Millis {
+        self.token / crate::record::TOKENS_PER_MS
+    }
+
     /// The precondition of every holder write: the record is in progress and still
     /// carries this holder's token. (SQL and Lua adapters express exactly this as
     /// `token = $token AND state = in-progress`.)

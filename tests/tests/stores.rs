@@ -1241,3 +1241,55 @@ async fn tiered_async_reuses_a_key_whose_expired_answer_postgres_still_holds() {
     );
     assert_eq!(outcomes, ["executed", "executed"]);
 }
+
+/// The replay cache keeps a completion with the expiry the store gave it. A holder's
+/// completion lands but its reply is lost (here: written on the store behind the
+/// cache, which never hears of it); the layer writes again 1.5 s later, and the store
+/// answers that it already holds it. Before the fix the cache kept the record with an
+/// expiry made from that second write's time, 1.5 s later than the store's: once the
+/// answer had expired in the store (where another replica would run the key afresh),
+/// this replica went on replaying it from memory.
+#[tokio::test]
+async fn the_replay_cache_never_outlives_the_stored_answer() {
+    use idem_core::Policy;
+    let db = TestDb::new("cache_expiry").await;
+    let inner = pg(&db).await;
+    let cache = ReplayCache::new(inner.clone(), 1 << 20);
+    let policy = Policy {
+        lease_ms: 30_000,
+        ttl_ms: 3_000,
+    };
+    let k = key("cache-expiry");
+    let Decision::Execute(c) = cache.claim(&k, &FP, cache.now(), &policy).await.unwrap() else {
+        panic!("a new key executes")
+    };
+    let holder = c.holder();
+    // The write that landed, its reply lost.
+    let landed = inner.complete(&k, &holder, response("first"), inner.now(), &policy);
+    assert_eq!(landed.await.unwrap(), HolderWrite::Written);
+    let expires_at = inner.get(&k).await.unwrap().unwrap().expires_at();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let again = cache.complete(&k, &holder, response("first"), cache.now(), &policy);
+    assert_eq!(
+        again.await.unwrap(),
+        HolderWrite::Written,
+        "already written"
+    );
+    // Past the stored answer's expiry (by the store's clock).
+    let until = (expires_at + 300).saturating_sub(inner.now());
+    tokio::time::sleep(Duration::from_millis(until)).await;
+    let through_cache = cache.claim(&k, &FP, cache.now(), &policy).await.unwrap();
+    let said = match &through_cache {
+        Decision::Replay { .. } => "replayed from the cache",
+        Decision::Execute(_) => "ran afresh",
+        _ => "other",
+    };
+    idem_tests::report(
+        "cache-expiry",
+        &format!("replay cache, a completion re-written 1.5 s after it landed, asked 0.3 s after the stored answer expired: {said}"),
+    );
+    assert!(
+        matches!(through_cache, Decision::Execute(_)),
+        "{through_cache:?}"
+    );
+}

@@ -5,8 +5,10 @@
 //! heartbeats and releases only ever replace an in-progress record, and the sweeper
 //! deletes only expired ones — except when an operator purges it. An entry is used
 //! only while the core still decides to replay it (or to refuse a different request
-//! with its key), so it stops answering the moment the record expires. In-progress
-//! records are never cached.
+//! with its key), and it expires no later than the stored record (a completion the
+//! cache learns from a holder's write is kept until the claim's time plus the TTL: the
+//! store made its record later than that, maybe much later than the cache can tell).
+//! In-progress records are never cached.
 //!
 //! Purges reach every replica's cache through the store's [`PurgeChannel`]. The cache
 //! serves only while it can prove it hears that channel: it publishes a probe every
@@ -322,11 +324,15 @@ impl Store for ReplayCache {
             .inner
             .write_as_holder(key, holder, change, now, policy)
             .await?;
-        if let (HolderWrite::Written, Transition::Complete(_)) = (&written, change) {
-            // The record the store writes is the core's, so the cache can make the same
-            // (its expiry within the store's clock tolerance).
-            self.state
-                .keep(key, change.record(holder, now, policy), read_at);
+        if let (HolderWrite::Written, Transition::Complete(response)) = (&written, change) {
+            // The record the store holds is the core's completion, but made at a time
+            // the cache can't know: an earlier write whose reply was lost may have
+            // landed long before this one, or the store may have made it at its own
+            // time. It was made after the claim, so it expires no earlier than the claim
+            // time plus the TTL: the cache keeps it until then, and never replays an
+            // answer the store has let go.
+            let kept = holder.completed(response.clone(), holder.claimed_at(), policy);
+            self.state.keep(key, kept, read_at);
         }
         Ok(written)
     }
