@@ -1293,3 +1293,77 @@ async fn the_replay_cache_never_outlives_the_stored_answer() {
         "{through_cache:?}"
     );
 }
+
+/// Tiered async: Redis holds an older record of the key than Postgres (a failover to a
+/// replica that missed the last writes): an earlier attempt's claim, its lease over,
+/// while Postgres holds the live claim of the attempt that took over. An operator
+/// purges what the listing showed. Before the fix the purge deleted, besides Redis'
+/// record, whatever Postgres held — the live holder's claim — and a retry then ran the
+/// handler beside it. A copy in Postgres newer than the purged record is not a copy of
+/// it: it stays, and the retry finds the live claim. Executions: the holder's, plus the
+/// retry's if it ran.
+#[tokio::test]
+async fn tiered_async_a_purge_of_a_stale_redis_record_keeps_the_newer_claim_in_postgres() {
+    use idem::store::{Purged, RedisOptions};
+    use idem_core::Record;
+    let db = TestDb::new("tasync_purge_stale").await;
+    let namespace = idem_tests::unique_namespace("purge-stale");
+    let options = RedisOptions {
+        namespace: namespace.clone(),
+        ..RedisOptions::default()
+    };
+    let store = TieredStore::new(
+        RedisStore::connect(&redis_url(), options).await.unwrap(),
+        pg(&db).await,
+        Durability::Async,
+        OutboxOptions::default(),
+    );
+    let k = key("purge-stale");
+    let Decision::Execute(live) = store.claim(&k, &FP, store.now(), &P).await.unwrap() else {
+        panic!("a new key executes")
+    };
+    let mut executions = 1;
+    let sql = format!(
+        "SELECT count(*) FROM idem_records WHERE token = {}",
+        live.token
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while db.count(&sql).await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the claim was never written behind"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Redis, failed over, holds an earlier attempt's claim whose lease is over.
+    let now = store.now();
+    let stale = Record::InProgress {
+        fingerprint: FP,
+        token: live.token - 5_000 * idem_core::TOKENS_PER_MS,
+        lease_until: now - 1_000,
+        expires_at: now + 60_000,
+    };
+    let mut raw = Raw::connect(&redis_url(), false).await;
+    let name = format!("{namespace}:{{{}}}", k.as_str());
+    let _: i64 = raw.query(redis::cmd("DEL").arg(&name)).await;
+    raw.put_hash(&name, &stale).await;
+    let purged = store.purge(&k, store.now(), false).await.unwrap();
+    assert!(
+        matches!(&purged, Purged::Deleted(r) if *r == stale),
+        "{purged:?}"
+    );
+    let left = db.count(&sql).await;
+    let retry = store.claim(&k, &FP, store.now(), &P).await.unwrap();
+    executions += u32::from(matches!(retry, Decision::Execute(_)));
+    idem_tests::report(
+        "purge-stale-redis",
+        &format!("tiered async, a purge of Redis' stale record while Postgres holds the live claim: the live claim left in Postgres: {left}; the retry {}; executions {executions}", match &retry {
+            Decision::Execute(_) => "ran the handler",
+            Decision::InFlight { .. } => "was told the key is in flight (409)",
+            _ => "other",
+        }),
+    );
+    assert_eq!(left, 1, "the live claim stays");
+    assert!(matches!(retry, Decision::InFlight { .. }), "{retry:?}");
+    assert_eq!(executions, 1);
+}

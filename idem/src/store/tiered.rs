@@ -540,6 +540,10 @@ impl Store for TieredStore {
         if deleted != Deletion::Deleted {
             return Ok(deleted);
         }
+        // Postgres' record goes too, unless it is further along than the one purged (a
+        // Redis that failed over to a replica missing the last writes holds an older
+        // one): a live holder's claim, or its completion, is not a copy of it.
+        let in_pg = in_pg.filter(|p| !p.is_newer_than(expected));
         let copies: Vec<&Record> = [Some(expected), in_pg.as_ref()]
             .into_iter()
             .flatten()
