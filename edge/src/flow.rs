@@ -184,9 +184,12 @@ pub async fn handle<R: EdgeRuntime>(
         Route::Reject(rejection) => return refused(&rejection).map_body(Payload::Bytes),
         Route::PassThrough => return pass(runtime, config, &head, body).await,
     };
-    // Who is asking, before a byte of the body is read (as the origin's layer does).
+    // Who is asking, before a byte of the body is read (as the origin's layer does),
+    // from the headers the origin will get: the scope rule reads the same values on
+    // both sides (a client's `X-Forwarded-Host` is not what the origin sees).
+    let forwarded = origin_headers(&head);
     let values = |name: &str| -> Vec<&[u8]> {
-        head.headers
+        forwarded
             .iter()
             .filter(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_bytes())
@@ -428,15 +431,20 @@ pub fn outbound<B>(config: &EdgeConfig, head: &Head, body: B) -> Outbound<B> {
     Outbound {
         method: head.method.clone(),
         url: format!("{}{}", config.origin_url, head.path_and_query),
-        // The client address is the runtime's (`CF-Connecting-IP`), never the client's say.
-        headers: contract::forwarded_headers(
-            &head.headers,
-            head.header("cf-connecting-ip")
-                .and_then(|ip| std::str::from_utf8(ip).ok()),
-            &head.scheme,
-        ),
+        headers: origin_headers(head),
         body: if bodiless { None } else { Some(body) },
     }
+}
+
+/// The request headers the origin gets. The client address is the runtime's
+/// (`CF-Connecting-IP`), never the client's say.
+fn origin_headers(head: &Head) -> Vec<(String, String)> {
+    contract::forwarded_headers(
+        &head.headers,
+        head.header("cf-connecting-ip")
+            .and_then(|ip| std::str::from_utf8(ip).ok()),
+        &head.scheme,
+    )
 }
 
 /// The origin's answer to a `method` request as the client gets it.

@@ -807,6 +807,121 @@ async fn a_misconfigured_edge_says_so_and_forwards_nothing() {
     assert!(requests.is_empty(), "nothing was forwarded: {requests:?}");
 }
 
+/// An origin the edge cannot reach: the answer says the request may have run and a
+/// retry with the same key gets its result (`origin-unreachable`, `Retry-After`), and
+/// the edge keeps nothing, so the retry goes to the origin. Before, the edge answered
+/// `handler-failed` — the type of a final answer, stored and never run again — while
+/// the retry, once the origin answered, got the origin's `201`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_origin_is_an_answer_to_retry_not_a_final_one() {
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let edge = Edge::launch(&closed, &[], |_| true).await;
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let res = post(
+            &client(),
+            &edge.base,
+            "unreachable-1",
+            charge_body("c", 1, 0),
+            false,
+        )
+        .await;
+        let status = res.status().as_u16();
+        let retry_after = res
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let problem: serde_json::Value = res.json().await.unwrap_or_default();
+        seen.push((
+            status,
+            problem["type"].as_str().unwrap_or("").to_owned(),
+            retry_after,
+        ));
+    }
+    report(
+        "edge",
+        &format!("an origin the edge cannot reach, asked twice: {seen:?}"),
+    );
+    for (status, kind, retry_after) in &seen {
+        assert_eq!(*status, 502);
+        assert_eq!(kind, "urn:idem:problem:origin-unreachable");
+        assert_eq!(retry_after.as_deref(), Some("1"));
+    }
+    // At most its claim, freed (an in-progress record: 58 bytes, and the storage's
+    // framing); never an answer, which carries a status, headers and a body.
+    let sizes: Vec<usize> = edge
+        .stored_records()
+        .iter()
+        .map(|(_, len, _)| *len)
+        .collect();
+    assert!(
+        sizes.iter().all(|&len| len < 80),
+        "the edge kept no answer: {sizes:?}"
+    );
+}
+
+/// Keys kept per tenant by the host a client asked for, the same rule at the edge and
+/// at the origin (`SCOPE_FROM=header:x-forwarded-host`): the origin reads the
+/// `X-Forwarded-Host` the edge sets from the client's `Host`, and the edge now reads
+/// the same. Before, the edge read the client's own `X-Forwarded-Host` — none, or a
+/// forged one — so two tenants' requests with one key shared a scope at the edge: the
+/// second tenant got a `422` (or the first tenant's answer) for a request the origin
+/// would have run. Executions: one per tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_scopes_by_the_headers_the_origin_gets() {
+    use idem_core::contract::{Anonymous, ScopeRule, ScopeSource};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let rule = ScopeRule {
+        source: ScopeSource::Header("x-forwarded-host".into()),
+        anonymous: Anonymous::Scoped,
+    };
+    let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
+        .require_key_on(["/v1/charges"])
+        .scope_rule(rule);
+    let app = axum::Router::new()
+        .route(
+            "/v1/charges",
+            axum::routing::post(move || {
+                r.fetch_add(1, Ordering::SeqCst);
+                async move { (http::StatusCode::CREATED, "charged") }
+            }),
+        )
+        .layer(layer)
+        .route("/healthz", axum::routing::get(|| async { "ok" }));
+    let origin = TestOrigin::serve_router(app, store).await;
+    let edge = Edge::start(
+        &origin.url(""),
+        &[("SCOPE_FROM", "header:x-forwarded-host")],
+    )
+    .await;
+    let http = client();
+    let mut seen = Vec::new();
+    for (tenant, amount) in [("a.example", 1), ("b.example", 2)] {
+        let res = http
+            .post(format!("{}/v1/charges", edge.base))
+            .header("host", tenant)
+            .header("idempotency-key", "per-tenant-1")
+            .header("content-type", "application/json")
+            .body(charge_body("c", amount, 0))
+            .send()
+            .await
+            .unwrap();
+        seen.push(format!("{tenant}: {}", res.status().as_u16()));
+    }
+    report(
+        "edge",
+        &format!("two tenants (by Host), one key, through an edge scoping by X-Forwarded-Host: {seen:?}; {} executions", runs.load(Ordering::SeqCst)),
+    );
+    assert_eq!(seen, ["a.example: 201", "b.example: 201"]);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
 /// The origin learns who asked from the edge, not from the client: the client's
 /// `X-Forwarded-For` and `CF-*` headers are dropped, the edge sets `X-Forwarded-For`
 /// (the address the runtime saw), `-Host` and `-Proto`; a header the origin's answer
@@ -1093,6 +1208,15 @@ async fn origin_with_large_answers(
     ttl: Duration,
     body_len: usize,
 ) -> (TestOrigin, Arc<std::sync::atomic::AtomicUsize>) {
+    origin_storing_at_most(ttl, body_len, None).await
+}
+
+/// The same, storing answers of at most `max_stored` bytes (a problem in their place).
+async fn origin_storing_at_most(
+    ttl: Duration,
+    body_len: usize,
+    max_stored: Option<usize>,
+) -> (TestOrigin, Arc<std::sync::atomic::AtomicUsize>) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let runs = Arc::new(AtomicUsize::new(0));
     let r = runs.clone();
@@ -1100,6 +1224,10 @@ async fn origin_with_large_answers(
     let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
         .require_key_on(["/v1/charges"])
         .ttl(ttl);
+    let layer = match max_stored {
+        Some(limit) => layer.max_stored_body_bytes(limit),
+        None => layer,
+    };
     let app = axum::Router::new()
         .route(
             "/v1/charges",
@@ -1111,6 +1239,47 @@ async fn origin_with_large_answers(
         .layer(layer)
         .route("/healthz", axum::routing::get(|| async { "ok" }));
     (TestOrigin::serve_router(app, store).await, runs)
+}
+
+/// An answer larger than the origin stores (16 KiB here) but not than the edge does:
+/// the origin delivers it to the first attempt and stores a `response-not-stored`
+/// problem in its place. Before the fix it told the edge the answer was `stored`, the
+/// edge kept the whole answer, and a retry got the 201 from the edge where the origin
+/// replays the problem — two answers to one request, by which layer answered. The edge
+/// now keeps nothing of it, and its retries get what the origin stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_does_not_keep_an_answer_the_origin_stored_a_problem_for() {
+    use std::sync::atomic::Ordering;
+    let (origin, runs) =
+        origin_storing_at_most(Duration::from_secs(60), 32 * 1024, Some(16 * 1024)).await;
+    let edge = Edge::start(&origin.url(""), &[]).await;
+    let http = client();
+    let body = charge_body("big", 1, 0);
+    let first = post(&http, &edge.base, "too-large-1", body.clone(), false).await;
+    assert_eq!(first.status(), 201);
+    assert_eq!(
+        first.bytes().await.unwrap().len(),
+        32 * 1024,
+        "delivered whole"
+    );
+    let through_edge = post(&http, &edge.base, "too-large-1", body.clone(), false).await;
+    let edge_said = through_edge.headers()["idem-edge"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let edge_status = through_edge.status().as_u16();
+    let at_origin = post(&http, &origin.url(""), "too-large-1", body, false).await;
+    let origin_status = at_origin.status().as_u16();
+    report(
+        "edge",
+        &format!("an answer larger than the origin stores (32 KiB, origin 16 KiB): the retry through the edge {edge_status} ({edge_said}), directly at the origin {origin_status}; {} execution(s)", runs.load(Ordering::SeqCst)),
+    );
+    assert_eq!(
+        edge_status, origin_status,
+        "one answer, whichever layer answers"
+    );
+    assert_eq!(edge_said, "forwarded");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
 /// Bodies of 4 KiB and more are hashed by workerd's WebCrypto, smaller ones in WASM

@@ -56,11 +56,16 @@ pub enum Problem {
     /// names (an encoded `/` or `\`, a `;` parameter, a `.` or `..` segment): idem
     /// could apply one route's settings and the API serve another's. Nothing ran.
     PathAmbiguous,
+    /// 502: the edge could not reach the origin, or lost its answer: the origin may
+    /// have run the request. Never stored at the edge; a retry with the same key gets
+    /// the request's result (the origin replays what it stored, or runs it if it never
+    /// got it). Unlike `handler-failed`, not a final answer.
+    OriginUnreachable,
 }
 
 impl Problem {
     /// All problems, for documentation and tests.
-    pub const ALL: [Problem; 17] = [
+    pub const ALL: [Problem; 18] = [
         Problem::KeyMissing,
         Problem::KeyMalformed,
         Problem::BodyTooLarge,
@@ -78,6 +83,7 @@ impl Problem {
         Problem::IdentityMissing,
         Problem::IdentityInvalid,
         Problem::PathAmbiguous,
+        Problem::OriginUnreachable,
     ];
 
     /// The HTTP status.
@@ -95,7 +101,8 @@ impl Problem {
             Problem::HandlerPanicked => 500,
             Problem::HandlerFailed
             | Problem::UpstreamUnreachable
-            | Problem::UpstreamOutcomeUnknown => 502,
+            | Problem::UpstreamOutcomeUnknown
+            | Problem::OriginUnreachable => 502,
             Problem::ResponseNotStored | Problem::EdgeMisconfigured => 500,
         }
     }
@@ -116,6 +123,7 @@ impl Problem {
             Problem::Fenced => "urn:idem:problem:fenced",
             Problem::EdgeMisconfigured => "urn:idem:problem:edge-misconfigured",
             Problem::UpstreamUnreachable => "urn:idem:problem:upstream-unreachable",
+            Problem::OriginUnreachable => "urn:idem:problem:origin-unreachable",
             Problem::UpstreamOutcomeUnknown => "urn:idem:problem:upstream-outcome-unknown",
             Problem::IdentityMissing => "urn:idem:problem:identity-missing",
             Problem::IdentityInvalid => "urn:idem:problem:identity-invalid",
@@ -141,6 +149,7 @@ impl Problem {
             }
             Problem::EdgeMisconfigured => "The edge is misconfigured",
             Problem::UpstreamUnreachable => "The upstream could not be reached",
+            Problem::OriginUnreachable => "The origin could not be reached, or its answer was lost",
             Problem::UpstreamOutcomeUnknown => "The upstream's outcome is unknown",
             Problem::IdentityMissing => "Who is asking is needed to keep the key apart",
             Problem::IdentityInvalid => "The caller's token was not accepted",
@@ -170,6 +179,7 @@ impl Problem {
             Problem::Fenced => "another attempt took over this request; the transaction was rolled back",
             Problem::EdgeMisconfigured => "the edge's configuration is invalid; nothing was forwarded",
             Problem::UpstreamUnreachable => "nothing was sent to the upstream; retry with the same key",
+            Problem::OriginUnreachable => "the request may have been processed; retry with the same key to get its result",
             Problem::UpstreamOutcomeUnknown => "the request was sent to the upstream and its answer was lost; it will not be sent again for this key",
             Problem::IdentityMissing => "send the identity this API scopes keys by",
             Problem::IdentityInvalid => "the bearer token was not accepted",
@@ -180,7 +190,10 @@ impl Problem {
     /// Whether the answer carries `Retry-After`.
     pub fn retry_after_secs(self) -> Option<u64> {
         match self {
-            Problem::InFlight | Problem::StoreUnavailable | Problem::Fenced => Some(1),
+            Problem::InFlight
+            | Problem::StoreUnavailable
+            | Problem::Fenced
+            | Problem::OriginUnreachable => Some(1),
             _ => None,
         }
     }
@@ -271,15 +284,15 @@ impl Rejection {
         )
     }
 
-    /// The edge could not reach the origin (or lost its answer). Only the error's
-    /// first line, at most 200 characters, reaches the client: a runtime's error may
-    /// carry a stack trace.
+    /// The edge could not reach the origin (or lost its answer): a retry with the same
+    /// key learns the outcome. Only the error's first line, at most 200 characters,
+    /// reaches the client: a runtime's error may carry a stack trace.
     pub fn origin_unreachable(error: &str) -> Rejection {
         let first_line = error.lines().next().unwrap_or("");
         let shown: String = first_line.chars().take(200).collect();
         Rejection::with_detail(
-            Problem::HandlerFailed,
-            format!("the origin could not be reached: {shown}"),
+            Problem::OriginUnreachable,
+            format!("the origin could not be reached, or its answer was lost ({shown}); retry with the same key to get the request's result"),
         )
     }
 
@@ -377,12 +390,13 @@ mod tests {
         );
         let traced =
             Rejection::origin_unreachable("TypeError: Invalid URL\n    at f (index.js:1:2)");
+        assert_eq!(traced.problem, Problem::OriginUnreachable);
         assert_eq!(
             traced.detail,
-            "the origin could not be reached: TypeError: Invalid URL"
+            "the origin could not be reached, or its answer was lost (TypeError: Invalid URL); retry with the same key to get the request's result"
         );
         let long = "x".repeat(1_000);
-        assert!(Rejection::origin_unreachable(&long).detail.len() < 300);
+        assert!(Rejection::origin_unreachable(&long).detail.len() < 400);
         for p in Problem::ALL {
             assert!(!p.detail().is_empty());
             assert_eq!(Rejection::new(p).status(), p.status());
