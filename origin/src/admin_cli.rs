@@ -4,7 +4,7 @@
 //! idem-origin admin get <record-key> [--body]
 //! idem-origin admin get --key <Idempotency-Key> --scope authorization --identity 'Bearer …'
 //! idem-origin admin list [--older-than 30s] [--limit 100] [--all]
-//! idem-origin admin purge <record-key> [--force]
+//! idem-origin admin purge <record-key> [--force] [--token <t> --state <s>]
 //! ```
 //!
 //! It prints the API's JSON answer; a problem goes to stderr with exit code 1, a
@@ -93,6 +93,30 @@ struct Purge {
     /// holder is known to be gone: a retry after this may run the handler again).
     #[arg(long)]
     force: bool,
+    /// Purge only the attempt with this token (as `list` or `get` showed it) …
+    #[arg(long, requires = "state")]
+    token: Option<u64>,
+    /// … in this state: if it has changed since (an orphan whose holder completed it
+    /// after all), nothing is deleted and the record as it is now is shown.
+    #[arg(long, requires = "token", value_parser = ["in_progress", "completed"])]
+    state: Option<String>,
+}
+
+impl Purge {
+    fn path(&self) -> String {
+        let mut query = Vec::new();
+        if self.force {
+            query.push("force=true".to_string());
+        }
+        if let (Some(token), Some(state)) = (self.token, &self.state) {
+            query.push(format!("token={token}&state={state}"));
+        }
+        let query = match query.is_empty() {
+            true => String::new(),
+            false => format!("?{}", query.join("&")),
+        };
+        format!("/admin/v1/records/{}{query}", encode(&self.record_key))
+    }
 }
 
 /// Runs the command in `args` (`admin` and what follows it).
@@ -122,14 +146,7 @@ impl AdminCli {
         let token = self.token()?;
         let (method, path) = match &self.command {
             Command::Get(get) => ("GET", get.path()?),
-            Command::Purge(purge) => (
-                "DELETE",
-                format!(
-                    "/admin/v1/records/{}{}",
-                    encode(&purge.record_key),
-                    if purge.force { "?force=true" } else { "" }
-                ),
-            ),
+            Command::Purge(purge) => ("DELETE", purge.path()),
             Command::List(list) if list.all => return self.list_all(list, &token).await,
             Command::List(list) => ("GET", list.path(list.cursor.as_deref())),
         };

@@ -31,8 +31,14 @@ impl Policy {
     /// (due a third of a lease after the claim) must still land in time, so a third of
     /// the lease must be left.
     pub fn claim_in_time(&self, round_trip_ms: u64) -> bool {
+        round_trip_ms < self.claim_budget_ms()
+    }
+
+    /// The longest a claim's round trip may take for its handler to run
+    /// ([`Self::claim_in_time`]): two thirds of the lease, less the clock tolerance.
+    pub fn claim_budget_ms(&self) -> u64 {
         let tolerance = crate::Stamp::new(0, self).tolerance;
-        round_trip_ms.saturating_add(tolerance) < self.lease_ms.saturating_mul(2) / 3
+        (self.lease_ms.saturating_mul(2) / 3).saturating_sub(tolerance)
     }
 }
 

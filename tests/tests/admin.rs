@@ -251,6 +251,15 @@ async fn a_missing_or_wrong_admin_token_is_refused_and_changes_nothing() {
         (&format!("/admin/v1/records/{key}?force=maybe"), "DELETE"),
         (&format!("/admin/v1/records/{key}?force="), "DELETE"),
         (&format!("/admin/v1/records/{key}?forse=true"), "DELETE"),
+        (
+            &format!("/admin/v1/records/{key}?token=abc&state=in_progress"),
+            "DELETE",
+        ),
+        (&format!("/admin/v1/records/{key}?token=5"), "DELETE"),
+        (
+            &format!("/admin/v1/records/{key}?token=5&state=done"),
+            "DELETE",
+        ),
     ] {
         let (status, body) = admin(method, &format!("{}{path}", r.admin), Some(TOKEN)).await;
         assert_eq!(status, 400, "{method} {path}: {body}");

@@ -632,3 +632,58 @@ async fn a_full_outbox_refuses_claims_with_503_until_postgres_keeps_up() {
         )],
     );
 }
+
+/// Tiered sync: Redis is a cache in front of Postgres, and a Redis that hangs (frozen
+/// here with SIGSTOP; a master failing over does the same for a few seconds) must not
+/// turn claims into 503s. Before the fix each claim waited the whole store timeout
+/// (2 s) on Redis before asking Postgres, which left too little of the 3 s lease for
+/// the layer to run the handler: every request answered 503. Redis now gets a quarter
+/// of the claim's time; Postgres claims, and the requests run (one charge each).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiered_sync_claims_go_on_while_redis_hangs() {
+    let redis = RedisProc::start("tsync-frozen");
+    let db = TestDb::new("tsync_frozen").await;
+    let origin = TestOrigin::start(&[
+        "--store",
+        "tiered",
+        "--durability",
+        "sync",
+        "--redis-url",
+        &redis.url(),
+        "--redis-namespace",
+        &unique_namespace("tsync-frozen"),
+        "--database-url",
+        &db.url,
+        "--store-timeout",
+        "2s",
+        "--lease",
+        "3s",
+        "--demo-completion",
+        "separate",
+    ])
+    .await;
+    let http = client();
+    let warm = post_charge(
+        &http,
+        &origin.url(""),
+        Some("frozen-warm"),
+        &charge_body("c", 1, 0),
+    )
+    .await;
+    assert_eq!(warm.status(), 201);
+    redis.pause();
+    let mut answers = Answers::new();
+    for n in 0..4 {
+        let key = format!("frozen-{n}");
+        let res = post_charge(&http, &origin.url(""), Some(&key), &charge_body("c", 1, 0)).await;
+        count(&mut answers, res.status().as_u16());
+    }
+    redis.resume();
+    let (charges, _, doubled) = db.charge_counts().await;
+    report(
+        "faults",
+        &format!("tiered sync, Redis frozen (SIGSTOP), store timeout 2 s, lease 3 s: 4 new keys answered {answers:?}; {charges} charges (1 before the freeze), {doubled} doubled"),
+    );
+    assert_eq!(answers, Answers::from([(201, 4)]));
+    assert_eq!((charges, doubled), (5, 0));
+}

@@ -1367,3 +1367,134 @@ async fn tiered_async_a_purge_of_a_stale_redis_record_keeps_the_newer_claim_in_p
     assert!(matches!(retry, Decision::InFlight { .. }), "{retry:?}");
     assert_eq!(executions, 1);
 }
+
+/// Tiered async: Redis holds the next attempt's claim while Postgres still holds the
+/// holder's (its release not written behind yet: the corrected request claimed after
+/// the release emptied Redis, or after Redis lost the record), and the holder's release
+/// is written again (the layer's retry of a final write whose answer was lost). The
+/// write is refused as fenced. Before the fix the store, seeing Postgres give the
+/// holder its lease, put the released record in place of the next attempt's live
+/// claim, which Redis then dropped: a third request would have run beside the second.
+/// A release protects nothing; it never goes over another claim.
+#[tokio::test]
+async fn tiered_async_a_release_never_replaces_the_next_claim() {
+    use idem::store::RedisOptions;
+    use idem_core::{Fingerprint, Record};
+    let db = TestDb::new("tasync_release_next").await;
+    let namespace = idem_tests::unique_namespace("release-next");
+    let options = RedisOptions {
+        namespace: namespace.clone(),
+        ..RedisOptions::default()
+    };
+    let store = TieredStore::new(
+        RedisStore::connect(&redis_url(), options).await.unwrap(),
+        pg(&db).await,
+        Durability::Async,
+        OutboxOptions::default(),
+    );
+    let k = key("release-next");
+    let Decision::Execute(a) = store.claim(&k, &FP, store.now(), &P).await.unwrap() else {
+        panic!("a new key executes")
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while db.count("SELECT count(*) FROM idem_records").await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the claim was never written behind"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The next attempt's claim in Redis, Postgres not told yet.
+    let now = store.now();
+    let next = Record::InProgress {
+        fingerprint: Fingerprint([2; 32]),
+        token: a.token + 1_000 * idem_core::TOKENS_PER_MS,
+        lease_until: now + 30_000,
+        expires_at: now + 60_000,
+    };
+    let mut raw = Raw::connect(&redis_url(), false).await;
+    let name = format!("{namespace}:{{{}}}", k.as_str());
+    let _: i64 = raw.query(redis::cmd("DEL").arg(&name)).await;
+    raw.put_hash(&name, &next).await;
+    let holder = a.holder();
+    let released = store.release(&k, &holder, store.now(), &P).await;
+    let in_redis = store.get(&k).await.unwrap();
+    idem_tests::report(
+        "release-next",
+        &format!("tiered async, a holder's release while Redis holds the next claim and Postgres the holder's: {released:?}; Redis then holds the next claim: {}", in_redis.as_ref() == Some(&next)),
+    );
+    assert_eq!(
+        in_redis.as_ref(),
+        Some(&next),
+        "the next attempt's claim stays"
+    );
+    assert!(
+        matches!(released, Ok(HolderWrite::Refused(_))),
+        "{released:?}"
+    );
+}
+
+/// The operator's own delay: an orphan claim is listed (its lease over), its holder
+/// wakes up and completes it, then the operator purges what the listing showed. A
+/// purge that names it (`token` and `state`, as the admin API and CLI take them) finds
+/// the attempt completed since and deletes nothing; the retry replays. Without the
+/// names the purge deletes the completion, and the retry runs again: the counts of
+/// both are reported. Executions: the holder's, plus each retry's that ran.
+#[tokio::test]
+async fn a_purge_of_what_the_listing_showed_refuses_what_completed_since() {
+    use idem::store::Purged;
+    use idem_core::{Policy, PurgeTarget};
+    let db = TestDb::new("purge_expect").await;
+    let store = pg(&db).await;
+    let short = Policy {
+        lease_ms: 200,
+        ttl_ms: 60_000,
+    };
+    let mut outcomes = Vec::new();
+    for named in [true, false] {
+        let k = key(&format!("listed-then-completed-{named}"));
+        let Decision::Execute(c) = store.claim(&k, &FP, store.now(), &short).await.unwrap() else {
+            panic!("a new key executes")
+        };
+        let mut executions = 1;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let listed = store.get(&k).await.unwrap().unwrap();
+        assert!(!listed.is_completed());
+        let holder = c.holder();
+        let done = store.complete(&k, &holder, response("charged"), store.now(), &short);
+        assert_eq!(done.await.unwrap(), HolderWrite::Written);
+        let target = named.then(|| PurgeTarget::of(&listed));
+        let purged = store
+            .purge_expecting(&k, store.now(), false, target)
+            .await
+            .unwrap();
+        let retry = store.claim(&k, &FP, store.now(), &short).await.unwrap();
+        executions += u32::from(matches!(retry, Decision::Execute(_)));
+        outcomes.push((named, purged, retry, executions));
+    }
+    let said: Vec<String> = outcomes
+        .iter()
+        .map(|(named, purged, _, executions)| {
+            let purged = match purged {
+                Purged::Changed(_) => "refused, the record changed",
+                Purged::Deleted(_) => "deleted the completion",
+                _ => "other",
+            };
+            format!("named {named}: {purged}, {executions} execution(s)")
+        })
+        .collect();
+    idem_tests::report(
+        "purge-expect",
+        &format!("a purge of an orphan listed before its holder completed it: {said:?}"),
+    );
+    let (_, purged, retry, executions) = &outcomes[0];
+    assert!(
+        matches!(purged, Purged::Changed(r) if r.is_completed()),
+        "{purged:?}"
+    );
+    assert_eq!(retry.replayed(), Some(&response("charged")));
+    assert_eq!(*executions, 1);
+    // Unnamed, the operator asked for the key whatever it holds: deleted, and it runs again.
+    assert!(matches!(outcomes[1].1, Purged::Deleted(_)));
+    assert_eq!(outcomes[1].3, 2);
+}

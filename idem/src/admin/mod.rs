@@ -35,7 +35,7 @@ use axum::routing::get;
 use axum::{Extension, Router};
 use http::{header, HeaderValue, StatusCode};
 use idem_core::contract::{JwtKeys, JwtVerifier, ScopeSource};
-use idem_core::{IdempotencyKey, RecordKey, Scope};
+use idem_core::{IdempotencyKey, PurgeTarget, RecordKey, Scope};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -233,6 +233,37 @@ fn flag(params: &HashMap<String, String>, name: &str) -> Result<bool, Response> 
             StatusCode::BAD_REQUEST,
             "bad-request",
             format!("{name}={other:?}: use true or false"),
+        )),
+    }
+}
+
+/// `token` and `state` together: the attempt and state the operator saw (a listing's
+/// record), which alone may be purged.
+fn purge_target(params: &HashMap<String, String>) -> Result<Option<PurgeTarget>, Response> {
+    let refuse = |detail: String| problem(StatusCode::BAD_REQUEST, "bad-request", detail);
+    let token = match params.get("token") {
+        None => None,
+        Some(t) => Some(t.parse::<u64>().map_err(|_| {
+            refuse(format!(
+                "token={t:?}: a record's token, as a listing shows it (digits)"
+            ))
+        })?),
+    };
+    let completed = match params.get("state").map(String::as_str) {
+        None => None,
+        Some("in_progress") => Some(false),
+        Some("completed") => Some(true),
+        Some(other) => {
+            return Err(refuse(format!(
+                "state={other:?}: use in_progress or completed"
+            )))
+        }
+    };
+    match (token, completed) {
+        (Some(token), Some(completed)) => Ok(Some(PurgeTarget { token, completed })),
+        (None, None) => Ok(None),
+        _ => Err(refuse(
+            "token and state go together: the record as a listing showed it".into(),
         )),
     }
 }
@@ -440,7 +471,7 @@ async fn purge(
     Path(key): Path<String>,
     query: Params,
 ) -> Response {
-    let params = match params(query, &["force"]) {
+    let params = match params(query, &["force", "token", "state"]) {
         Ok(p) => p,
         Err(refused) => return refused,
     };
@@ -448,12 +479,17 @@ async fn purge(
         Ok(f) => f,
         Err(refused) => return refused,
     };
+    let expected = match purge_target(&params) {
+        Ok(t) => t,
+        Err(refused) => return refused,
+    };
     let key = match record_key(&key) {
         Ok(k) => k,
         Err(refused) => return refused,
     };
     let now = admin.store.now();
-    let purged = crate::store::StoreExt::purge(&*admin.store, &key, now, force).await;
+    let purged =
+        crate::store::StoreExt::purge_expecting(&*admin.store, &key, now, force, expected).await;
     let outcome = match &purged {
         Ok(Purged::Deleted(_)) => "deleted",
         Ok(Purged::Absent) => "absent",

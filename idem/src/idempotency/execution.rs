@@ -329,6 +329,9 @@ where
             (parts, ClientBody::Whole(body))
         }
     };
+    // The answer goes to this client, a problem in its place to the store: an edge in
+    // front must not keep the answer either (its replays would differ from the origin's).
+    let substituted = stored_instead.is_some();
     // idem's private signals never reach the client.
     let signals::Signals {
         released,
@@ -367,7 +370,13 @@ where
         Some(Final::Committed(..)) => None,
         None => Some(OriginDisposition::Pending),
     };
-    if let Some(d) = disposition {
+    // The edge stores nothing on `pending` and forwards retries, which the origin answers
+    // with what it stored.
+    let to_edge = match disposition {
+        Some(OriginDisposition::Stored { .. }) if substituted => Some(OriginDisposition::Pending),
+        d => d,
+    };
+    if let Some(d) = to_edge {
         if let Ok(v) = HeaderValue::from_str(&d.header_value()) {
             parts.headers.insert(contract::ORIGIN_DISPOSITION, v);
         }
@@ -594,8 +603,11 @@ async fn write_final(
                 }
                 return Final::Written(match change {
                     Transition::Release => OriginDisposition::Released,
+                    // The stored record expires at its write's time plus the TTL, and
+                    // that write may be an earlier one whose reply was lost: the claim's
+                    // time bounds it from below, so the edge never outlives it.
                     _ => OriginDisposition::Stored {
-                        expires_at: now.saturating_add(config.policy.ttl_ms),
+                        expires_at: holder.claimed_at().saturating_add(config.policy.ttl_ms),
                     },
                 });
             }

@@ -251,8 +251,21 @@ pub trait StoreExt: Store {
     /// attempt in the same state only (a renewed lease), never on a completion or a
     /// claim that landed meanwhile.
     async fn purge(&self, key: &RecordKey, now: Millis, force: bool) -> Result<Purged, StoreError> {
+        self.purge_expecting(key, now, force, None).await
+    }
+
+    /// [`Self::purge`] of the record an operator saw: deleted only while it is still
+    /// `expected`'s attempt in `expected`'s state, [`Purged::Changed`] otherwise (an
+    /// orphan listed a minute ago whose holder has completed it since).
+    async fn purge_expecting(
+        &self,
+        key: &RecordKey,
+        now: Millis,
+        force: bool,
+        expected: Option<idem_core::PurgeTarget>,
+    ) -> Result<Purged, StoreError> {
         const ATTEMPTS: u32 = 8;
-        let mut target = None;
+        let mut target = expected;
         for attempt in 0..ATTEMPTS {
             if attempt > 0 {
                 // A write raced the purge (a holder's completion, a write-behind): let

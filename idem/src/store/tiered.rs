@@ -28,6 +28,7 @@ use idem_core::{
 };
 use outbox::{Outbox, OutboxOptions};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// When a claim and a completion reach Postgres.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,12 +141,20 @@ impl TieredStore {
         let at = Stamp::new(now, policy);
         // 1. Redis: a retry of a key it knows is answered without touching Postgres.
         // (Redis' clock judges here only answers that run nothing: a replay, a 409, a
-        // 422. Whether anything runs is Postgres' decision, on Postgres' clock.)
-        let seen = match self
-            .redis
-            .insert_if_absent(key, &provisional.record, at)
+        // 422. Whether anything runs is Postgres' decision, on Postgres' clock.) Redis is
+        // a cache here, so it gets a quarter of the claim's time at most: a Redis that
+        // hangs (a master failing over) must not use up the budget the layer checks
+        // before it runs the handler, or every claim meanwhile would answer 503.
+        let redis_budget = Duration::from_millis(policy.claim_budget_ms() / 4);
+        let asked = self.redis.insert_if_absent(key, &provisional.record, at);
+        let answered = tokio::time::timeout(redis_budget, asked)
             .await
-        {
+            .unwrap_or_else(|_| {
+                Err(StoreError::Unavailable(format!(
+                    "redis: no answer within {redis_budget:?} (a quarter of the claim's time)"
+                )))
+            });
+        let seen = match answered {
             Ok((Insert::Existing(record), redis_now)) => {
                 // Only a completed record answers from Redis (a replay, or a 422 against
                 // it): it never changes. An in-progress one may be stale — a release or
@@ -185,9 +194,16 @@ impl TieredStore {
                 return Err(e);
             }
         };
-        // 3. Redis mirrors what Postgres now holds (this is also the cold path's write-back).
+        // 3. Redis mirrors what Postgres now holds (this is also the cold path's write-back),
+        // within the same quarter of the claim's time: a stale Redis record is harmless
+        // here (an in-progress one is never trusted, a completed one never changes).
         if let Some(record) = &record {
-            self.mirror(key, seen.as_ref(), record, at).await;
+            let mirrored = self.mirror(key, seen.as_ref(), record, at);
+            if tokio::time::timeout(redis_budget, mirrored).await.is_err() {
+                let e =
+                    StoreError::Unavailable(format!("redis: no answer within {redis_budget:?}"));
+                self.redis_failed("mirror", &e);
+            }
         }
         Ok((decision, record))
     }
@@ -237,13 +253,17 @@ impl TieredStore {
                         return Err(e);
                     }
                 };
-                if let HolderWrite::Refused(Refusal::Fenced { .. }) = written {
+                let releasing = matches!(change, Transition::Release);
+                if let (HolderWrite::Refused(Refusal::Fenced { .. }), false) = (&written, releasing)
+                {
                     // Another claim in Redis: a takeover (final), or a retry's provisional
                     // claim made after Redis lost this holder's record, on its way to being
                     // replaced by the authority's. Giving up to the latter would stop this
                     // live holder's heartbeats and let a retry run the handler again once
                     // the lease ran out (found by the model checker). The authority tells
-                    // them apart; the holder's write goes over a provisional claim.
+                    // them apart; the holder's write goes over a provisional claim. Not a
+                    // release: it protects nothing, and would remove a claim that may be
+                    // the next attempt's, which Postgres does not know yet.
                     let authority = self.pg.get_record(key).await?;
                     if holder.holds_in_authority(authority.as_ref(), now) {
                         let replaced = match self.redis.get(key).await? {
@@ -285,21 +305,20 @@ impl TieredStore {
                     }
                 }
                 match (written.is_written(), slot) {
-                    // A release is answered once Postgres has it. Until then Postgres
-                    // holds the claim as it was, and a corrected retry (another body)
-                    // sent on the release's answer would find it there through the cold
-                    // path, put it back into Redis and be refused 422 until the record
-                    // expired. Releases are rare (nothing happened): the wait is cheap.
-                    (true, Some(slot)) if matches!(change, Transition::Release) => {
+                    // A release is answered once Postgres has it, if it comes in time.
+                    // Until then Postgres holds the claim as it was, and a corrected
+                    // retry (another body) sent on the release's answer would find it
+                    // there through the cold path, put it back into Redis and be refused
+                    // 422 until the record expired. Releases are rare (nothing happened):
+                    // the wait is cheap. Past the store's timeout the release is written
+                    // all the same (Redis has it, the outbox will deliver it in order):
+                    // an error would make the layer write it again, over what may by
+                    // then be the next attempt's claim.
+                    (true, Some(slot)) if releasing => {
                         let heard = slot.send_acknowledged(key.clone(), next);
                         let timeout = self.pg.timeout();
-                        match tokio::time::timeout(timeout, heard).await {
-                            Ok(Ok(())) => {}
-                            _ => {
-                                return Err(StoreError::Unavailable(format!(
-                                    "the release did not reach Postgres within {timeout:?}"
-                                )))
-                            }
+                        if !matches!(tokio::time::timeout(timeout, heard).await, Ok(Ok(()))) {
+                            tracing::warn!(key = %key.as_str(), ?timeout, "a release is not in Postgres yet; answered all the same");
                         }
                     }
                     (true, Some(slot)) => slot.send(key.clone(), next),

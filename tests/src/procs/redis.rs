@@ -95,6 +95,24 @@ impl RedisProc {
         }
     }
 
+    /// Freezes it (`SIGSTOP`): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws it (`SIGCONT`).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        if let Some(c) = &self.child {
+            let _ = Command::new("kill")
+                .args([sig, &c.id().to_string()])
+                .status();
+        }
+    }
+
     /// kill -9.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {

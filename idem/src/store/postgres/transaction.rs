@@ -273,7 +273,9 @@ impl Authority {
             // Pipelined, in this order: one round trip. A failure anywhere leaves the
             // transaction open: the connection is discarded, not returned.
             let read = tokio::try_join!(
-                client.batch_execute("BEGIN; SET LOCAL enable_seqscan = off"),
+                client.batch_execute(
+                    "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL enable_seqscan = off"
+                ),
                 client.query_opt(&read, &params),
                 client.batch_execute("COMMIT"),
             );
