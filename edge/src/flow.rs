@@ -184,12 +184,15 @@ pub async fn handle<R: EdgeRuntime>(
         Route::Reject(rejection) => return refused(&rejection).map_body(Payload::Bytes),
         Route::PassThrough => return pass(runtime, config, &head, body).await,
     };
-    // Who is asking, before a byte of the body is read (as the origin's layer does),
-    // from the headers the origin will get: the scope rule reads the same values on
-    // both sides (a client's `X-Forwarded-Host` is not what the origin sees).
+    // Who is asking, before a byte of the body is read (as the origin's layer does):
+    // a header the edge sends the origin is read as the origin will get it (a client's
+    // `X-Forwarded-Host` is not what the origin sees); one the edge does not send (the
+    // runtime's own, `CF-Connecting-IP`) as the edge got it.
     let forwarded = origin_headers(&head);
     let values = |name: &str| -> Vec<&[u8]> {
-        forwarded
+        let sent = contract::edge_sends_request_header(name);
+        let headers = if sent { &forwarded } else { &head.headers };
+        headers
             .iter()
             .filter(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_bytes())
@@ -277,7 +280,8 @@ async fn pass<R: EdgeRuntime>(
 ) -> Answer<Payload<R::Stream>> {
     match runtime.fetch_streamed(outbound(config, head, body)).await {
         Ok(answer) => relay(&head.method, answer, Handled::Passed).map_body(Payload::Stream),
-        Err(e) => refused(&Rejection::origin_unreachable(&e)).map_body(Payload::Bytes),
+        // Unguarded: no key to retry with, so no invitation to.
+        Err(e) => refused(&Rejection::origin_unreachable_unguarded(&e)).map_body(Payload::Bytes),
     }
 }
 

@@ -850,6 +850,23 @@ async fn an_unreachable_origin_is_an_answer_to_retry_not_a_final_one() {
         assert_eq!(kind, "urn:idem:problem:origin-unreachable");
         assert_eq!(retry_after.as_deref(), Some("1"));
     }
+    // A request the edge does not guard (no key) gets no invitation to retry: it may
+    // have reached the origin, and nothing would recognise it a second time.
+    let unguarded = client()
+        .get(format!("{}/v1/charges/ch_1", edge.base))
+        .send()
+        .await
+        .unwrap();
+    let unguarded_retry_after = unguarded.headers().get("retry-after").cloned();
+    let unguarded_status = unguarded.status().as_u16();
+    let unguarded_type = unguarded.json::<serde_json::Value>().await.unwrap()["type"].clone();
+    report(
+        "edge",
+        &format!("an unguarded GET to an origin the edge cannot reach: {unguarded_status} {unguarded_type}, Retry-After {unguarded_retry_after:?}"),
+    );
+    assert_eq!(unguarded_status, 502);
+    assert_ne!(unguarded_type, "urn:idem:problem:origin-unreachable");
+    assert!(unguarded_retry_after.is_none());
     // At most its claim, freed (an in-progress record: 58 bytes, and the storage's
     // framing); never an answer, which carries a status, headers and a body.
     let sizes: Vec<usize> = edge
@@ -920,6 +937,52 @@ async fn the_edge_scopes_by_the_headers_the_origin_gets() {
     );
     assert_eq!(seen, ["a.example: 201", "b.example: 201"]);
     assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// A scope rule naming a header the runtime sets and the edge does not forward
+/// (`CF-Connecting-IP`: keys per client address) reads it as the edge got it. (Reading
+/// every header as the origin gets it made it absent: with anonymous callers refused,
+/// every guarded request was a 401.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_scopes_by_a_header_its_runtime_sets() {
+    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let (origin, ledger) = TestOrigin::demo_on(store).await;
+    let edge = Edge::start(
+        &origin.url(""),
+        &[
+            ("SCOPE_FROM", "header:cf-connecting-ip"),
+            ("ANONYMOUS", "refused"),
+        ],
+    )
+    .await;
+    let http = client();
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let res = post(
+            &http,
+            &edge.base,
+            "per-address-1",
+            charge_body("c", 1, 0),
+            false,
+        )
+        .await;
+        seen.push(format!(
+            "{} {}",
+            res.status().as_u16(),
+            res.headers()
+                .get("idem-edge")
+                .map_or("-", |v| v.to_str().unwrap())
+        ));
+    }
+    report(
+        "edge",
+        &format!(
+            "SCOPE_FROM=header:cf-connecting-ip, anonymous refused: {seen:?}; {} charge",
+            ledger.len()
+        ),
+    );
+    assert_eq!(seen, ["201 forwarded", "201 replayed"]);
+    assert_eq!(ledger.len(), 1);
 }
 
 /// The origin learns who asked from the edge, not from the client: the client's

@@ -638,7 +638,10 @@ async fn a_full_outbox_refuses_claims_with_503_until_postgres_keeps_up() {
 /// turn claims into 503s. Before the fix each claim waited the whole store timeout
 /// (2 s) on Redis before asking Postgres, which left too little of the 3 s lease for
 /// the layer to run the handler: every request answered 503. Redis now gets a quarter
-/// of the claim's time; Postgres claims, and the requests run (one charge each).
+/// of the claim's time; Postgres claims, and the requests run (one charge each). And a
+/// holder's write is mirrored to Redis within a twelfth of the lease: before, each
+/// completion waited the whole timeout on Redis after Postgres had it, and its answer
+/// went out `pending` (an edge in front then keeps nothing).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tiered_sync_claims_go_on_while_redis_hangs() {
     let redis = RedisProc::start("tsync-frozen");
@@ -673,17 +676,26 @@ async fn tiered_sync_claims_go_on_while_redis_hangs() {
     assert_eq!(warm.status(), 201);
     redis.pause();
     let mut answers = Answers::new();
+    let mut dispositions = BTreeMap::new();
     for n in 0..4 {
         let key = format!("frozen-{n}");
         let res = post_charge(&http, &origin.url(""), Some(&key), &charge_body("c", 1, 0)).await;
         count(&mut answers, res.status().as_u16());
+        // Whether the answer's record was written before it went out (`stored; …`), or
+        // the answer went without waiting for it (`pending`, after a second).
+        let disposition = res
+            .headers()
+            .get("idem-disposition")
+            .map_or("-", |v| v.to_str().unwrap().split(';').next().unwrap());
+        *dispositions.entry(disposition.to_owned()).or_insert(0) += 1;
     }
     redis.resume();
     let (charges, _, doubled) = db.charge_counts().await;
     report(
         "faults",
-        &format!("tiered sync, Redis frozen (SIGSTOP), store timeout 2 s, lease 3 s: 4 new keys answered {answers:?}; {charges} charges (1 before the freeze), {doubled} doubled"),
+        &format!("tiered sync, Redis frozen (SIGSTOP), store timeout 2 s, lease 3 s: 4 new keys answered {answers:?}, their records {dispositions:?}; {charges} charges (1 before the freeze), {doubled} doubled"),
     );
     assert_eq!(answers, Answers::from([(201, 4)]));
+    assert_eq!(dispositions, BTreeMap::from([("stored".to_owned(), 4)]));
     assert_eq!((charges, doubled), (5, 0));
 }

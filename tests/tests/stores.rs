@@ -1432,6 +1432,21 @@ async fn tiered_async_a_release_never_replaces_the_next_claim() {
         matches!(released, Ok(HolderWrite::Refused(_))),
         "{released:?}"
     );
+    // Postgres, which still held the holder's claim, learns the release all the same
+    // (a corrected request would otherwise find that claim there later).
+    let sql = format!(
+        "SELECT count(*) FROM idem_records WHERE token = {} \
+         AND expires_at <= (extract(epoch FROM clock_timestamp()) * 1000)::int8",
+        a.token
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while db.count(&sql).await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "Postgres never learnt the release"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// The operator's own delay: an orphan claim is listed (its lease over), its holder

@@ -505,7 +505,15 @@ async fn purge(
         Ok(Purged::Deleted(_) | Purged::LeaseLive(_) | Purged::Changed(_)) => "in_progress",
         _ => "-",
     };
-    tracing::info!(target: "idem::admin", operator = %actor.operator, peer = %actor.peer, action = "purge", record_key = key.as_str(), force, state, outcome);
+    let expected_token = expected.map(|t| t.token);
+    let expected_state = expected.map(|t| {
+        if t.completed {
+            "completed"
+        } else {
+            "in_progress"
+        }
+    });
+    tracing::info!(target: "idem::admin", operator = %actor.operator, peer = %actor.peer, action = "purge", record_key = key.as_str(), force, ?expected_token, ?expected_state, state, outcome);
     match purged {
         Ok(Purged::Deleted(record)) => ok(json!({
             "purged": true,

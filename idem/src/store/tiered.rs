@@ -224,7 +224,16 @@ impl TieredStore {
                     .holder_write(key, holder, change, now, policy)
                     .await?;
                 if written.is_written() {
-                    self.mirror(key, None, &next, Stamp::new(now, policy)).await;
+                    // Postgres has it; Redis, a cache here, gets a twelfth of the lease at
+                    // most, so that a Redis that hangs can't make a heartbeat miss its
+                    // deadline (a sixth of the lease) nor hold up a completion's answer.
+                    let budget = Duration::from_millis(policy.lease_ms / 12);
+                    let mirrored = self.mirror(key, None, &next, Stamp::new(now, policy));
+                    if tokio::time::timeout(budget, mirrored).await.is_err() {
+                        let e =
+                            StoreError::Unavailable(format!("redis: no answer within {budget:?}"));
+                        self.redis_failed("mirror", &e);
+                    }
                 }
                 Ok(written)
             }
@@ -304,6 +313,19 @@ impl TieredStore {
                         self.redis.mirror(key, &next).await?;
                     }
                 }
+                let slot = match (releasing, &written, slot) {
+                    // Refused in Redis, which holds another claim (the next attempt's,
+                    // or a retry's provisional one made after Redis lost this holder's
+                    // record): Redis is left alone, but Postgres, which may still hold
+                    // this holder's claim, learns the release — applied there only over
+                    // this holder's own claim (the write-behind rule), so that a
+                    // corrected request is not refused on it later.
+                    (true, HolderWrite::Refused(Refusal::Fenced { .. }), Some(slot)) => {
+                        slot.send(key.clone(), next.clone());
+                        None
+                    }
+                    (_, _, slot) => slot,
+                };
                 match (written.is_written(), slot) {
                     // A release is answered once Postgres has it, if it comes in time.
                     // Until then Postgres holds the claim as it was, and a corrected

@@ -150,6 +150,17 @@ fn forgeable(name: &str) -> bool {
         .any(|h| name.eq_ignore_ascii_case(h))
 }
 
+/// Whether the edge sends the origin a request header of this name (a client's it
+/// passes on, or one it sets: `X-Forwarded-For`, `-Host`, `-Proto`), so that the origin
+/// reads it as [`forwarded_headers`] makes it. (A header named in the client's
+/// `Connection` is dropped too, for that request.)
+pub fn edge_sends_request_header(name: &str) -> bool {
+    ["x-forwarded-for", "x-forwarded-host", "x-forwarded-proto"]
+        .iter()
+        .any(|h| name.eq_ignore_ascii_case(h))
+        || (forwarded_request_header(name) && !forgeable(name))
+}
+
 /// The request headers the edge sends the origin: the client's, less those that are
 /// hop-by-hop (or named in its `Connection`), set by the runtime, or forgeable
 /// (`cf-*`, `X-Forwarded-*`, `Forwarded`); then `X-Forwarded-For` with the client

@@ -296,6 +296,17 @@ impl Rejection {
         )
     }
 
+    /// The edge could not reach the origin with a request it does not guard (no key):
+    /// the request may have reached it. Nothing invites a retry.
+    pub fn origin_unreachable_unguarded(error: &str) -> Rejection {
+        let first_line = error.lines().next().unwrap_or("");
+        let shown: String = first_line.chars().take(200).collect();
+        Rejection::with_detail(
+            Problem::HandlerFailed,
+            format!("the origin could not be reached, or its answer was lost: {shown}"),
+        )
+    }
+
     /// A stored answer that cannot be decoded any more.
     pub fn unreadable_replay() -> Rejection {
         Rejection::with_detail(

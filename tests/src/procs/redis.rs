@@ -106,11 +106,12 @@ impl RedisProc {
     }
 
     fn signal(&self, sig: &str) {
-        if let Some(c) = &self.child {
-            let _ = Command::new("kill")
-                .args([sig, &c.id().to_string()])
-                .status();
-        }
+        let c = self.child.as_ref().expect("the server runs");
+        let sent = Command::new("kill")
+            .args([sig, &c.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(sent.success(), "kill {sig} {}", c.id());
     }
 
     /// kill -9.
