@@ -27,6 +27,34 @@ async fn redis(urls: &str) -> RedisStore {
     idem_tests::redis_store(urls, "conf").await
 }
 
+/// A tiered async store on `db` whose Redis records live under a namespace of its own,
+/// returned with it (for the tests that write Redis' keys directly).
+async fn tiered_async_in(db: &TestDb, label: &str) -> (TieredStore, String) {
+    let namespace = idem_tests::unique_namespace(label);
+    let options = idem::store::RedisOptions {
+        namespace: namespace.clone(),
+        ..idem::store::RedisOptions::default()
+    };
+    let redis = RedisStore::connect(&redis_url(), options).await.unwrap();
+    let store = TieredStore::new(
+        redis,
+        pg(db).await,
+        Durability::Async,
+        OutboxOptions::default(),
+    );
+    (store, namespace)
+}
+
+/// Waits, 10 s at most, until the count `sql` is above zero (what the outbox writes
+/// behind, a session waiting on a lock); fails with `what` otherwise.
+async fn until_counted(db: &TestDb, sql: &str, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while db.count(sql).await == 0 {
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn postgres() {
     let db = TestDb::new("conf_pg").await;
@@ -899,18 +927,11 @@ async fn a_purge_does_not_delete_a_completion_that_landed_while_it_was_deleting(
         let k = k.clone();
         async move { store.purge(&k, store.now(), false).await }
     });
-    let deadline = Instant::now() + Duration::from_secs(10);
     let waiting = format!(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = '{name}' \
          AND wait_event_type = 'Lock'"
     );
-    while db.count(&waiting).await == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the purge never waited on the row"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_counted(&db, &waiting, "the purge never waited on the row").await;
     // The holder commits its charge's answer; the purge's delete then finds it.
     tx.commit(response("charge 1"), &short).await.unwrap();
     let purged = purging.await.unwrap().unwrap();
@@ -1013,14 +1034,12 @@ async fn tiered_async_a_corrected_request_runs_after_a_release_while_postgres_la
     let Decision::Execute(claim) = store.claim(&k, &FP, store.now(), &P).await.unwrap() else {
         panic!("a new key executes")
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while db.count("SELECT count(*) FROM idem_records").await == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the claim was never written behind"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_counted(
+        &db,
+        "SELECT count(*) FROM idem_records",
+        "the claim was never written behind",
+    )
+    .await;
     // Postgres takes 600 ms to accept writes.
     let locker = db.client().await;
     locker
@@ -1205,18 +1224,12 @@ async fn tiered_async_reuses_a_key_whose_expired_answer_postgres_still_holds() {
     let holder = c.holder();
     let done = store.complete(&k, &holder, response("old"), store.now(), &policy);
     assert_eq!(done.await.unwrap(), HolderWrite::Written);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while db
-        .count("SELECT count(*) FROM idem_records WHERE state = 1")
-        .await
-        == 0
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the completion was never written behind"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_counted(
+        &db,
+        "SELECT count(*) FROM idem_records WHERE state = 1",
+        "the completion was never written behind",
+    )
+    .await;
     // Past the expiry and Redis' grace after it; no sweep has run.
     tokio::time::sleep(Duration::from_millis(500 + 1_000 + 300)).await;
     assert_eq!(db.count("SELECT count(*) FROM idem_records").await, 1);
@@ -1304,20 +1317,10 @@ async fn the_replay_cache_never_outlives_the_stored_answer() {
 /// retry's if it ran.
 #[tokio::test]
 async fn tiered_async_a_purge_of_a_stale_redis_record_keeps_the_newer_claim_in_postgres() {
-    use idem::store::{Purged, RedisOptions};
+    use idem::store::Purged;
     use idem_core::Record;
     let db = TestDb::new("tasync_purge_stale").await;
-    let namespace = idem_tests::unique_namespace("purge-stale");
-    let options = RedisOptions {
-        namespace: namespace.clone(),
-        ..RedisOptions::default()
-    };
-    let store = TieredStore::new(
-        RedisStore::connect(&redis_url(), options).await.unwrap(),
-        pg(&db).await,
-        Durability::Async,
-        OutboxOptions::default(),
-    );
+    let (store, namespace) = tiered_async_in(&db, "purge-stale").await;
     let k = key("purge-stale");
     let Decision::Execute(live) = store.claim(&k, &FP, store.now(), &P).await.unwrap() else {
         panic!("a new key executes")
@@ -1327,14 +1330,7 @@ async fn tiered_async_a_purge_of_a_stale_redis_record_keeps_the_newer_claim_in_p
         "SELECT count(*) FROM idem_records WHERE token = {}",
         live.token
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while db.count(&sql).await == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the claim was never written behind"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_counted(&db, &sql, "the claim was never written behind").await;
     // Redis, failed over, holds an earlier attempt's claim whose lease is over.
     let now = store.now();
     let stale = Record::InProgress {
@@ -1378,32 +1374,19 @@ async fn tiered_async_a_purge_of_a_stale_redis_record_keeps_the_newer_claim_in_p
 /// A release protects nothing; it never goes over another claim.
 #[tokio::test]
 async fn tiered_async_a_release_never_replaces_the_next_claim() {
-    use idem::store::RedisOptions;
     use idem_core::{Fingerprint, Record};
     let db = TestDb::new("tasync_release_next").await;
-    let namespace = idem_tests::unique_namespace("release-next");
-    let options = RedisOptions {
-        namespace: namespace.clone(),
-        ..RedisOptions::default()
-    };
-    let store = TieredStore::new(
-        RedisStore::connect(&redis_url(), options).await.unwrap(),
-        pg(&db).await,
-        Durability::Async,
-        OutboxOptions::default(),
-    );
+    let (store, namespace) = tiered_async_in(&db, "release-next").await;
     let k = key("release-next");
     let Decision::Execute(a) = store.claim(&k, &FP, store.now(), &P).await.unwrap() else {
         panic!("a new key executes")
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while db.count("SELECT count(*) FROM idem_records").await == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the claim was never written behind"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_counted(
+        &db,
+        "SELECT count(*) FROM idem_records",
+        "the claim was never written behind",
+    )
+    .await;
     // The next attempt's claim in Redis, Postgres not told yet.
     let now = store.now();
     let next = Record::InProgress {
@@ -1439,14 +1422,7 @@ async fn tiered_async_a_release_never_replaces_the_next_claim() {
          AND expires_at <= (extract(epoch FROM clock_timestamp()) * 1000)::int8",
         a.token
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while db.count(&sql).await == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "Postgres never learnt the release"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_counted(&db, &sql, "Postgres never learnt the release").await;
 }
 
 /// The operator's own delay: an orphan claim is listed (its lease over), its holder
