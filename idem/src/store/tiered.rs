@@ -332,10 +332,10 @@ impl TieredStore {
                     // retry (another body) sent on the release's answer would find it
                     // there through the cold path, put it back into Redis and be refused
                     // 422 until the record expired. Releases are rare (nothing happened):
-                    // the wait is cheap. Past the store's timeout the release is written
-                    // all the same (Redis has it, the outbox will deliver it in order):
-                    // an error would make the layer write it again, over what may by
-                    // then be the next attempt's claim.
+                    // the wait is cheap. Past the store's timeout the release counts as
+                    // written all the same (the outbox delivers it in order): an error
+                    // would make the layer write it again, over what may by then be the
+                    // next attempt's claim.
                     (true, Some(slot)) if releasing => {
                         let heard = slot.send_acknowledged(key.clone(), next);
                         let timeout = self.pg.timeout();
