@@ -241,6 +241,8 @@ impl RedisClusterProc {
         let node = cluster_node(label, self.nodes.len(), None);
         let entry = format!("127.0.0.1:{}", self.nodes[self.a_master()].port);
         let new = format!("127.0.0.1:{}", node.port);
+        // Right after slots moved the nodes may not agree yet, and add-node refuses.
+        self.wait_agreed(&entry, Duration::from_secs(20));
         self.cluster_cli(&["add-node", &new, &entry]);
         self.nodes.push(node);
         let index = self.nodes.len() - 1;
@@ -303,7 +305,21 @@ impl RedisClusterProc {
     /// (`redis-cli --cluster rebalance --cluster-use-empty-masters`).
     pub fn rebalance(&self) {
         let entry = format!("127.0.0.1:{}", self.nodes[self.a_master()].port);
+        self.wait_agreed(&entry, Duration::from_secs(20));
         self.cluster_cli(&["rebalance", &entry, "--cluster-use-empty-masters"]);
+    }
+
+    /// Waits until `redis-cli --cluster check` through `entry` finds the nodes agreeing
+    /// about the configuration (gossip settles a moment after slots move).
+    fn wait_agreed(&self, entry: &str, timeout: Duration) {
+        wait_until("the cluster's nodes agree", timeout, || {
+            Command::new("redis-cli")
+                .args(["--cluster", "check", entry])
+                .output()
+                .is_ok_and(|out| {
+                    out.status.success() && !String::from_utf8_lossy(&out.stdout).contains("[ERR]")
+                })
+        });
     }
 
     fn cluster_cli(&self, args: &[&str]) {
