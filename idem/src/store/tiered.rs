@@ -128,6 +128,23 @@ impl TieredStore {
         }
     }
 
+    /// [`Self::mirror`], given up (as a Redis failure) after `budget`: Postgres already
+    /// holds the record, and a Redis that hangs must not hold up the caller.
+    async fn mirror_within(
+        &self,
+        budget: Duration,
+        key: &RecordKey,
+        expected: Option<&Record>,
+        record: &Record,
+        at: Stamp,
+    ) {
+        let mirrored = self.mirror(key, expected, record, at);
+        if tokio::time::timeout(budget, mirrored).await.is_err() {
+            let e = StoreError::Unavailable(format!("redis: no answer within {budget:?}"));
+            self.redis_failed("mirror", &e);
+        }
+    }
+
     async fn claim_sync(
         &self,
         key: &RecordKey,
@@ -198,12 +215,8 @@ impl TieredStore {
         // within the same quarter of the claim's time: a stale Redis record is harmless
         // here (an in-progress one is never trusted, a completed one never changes).
         if let Some(record) = &record {
-            let mirrored = self.mirror(key, seen.as_ref(), record, at);
-            if tokio::time::timeout(redis_budget, mirrored).await.is_err() {
-                let e =
-                    StoreError::Unavailable(format!("redis: no answer within {redis_budget:?}"));
-                self.redis_failed("mirror", &e);
-            }
+            self.mirror_within(redis_budget, key, seen.as_ref(), record, at)
+                .await;
         }
         Ok((decision, record))
     }
@@ -228,12 +241,8 @@ impl TieredStore {
                     // most, so that a Redis that hangs can't make a heartbeat miss its
                     // deadline (a sixth of the lease) nor hold up a completion's answer.
                     let budget = Duration::from_millis(policy.lease_ms / 12);
-                    let mirrored = self.mirror(key, None, &next, Stamp::new(now, policy));
-                    if tokio::time::timeout(budget, mirrored).await.is_err() {
-                        let e =
-                            StoreError::Unavailable(format!("redis: no answer within {budget:?}"));
-                        self.redis_failed("mirror", &e);
-                    }
+                    let at = Stamp::new(now, policy);
+                    self.mirror_within(budget, key, None, &next, at).await;
                 }
                 Ok(written)
             }

@@ -288,8 +288,7 @@ impl Rejection {
     /// key learns the outcome. Only the error's first line, at most 200 characters,
     /// reaches the client: a runtime's error may carry a stack trace.
     pub fn origin_unreachable(error: &str) -> Rejection {
-        let first_line = error.lines().next().unwrap_or("");
-        let shown: String = first_line.chars().take(200).collect();
+        let shown = first_line_of(error);
         Rejection::with_detail(
             Problem::OriginUnreachable,
             format!("the origin could not be reached, or its answer was lost ({shown}); retry with the same key to get the request's result"),
@@ -299,8 +298,7 @@ impl Rejection {
     /// The edge could not reach the origin with a request it does not guard (no key):
     /// the request may have reached it. Nothing invites a retry.
     pub fn origin_unreachable_unguarded(error: &str) -> Rejection {
-        let first_line = error.lines().next().unwrap_or("");
-        let shown: String = first_line.chars().take(200).collect();
+        let shown = first_line_of(error);
         Rejection::with_detail(
             Problem::HandlerFailed,
             format!("the origin could not be reached, or its answer was lost: {shown}"),
@@ -354,6 +352,18 @@ impl Rejection {
             body: self.body(),
         }
     }
+}
+
+/// A runtime error's first line, at most 200 characters: what of it reaches a client
+/// (an error may carry a stack trace).
+fn first_line_of(error: &str) -> String {
+    error
+        .lines()
+        .next()
+        .unwrap_or("")
+        .chars()
+        .take(200)
+        .collect()
 }
 
 #[cfg(test)]
