@@ -234,6 +234,7 @@ async fn a_missing_or_wrong_admin_token_is_refused_and_changes_nothing() {
     assert_eq!(db.charges_for("auth-1").await, 1);
 
     // Bad input is a problem, and changes nothing either.
+    let seen = body["record"]["token"].as_u64().expect("a listing shows the token");
     let mut refused = 0;
     for (path, method) in [
         ("/admin/v1/records/not-a-key", "GET"),
@@ -258,6 +259,20 @@ async fn a_missing_or_wrong_admin_token_is_refused_and_changes_nothing() {
         (&format!("/admin/v1/records/{key}?token=5"), "DELETE"),
         (
             &format!("/admin/v1/records/{key}?token=5&state=done"),
+            "DELETE",
+        ),
+        // The record's own token, but not as a listing writes it, or given twice: either
+        // would name this very record and purge it.
+        (
+            &format!("/admin/v1/records/{key}?token=%2B{seen}&state=completed"),
+            "DELETE",
+        ),
+        (
+            &format!("/admin/v1/records/{key}?token=1&token={seen}&state=completed"),
+            "DELETE",
+        ),
+        (
+            &format!("/admin/v1/records/{key}?force=false&force=true"),
             "DELETE",
         ),
     ] {

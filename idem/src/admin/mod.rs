@@ -200,26 +200,39 @@ async fn authenticate(State(admin): State<Admin>, mut request: Request, next: Ne
     next.run(request).await
 }
 
-type Params = Result<Query<HashMap<String, String>>, axum::extract::rejection::QueryRejection>;
+/// The query as sent, pairs in order: a map would keep only the last of a repeated name,
+/// so `token=1&token=7` would silently mean 7.
+type Params = Result<Query<Vec<(String, String)>>, axum::extract::rejection::QueryRejection>;
 
-/// The query's parameters, refusing any not in `known`.
+/// The query's parameters, refusing any not in `known` and any given twice.
 fn params(given: Params, known: &[&str]) -> Result<HashMap<String, String>, Response> {
-    let Query(params) = given.map_err(|e| {
+    let Query(pairs) = given.map_err(|e| {
         problem(
             StatusCode::BAD_REQUEST,
             "bad-request",
             format!("the query string is not readable: {e}"),
         )
     })?;
-    if let Some(unknown) = params.keys().find(|k| !known.contains(&k.as_str())) {
-        return Err(problem(
-            StatusCode::BAD_REQUEST,
-            "bad-request",
-            format!(
-                "unknown parameter {unknown:?}; this endpoint takes {}",
-                known.join(", ")
-            ),
-        ));
+    let mut params = HashMap::with_capacity(pairs.len());
+    for (name, value) in pairs {
+        if !known.contains(&name.as_str()) {
+            return Err(problem(
+                StatusCode::BAD_REQUEST,
+                "bad-request",
+                format!(
+                    "unknown parameter {name:?}; this endpoint takes {}",
+                    known.join(", ")
+                ),
+            ));
+        }
+        if params.contains_key(&name) {
+            return Err(problem(
+                StatusCode::BAD_REQUEST,
+                "bad-request",
+                format!("{name} is given more than once; give it once"),
+            ));
+        }
+        params.insert(name, value);
     }
     Ok(params)
 }
@@ -243,11 +256,18 @@ fn purge_target(params: &HashMap<String, String>) -> Result<Option<PurgeTarget>,
     let refuse = |detail: String| problem(StatusCode::BAD_REQUEST, "bad-request", detail);
     let token = match params.get("token") {
         None => None,
-        Some(t) => Some(t.parse::<u64>().map_err(|_| {
-            refuse(format!(
-                "token={t:?}: a record's token, as a listing shows it (digits)"
-            ))
-        })?),
+        // Digits only: `u64::from_str` would also take `+5`, which no listing shows.
+        Some(t) => Some(
+            t.bytes()
+                .all(|b| b.is_ascii_digit())
+                .then(|| t.parse::<u64>().ok())
+                .flatten()
+                .ok_or_else(|| {
+                    refuse(format!(
+                        "token={t:?}: a record's token, as a listing shows it (digits)"
+                    ))
+                })?,
+        ),
     };
     let completed = match params.get("state").map(String::as_str) {
         None => None,
