@@ -234,7 +234,9 @@ async fn a_missing_or_wrong_admin_token_is_refused_and_changes_nothing() {
     assert_eq!(db.charges_for("auth-1").await, 1);
 
     // Bad input is a problem, and changes nothing either.
-    let seen = body["record"]["token"].as_u64().expect("a listing shows the token");
+    let seen = body["record"]["token"]
+        .as_u64()
+        .expect("a listing shows the token");
     let mut refused = 0;
     for (path, method) in [
         ("/admin/v1/records/not-a-key", "GET"),
