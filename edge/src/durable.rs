@@ -72,12 +72,12 @@ impl DurableObject for IdemRecord {
         if let Some(record) = write {
             let storage = self.state.storage();
             // Bytes, not text: half the size of hex, in storage and on every read.
-            storage
-                .put_raw(RECORD, Uint8Array::from(record.encode().as_slice()))
-                .await?;
-            storage
-                .set_alarm(alarm_in(record.delete_after(), now))
-                .await?;
+            let put = storage.put_raw(RECORD, Uint8Array::from(record.encode().as_slice()));
+            let alarm = storage.set_alarm(alarm_in(record.delete_after(), now));
+            // Both issued in one turn, with no await between them, which the runtime
+            // coalesces into one atomic write: awaited one after the other, a put that
+            // landed before a failed alarm left a record nothing would ever delete.
+            futures_util::future::try_join(put, alarm).await?;
         }
         Response::from_json(&reply)
     }
