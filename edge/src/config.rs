@@ -25,6 +25,15 @@ fn scope_rule(var: &impl Fn(&str) -> Option<String>) -> Result<ScopeRule, String
         Some(spec) => ScopeSource::parse(&spec, jwt)
             .map_err(|e| format!("SCOPE_FROM: {e} (JWT_SECRET or JWKS gives it)"))?,
     };
+    if let ScopeSource::Header(name) = &source {
+        if !idem_core::contract::edge_may_scope_by_header(name) {
+            return Err(format!(
+                "SCOPE_FROM: header:{name} is not passed to the origin, and a client can set \
+                 it to anything: scope by a header the origin also gets (one your clients \
+                 authenticate with), or by cf-connecting-ip"
+            ));
+        }
+    }
     let anonymous = match var("ANONYMOUS").as_deref().map(str::trim) {
         None | Some("scoped") => Anonymous::Scoped,
         Some("refused") => Anonymous::Refused,
@@ -277,6 +286,27 @@ mod tests {
         ] {
             let err = with(name, value).unwrap_err();
             assert!(err.starts_with(name), "{name}={value}: {err}");
+        }
+        // A header the edge drops before the origin, and a client can forge: refused.
+        for forgeable in [
+            "header:x-real-ip",
+            "header:Forwarded",
+            "header:x-forwarded-port",
+            "header:true-client-ip",
+        ] {
+            let err = with("SCOPE_FROM", forgeable).unwrap_err();
+            assert!(
+                err.starts_with("SCOPE_FROM: header:") && err.contains("can set it to anything"),
+                "{forgeable}: {err}"
+            );
+        }
+        for usable in [
+            "header:x-api-key",
+            "header:cf-connecting-ip",
+            "header:X-Forwarded-Host",
+            "header:x-forwarded-for",
+        ] {
+            assert!(with("SCOPE_FROM", usable).is_ok(), "{usable}");
         }
         let lease_past_ttl = EdgeConfig::from_vars(|n| match n {
             "ORIGIN_URL" => Some("http://o".into()),

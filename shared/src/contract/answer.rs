@@ -161,6 +161,16 @@ pub fn edge_sends_request_header(name: &str) -> bool {
         || (forwarded_request_header(name) && !forgeable(name))
 }
 
+/// Whether the edge may scope keys by this request header (`SCOPE_FROM=header:<name>`):
+/// one it sends the origin, so that both read the same value, or the runtime's
+/// `CF-Connecting-IP`, the client address the CDN stamps. Any other header the edge
+/// drops is one a client can forge (`X-Real-IP`, `Forwarded`, `X-Forwarded-Port`…):
+/// scoped by it, a client could name another client's scope, and the origin, which
+/// never gets it, could not check it.
+pub fn edge_may_scope_by_header(name: &str) -> bool {
+    edge_sends_request_header(name) || name.eq_ignore_ascii_case("cf-connecting-ip")
+}
+
 /// The request headers the edge sends the origin: the client's, less those that are
 /// hop-by-hop (or named in its `Connection`), set by the runtime, or forgeable
 /// (`cf-*`, `X-Forwarded-*`, `Forwarded`); then `X-Forwarded-For` with the client
