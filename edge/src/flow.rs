@@ -5,8 +5,8 @@
 use crate::config::EdgeConfig;
 use crate::records::{EdgeRecords, Op, Reply, WireResponse, MAX_TTL_MS};
 use idem_core::contract::{
-    self, OriginDisposition, Problem, Rejection, Route, Waiting, DEFAULT_CACHED_HEADERS,
-    DEFAULT_METHODS, IDEMPOTENCY_KEY, ORIGIN_DISPOSITION,
+    self, OriginDisposition, Problem, Rejection, Route, Waiting, DEFAULT_METHODS, IDEMPOTENCY_KEY,
+    ORIGIN_DISPOSITION, STORED_HEADERS,
 };
 use idem_core::{Fingerprint, Millis, RecordKey, StoredResponse};
 
@@ -377,13 +377,15 @@ fn keep(
     if answer.body.len() > config.max_stored_body_bytes {
         return None;
     }
+    // The headers the origin stored, so that the edge's replays carry the same ones.
+    let kept = contract::edge_kept_headers(answer.header(STORED_HEADERS))?;
     let headers = answer
         .headers
         .iter()
         .map(|(n, v)| (n.as_str(), v.as_bytes()));
     let stored = StoredResponse {
         status: answer.status,
-        headers: contract::stored_headers_of(&DEFAULT_CACHED_HEADERS, headers),
+        headers: contract::stored_headers_of(&kept, headers),
         body: answer.body.clone(),
     };
     Some(Op::Complete {

@@ -1677,6 +1677,87 @@ async fn the_edge_and_the_proxy_charge_once_in_front_of_any_api() {
     assert_eq!(calls_after, calls, "replays never reach the upstream");
 }
 
+/// The edge keeps the headers the origin stored, not a list of its own: behind
+/// `idem-origin --upstream … --replay-set-cookie`, a retry replayed at the edge carries
+/// the upstream's two `Set-Cookie` values, as a retry sent straight to the origin does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_replays_the_headers_the_origin_stored() {
+    let payments = idem_tests::Payments::start().await;
+    let upstream = payments.url();
+    let origin = TestOrigin::start(&[
+        "--upstream",
+        &upstream,
+        "--require-key-on",
+        "/v1/*",
+        "--anonymous",
+        "scoped",
+        "--replay-set-cookie",
+    ])
+    .await;
+    let edge = Edge::start(&origin.url(""), &[]).await;
+    let http = client();
+    let cookies = |res: &reqwest::Response| -> Vec<String> {
+        res.headers()
+            .get_all("set-cookie")
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect()
+    };
+    let mut seen = Vec::new();
+    for (label, base) in [
+        ("first, through the edge", &edge.base),
+        ("retry at the edge", &edge.base),
+        ("retry at the origin", &origin.url("")),
+    ] {
+        let res = post(
+            &http,
+            base,
+            "cookie-1",
+            charge_body("cus-cookie", 100, 0),
+            false,
+        )
+        .await;
+        let from = res
+            .headers()
+            .get("idem-edge")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-")
+            .to_owned();
+        let private = ["idem-disposition", "idem-stored-headers"]
+            .iter()
+            .filter(|h| res.headers().contains_key(**h) && base == &edge.base)
+            .count();
+        seen.push((label, res.status().as_u16(), from, cookies(&res), private));
+    }
+    let charges = payments.count("SELECT count(*) FROM charges");
+    report(
+        "edge",
+        &format!(
+            "--replay-set-cookie behind the edge: {seen:?} (label, status, idem-edge, Set-Cookie, idem's private headers shown); {charges} charge"
+        ),
+    );
+    let want = vec!["seen=1".to_owned(), "lang=en".to_owned()];
+    assert_eq!(
+        (seen[0].1, seen[0].3.clone()),
+        (201, want.clone()),
+        "{seen:?}"
+    );
+    assert_eq!(
+        seen[1].2, "replayed",
+        "the retry is answered at the edge: {seen:?}"
+    );
+    assert_eq!(
+        seen[1].3, want,
+        "the edge's replay carries the stored Set-Cookie: {seen:?}"
+    );
+    assert_eq!(seen[2].3, want, "as the origin's does: {seen:?}");
+    assert!(
+        seen.iter().all(|s| s.4 == 0),
+        "no private header reaches the client: {seen:?}"
+    );
+    assert_eq!(charges, 1);
+}
+
 /// The edge scopes as the origin does (the same core rule): by a verified JWT's `sub`,
 /// a refreshed token's retry is replayed at the edge — behind an origin that scopes by
 /// the token's value, where it would charge again; no identity, or a token that does

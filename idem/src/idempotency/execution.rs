@@ -351,6 +351,11 @@ where
             (None, ClientBody::Streamed(..)) => unreachable!("a streamed answer is stored instead"),
         }),
     };
+    // What an edge in front is told was stored with the answer, should it be.
+    let stored_headers = match &change {
+        Transition::Complete(stored) => stored.headers.clone(),
+        _ => Vec::new(),
+    };
     if change == Transition::Release || committed.is_some() {
         // No renewal after "nothing happened" (a heartbeat landing after the release
         // would lock the freed key again), nor after the transaction completed it.
@@ -376,10 +381,19 @@ where
         Some(OriginDisposition::Stored { .. }) if substituted => Some(OriginDisposition::Pending),
         d => d,
     };
-    if let Some(d) = to_edge {
-        if let Ok(v) = HeaderValue::from_str(&d.header_value()) {
-            parts.headers.insert(contract::ORIGIN_DISPOSITION, v);
+    // Only idem tells an edge what it stored; never a handler (or an upstream) itself.
+    parts.headers.remove(contract::ORIGIN_DISPOSITION);
+    parts.headers.remove(contract::STORED_HEADERS);
+    match to_edge {
+        Some(OriginDisposition::Stored { expires_at }) => {
+            super::response::tell_edge_stored(&mut parts.headers, expires_at, &stored_headers)
         }
+        Some(d) => {
+            if let Ok(v) = HeaderValue::from_str(&d.header_value()) {
+                parts.headers.insert(contract::ORIGIN_DISPOSITION, v);
+            }
+        }
+        None => {}
     }
     // Only an answer whose record is stored binds the key; never the handler's own claim.
     parts.headers.remove(contract::KEY_TTL);
@@ -395,11 +409,9 @@ where
         // return (it panicked, lost the commit's acknowledgement): that answer is
         // the request's result, so it is this attempt's too.
         Some(Final::Committed(stored, expires_at)) => {
+            let names = stored.headers.clone();
             let mut res = stored_answer(stored);
-            let d = OriginDisposition::Stored { expires_at };
-            if let Ok(v) = HeaderValue::from_str(&d.header_value()) {
-                res.headers_mut().insert(contract::ORIGIN_DISPOSITION, v);
-            }
+            super::response::tell_edge_stored(res.headers_mut(), expires_at, &names);
             super::response::advertise_ttl(&mut res, expires_at, config.store.now());
             res
         }

@@ -30,12 +30,25 @@ pub(crate) fn replay(
         body,
     } = stored;
     let mut res = build(status, contract::replay_headers(&headers), body);
-    let disposition = contract::OriginDisposition::Stored { expires_at };
-    if let Ok(v) = HeaderValue::from_str(&disposition.header_value()) {
-        res.headers_mut().insert(contract::ORIGIN_DISPOSITION, v);
-    }
+    tell_edge_stored(res.headers_mut(), expires_at, &headers);
     advertise_ttl(&mut res, expires_at, now);
     res
+}
+
+/// Tells an edge in front that this answer is stored until `expires_at`, with these
+/// headers: the edge keeps a copy as long, with the same ones.
+pub(crate) fn tell_edge_stored(
+    headers: &mut http::HeaderMap,
+    expires_at: idem_core::Millis,
+    stored: &[(String, Vec<u8>)],
+) {
+    let disposition = contract::OriginDisposition::Stored { expires_at };
+    if let Ok(v) = HeaderValue::from_str(&disposition.header_value()) {
+        headers.insert(contract::ORIGIN_DISPOSITION, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&contract::stored_header_names(stored)) {
+        headers.insert(contract::STORED_HEADERS, v);
+    }
 }
 
 /// Tells the client how long its key stays bound ([`contract::KEY_TTL`]).

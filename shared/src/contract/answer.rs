@@ -229,11 +229,60 @@ pub fn relayed_answer_headers(method: &str, headers: &[(String, String)]) -> Vec
 
 /// Whether a header of the origin's answer is passed on to the client: not
 /// hop-by-hop, not `Content-Length` (the runtime frames the body), and not the
-/// origin's disposition, which is for the edge alone.
+/// origin's disposition or stored-header list, which are for the edge alone.
 pub fn relayed_answer_header(name: &str) -> bool {
     !hop_by_hop(name)
         && !name.eq_ignore_ascii_case("content-length")
         && !name.eq_ignore_ascii_case(super::ORIGIN_DISPOSITION)
+        && !name.eq_ignore_ascii_case(super::STORED_HEADERS)
+}
+
+/// The origin's [`super::STORED_HEADERS`] value for a stored answer: the names of the
+/// headers it stored that a client sees, lower-case, each once, comma-separated.
+pub fn stored_header_names(stored: &[(String, Vec<u8>)]) -> String {
+    let mut names: Vec<&str> = Vec::new();
+    for (name, _) in visible_headers(stored) {
+        if !names.iter().any(|n| n.eq_ignore_ascii_case(name)) {
+            names.push(name);
+        }
+    }
+    names.join(",").to_ascii_lowercase()
+}
+
+/// The most names the edge takes from [`super::STORED_HEADERS`].
+const MAX_STORED_HEADER_NAMES: usize = 64;
+
+/// Which headers of the origin's answer the edge keeps with its copy: those the origin
+/// says it stored ([`super::STORED_HEADERS`]), or, when it says nothing (an origin
+/// older than the header), [`super::DEFAULT_CACHED_HEADERS`]. `None` for a damaged
+/// list: the edge then keeps nothing, and the origin answers the retries.
+pub fn edge_kept_headers(value: Option<&[u8]>) -> Option<Vec<String>> {
+    let Some(value) = value else {
+        return Some(
+            super::DEFAULT_CACHED_HEADERS
+                .iter()
+                .map(|h| String::from(*h))
+                .collect(),
+        );
+    };
+    let text = core::str::from_utf8(value).ok()?;
+    let mut names = Vec::new();
+    for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let token = name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        if !token || names.len() == MAX_STORED_HEADER_NAMES {
+            return None;
+        }
+        // Never one the edge must not replay, whatever the list says.
+        if relayed_answer_header(name)
+            && !name.eq_ignore_ascii_case(EXECUTION_TRACE)
+            && !name.eq_ignore_ascii_case(IDEMPOTENT_REPLAYED)
+        {
+            names.push(name.to_ascii_lowercase());
+        }
+    }
+    Some(names)
 }
 
 /// What the origin said about an answer, read from [`ORIGIN_DISPOSITION`].
@@ -307,6 +356,43 @@ mod tests {
         assert_eq!(key_ttl(1_500, 1_000).as_deref(), Some("0"));
         assert_eq!(key_ttl(1_000, 1_000), None);
         assert_eq!(key_ttl(0, 1_000), None);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_edge_keeps_the_headers_the_origin_says_it_stored() {
+        let stored: Vec<(String, Vec<u8>)> = vec![
+            ("content-type".into(), b"application/json".to_vec()),
+            ("set-cookie".into(), b"a=1".to_vec()),
+            ("Set-Cookie".into(), b"b=2".to_vec()),
+            (EXECUTION_TRACE.into(), b"00-ab-cd-01".to_vec()),
+        ];
+        let said = stored_header_names(&stored);
+        assert_eq!(said, "content-type,set-cookie");
+        assert_eq!(
+            edge_kept_headers(Some(said.as_bytes())).unwrap(),
+            ["content-type", "set-cookie"]
+        );
+        // An origin that says nothing: the default list.
+        assert_eq!(
+            edge_kept_headers(None).unwrap(),
+            super::super::DEFAULT_CACHED_HEADERS
+        );
+        // Nothing stored: nothing kept.
+        assert!(edge_kept_headers(Some(b"")).unwrap().is_empty());
+        // Never framing, hop-by-hop or idem's own, whatever the list says.
+        assert_eq!(
+            edge_kept_headers(Some(
+                b"Location, content-length, connection, idem-disposition, idem-execution-trace, idempotent-replayed"
+            ))
+            .unwrap(),
+            ["location"]
+        );
+        // Damaged: keep nothing.
+        for bad in [&b"content type"[..], b"a,\xff", b"x\r\ny"] {
+            assert_eq!(edge_kept_headers(Some(bad)), None, "{bad:?}");
+        }
+        let many = vec!["x-h"; MAX_STORED_HEADER_NAMES + 1].join(",");
+        assert_eq!(edge_kept_headers(Some(many.as_bytes())), None);
     }
 
     #[wasm_bindgen_test(unsupported = test)]

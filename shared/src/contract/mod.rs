@@ -20,10 +20,10 @@ pub mod scope;
 pub mod wait;
 
 pub use answer::{
-    edge_may_scope_by_header, edge_sends_request_header, edge_ttl_ms, execution_trace,
-    forwarded_headers, forwarded_request_header, key_ttl, relayed_answer_header,
-    relayed_answer_headers, replay_headers, stored_headers, stored_headers_of, visible_headers,
-    OriginDisposition,
+    edge_kept_headers, edge_may_scope_by_header, edge_sends_request_header, edge_ttl_ms,
+    execution_trace, forwarded_headers, forwarded_request_header, key_ttl, relayed_answer_header,
+    relayed_answer_headers, replay_headers, stored_header_names, stored_headers, stored_headers_of,
+    visible_headers, OriginDisposition,
 };
 pub use jwt::{JwtKeys, JwtVerifier};
 pub use problem::{Problem, Rejection};
@@ -68,6 +68,11 @@ pub const DOWNSTREAM_KEY: &str = "idem-downstream-key";
 /// Response header by which the origin tells the edge what it did with an answer
 /// (the edge strips it): see [`OriginDisposition`].
 pub const ORIGIN_DISPOSITION: &str = "idem-disposition";
+/// Response header by which the origin tells the edge which of a stored answer's
+/// headers it stored (the edge strips it), so that the edge keeps the same ones
+/// ([`stored_header_names`], [`edge_kept_headers`]): `Set-Cookie` with
+/// `--replay-set-cookie`, a library user's own list.
+pub const STORED_HEADERS: &str = "idem-stored-headers";
 /// A header idem stores with an answer, never sent: the W3C `traceparent` of the
 /// execution that produced it, so that a replay's trace can link to it
 /// ([`execution_trace`]). Replays and stored answers leave it out ([`visible_headers`]).
