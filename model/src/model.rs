@@ -61,7 +61,7 @@ impl ProtocolModel {
     }
 
     /// Whether every live holder's lease outlasts the next tick: a holder that does not
-    /// pause renews in time (its heartbeat runs every third of a lease).
+    /// pause renews in time (its heartbeat runs every eighth of a lease).
     fn holders_timely(&self, state: &State) -> bool {
         let next = state.main.now(state.now + TICK);
         state.attempts.iter().all(|a| match (&a.pc, a.lease) {

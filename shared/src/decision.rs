@@ -28,8 +28,8 @@ impl Policy {
     /// Its lease started when the claim was computed, before it was sent, and may end
     /// a clock tolerance early on the store's clock: a reply that slow may come when
     /// another attempt has already taken the key over. And the holder's first renewal
-    /// (due a third of a lease after the claim) must still land in time, so a third of
-    /// the lease must be left.
+    /// must still land in time, so a third of the lease is left for it (renewals are
+    /// due every eighth of a lease; one overdue is sent at once).
     pub fn claim_in_time(&self, round_trip_ms: u64) -> bool {
         round_trip_ms < self.claim_budget_ms()
     }

@@ -108,6 +108,11 @@ pub const TABLES: &[Table] = &[
                 &["the completion was kept retrying under a live lease: 80 charges"],
             ),
             row(
+                "partition-before-renewal",
+                &["Postgres cut off by a network partition (iptables drops its packets) for 3.8 s, just under the 0.65 lease promised, from just before a renewal was due; 12 handlers of 9.5 s, lease 6 s; retries every 30 ms as the lease would end", "postgres"],
+                &["renewals every third of a lease, an abandoned heartbeat's connection handed to the next: 24 charges, all 12 keys twice"],
+            ),
+            row(
                 "clock-ahead",
                 &["two replicas on one Postgres, one with its clock 60 s ahead (libfaketime); 5 keys with 4 s handlers on the other, 3 waves of retries to the skewed one", "postgres"],
                 &["every retry took over, 10 charges"],

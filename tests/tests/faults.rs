@@ -639,7 +639,7 @@ async fn a_full_outbox_refuses_claims_with_503_until_postgres_keeps_up() {
 /// (2 s) on Redis before asking Postgres, which left too little of the 3 s lease for
 /// the layer to run the handler: every request answered 503. Redis now gets a quarter
 /// of the claim's time; Postgres claims, and the requests run (one charge each). And a
-/// holder's write is mirrored to Redis within a twelfth of the lease: before, each
+/// holder's write is mirrored to Redis within a twenty-fourth of the lease: before, each
 /// completion waited the whole timeout on Redis after Postgres had it, and its answer
 /// went out `pending` (an edge in front then keeps nothing).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -201,7 +201,7 @@ impl IdempotencyLayer {
         self.with(|c| c.policy.ttl_ms = millis(ttl))
     }
 
-    /// How long a claim lives without a heartbeat (heartbeats come every third of it).
+    /// How long a claim lives without a heartbeat (heartbeats come every eighth of it).
     pub fn lease(self, lease: Duration) -> Self {
         self.with(|c| c.policy.lease_ms = millis(lease).max(3))
     }

@@ -205,6 +205,20 @@ impl Row {
 type Client = deadpool_postgres::Client;
 
 /// Connections kept for heartbeats, besides the pool: a quarter of it, at least two.
+/// A pooled connection in use. Dropped before its work finished — a statement maybe
+/// still running, or still waiting to be sent, on it — it is closed rather than handed
+/// to the next caller, who would otherwise wait behind that statement: after a
+/// network partition heals, behind TCP's retransmission backoff.
+struct InUse(Option<deadpool_postgres::Object>);
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        if let Some(client) = self.0.take() {
+            drop(deadpool_postgres::Object::take(client));
+        }
+    }
+}
+
 fn heartbeat_pool_size(pool_size: usize) -> usize {
     (pool_size / 4).max(2)
 }
@@ -315,19 +329,24 @@ impl PostgresStore {
             ))
         };
         let deadline = tokio::time::Instant::now() + self.options.timeout;
-        let mut client = match tokio::time::timeout_at(deadline, pool.get()).await {
+        let client = match tokio::time::timeout_at(deadline, pool.get()).await {
             Ok(got) => got.map_err(unavailable)?,
             Err(_) => return Err(no_answer()),
         };
-        let outcome = tokio::time::timeout_at(deadline, f(&mut client)).await;
+        // Closes the connection unless `f` finishes: given up at the deadline, or
+        // dropped by the caller (a heartbeat attempt given up after its own timeout).
+        let mut client = InUse(Some(client));
+        let Some(conn) = client.0.as_mut() else {
+            unreachable!("set just above")
+        };
+        let outcome = tokio::time::timeout_at(deadline, f(conn)).await;
         match outcome {
-            Ok(result) => result,
-            Err(_) => {
-                // Its statement may still be running (waiting on a lock, say): the
-                // connection is closed rather than handed to the next caller.
-                drop(deadpool_postgres::Object::take(client));
-                Err(no_answer())
+            Ok(result) => {
+                // Finished: back to the pool.
+                drop(client.0.take());
+                result
             }
+            Err(_) => Err(no_answer()),
         }
     }
 

@@ -237,10 +237,10 @@ impl TieredStore {
                     .holder_write(key, holder, change, now, policy)
                     .await?;
                 if written.is_written() {
-                    // Postgres has it; Redis, a cache here, gets a twelfth of the lease at
-                    // most, so that a Redis that hangs can't make a heartbeat miss its
-                    // deadline (a sixth of the lease) nor hold up a completion's answer.
-                    let budget = Duration::from_millis(policy.lease_ms / 12);
+                    // Postgres has it; Redis, a cache here, gets a twenty-fourth of the
+                    // lease at most, so that a Redis that hangs can't make a heartbeat miss
+                    // its deadline (a twelfth of the lease) nor hold up a completion's answer.
+                    let budget = Duration::from_millis(policy.lease_ms / 24);
                     let at = Stamp::new(now, policy);
                     self.mirror_within(budget, key, None, &next, at).await;
                 }

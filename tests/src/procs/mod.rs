@@ -3,10 +3,12 @@
 //! kill -9, flush or stop them without disturbing the shared services. Everything is
 //! killed when the handle drops.
 
+mod partition;
 mod postgres;
 mod redis;
 mod tls;
 
+pub use self::partition::Partition;
 pub use self::postgres::PgProc;
 pub use self::redis::{redis_cli, RedisClusterProc, RedisProc};
 pub use self::tls::TestCa;
