@@ -458,8 +458,14 @@ impl ProtocolModel {
                 {
                     // Another claim in Redis: a takeover, or a retry's provisional claim
                     // after Redis lost ours. The authority tells them apart.
-                    if holder.holds_in_authority(state.other.record().as_ref(), at.now) {
-                        let current = current.expect("fenced by a record");
+                    let front = current.clone().expect("fenced by a record");
+                    if holder.may_replace_front(
+                        &front,
+                        state.other.record().as_ref(),
+                        at.now,
+                        &POLICY,
+                    ) {
+                        let current = front;
                         let now = state.now;
                         let swapped = state
                             .main

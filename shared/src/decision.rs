@@ -268,6 +268,25 @@ impl Holder {
             && matches!(authority, Some(Record::InProgress { lease_until, .. }) if now < *lease_until)
     }
 
+    /// Whether this holder's write, refused in front of the authority because `front`
+    /// holds another attempt's record, goes over it: only a claim in progress (a retry's
+    /// provisional claim on the cold path) — never a completed answer, which a takeover
+    /// stored and its client was given — and only while the authority gives this holder
+    /// the key ([`Self::holds_in_authority`]) a clock tolerance past `now`: `now` is
+    /// the caller's estimate, which may run that far behind the clock that ends leases.
+    pub fn may_replace_front(
+        &self,
+        front: &Record,
+        authority: Option<&Record>,
+        now: Millis,
+        policy: &Policy,
+    ) -> bool {
+        let tolerance = crate::Stamp::new(0, policy).tolerance;
+        front.token() != self.token
+            && matches!(front, Record::InProgress { .. })
+            && self.holds_in_authority(authority, now.saturating_add(tolerance))
+    }
+
     /// Whether this holder's claim is older than a whole TTL at `now` (tokens carry
     /// their claim's instant, see `next_token`). Such a claim must not be written again
     /// into a store that learns claims behind the one that made them: by then its
@@ -518,6 +537,29 @@ mod tests {
         assert!(
             !h.holds_in_authority(Some(&next.record), 1_001),
             "taken over"
+        );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_holder_goes_over_a_provisional_claim_never_over_an_answer() {
+        // Lease 1 s, tolerance 100 ms.
+        let c = claim(decide(None, &FP, 0, &P));
+        let h = c.holder();
+        let provisional = claim(decide(None, &FP, 500, &P)).record;
+        assert!(h.may_replace_front(&provisional, Some(&c.record), 899, &P));
+        assert!(
+            !h.may_replace_front(&provisional, Some(&c.record), 900, &P),
+            "the lease may have ended on the store's clock"
+        );
+        let takeover = claim(decide(Some(&c.record), &FP, 1_000, &P)).holder();
+        let answered = takeover.completed(ok_response(), 1_010, &P);
+        assert!(
+            !h.may_replace_front(&answered, Some(&c.record), 800, &P),
+            "a completed answer stays, whatever the authority still shows"
+        );
+        assert!(
+            !h.may_replace_front(&c.record, Some(&c.record), 0, &P),
+            "its own"
         );
     }
 

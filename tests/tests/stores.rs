@@ -1087,6 +1087,70 @@ async fn tiered_async_a_corrected_request_runs_after_a_release_while_postgres_la
     assert_eq!(executions, 1);
 }
 
+/// Tiered async: a holder whose lease ran out writes its completion late, from a
+/// replica whose clock runs 80 ms behind (within the 100 ms tolerance), after another
+/// attempt took over and completed, while Postgres lags (a lock holds the write-behind;
+/// reads pass). Redis refuses it as fenced; Postgres, the authority, still shows the
+/// holder's claim, its lease ended on Redis' clock but not on the holder's. Before the
+/// fix the holder's completion replaced the takeover's completed answer in Redis: the
+/// takeover's client had been told its answer was stored, and retries replayed the
+/// other one. A completed record in front is never replaced now, and the authority's
+/// lease must outlast the caller's clock by the tolerance.
+#[tokio::test]
+async fn tiered_async_a_late_holder_never_replaces_a_completed_takeover() {
+    let db = TestDb::new("tasync_late_holder").await;
+    let store = Arc::new(TieredStore::new(
+        redis(&redis_url()).await,
+        pg(&db).await,
+        Durability::Async,
+        OutboxOptions::default(),
+    ));
+    let k = key(&format!("late-holder-{}", store.now()));
+    let Decision::Execute(first) = store.claim(&k, &FP, store.now(), &P).await.unwrap() else {
+        panic!("a new key executes")
+    };
+    until_counted(
+        &db,
+        "SELECT count(*) FROM idem_records",
+        "the claim was never written behind",
+    )
+    .await;
+    // The lease ends (on Redis' clock), and Postgres stops taking writes.
+    tokio::time::sleep(Duration::from_millis(P.lease_ms + 20)).await;
+    let locker = db.client().await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE idem_records IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let Decision::TakeOver(second) = store.claim(&k, &FP, store.now(), &P).await.unwrap() else {
+        panic!("the lease ran out: a retry takes over")
+    };
+    let stored = store
+        .complete(&k, &second.holder(), response("second"), store.now(), &P)
+        .await
+        .unwrap();
+    assert_eq!(stored, HolderWrite::Written);
+    let late = store
+        .complete(&k, &first.holder(), response("first"), store.now() - 80, &P)
+        .await;
+    let retry = store.claim(&k, &FP, store.now(), &P).await.unwrap();
+    locker.batch_execute("COMMIT").await.unwrap();
+    let replayed = match retry.replayed() {
+        Some(r) if *r == response("second") => "the takeover's answer",
+        Some(r) if *r == response("first") => "the late holder's answer",
+        _ => "no answer",
+    };
+    idem_tests::report(
+        "late-holder",
+        &format!("tiered async, a holder 80 ms behind completes after a takeover completed, Postgres lagging: its write {late:?}; the retry replayed {replayed}"),
+    );
+    assert_eq!(replayed, "the takeover's answer", "{retry:?}");
+    assert!(
+        matches!(late, Ok(HolderWrite::Refused(_))),
+        "the late completion is refused: {late:?}"
+    );
+}
+
 /// Tiered async: Redis decides (its clock says when an answer expires); Postgres, whose
 /// clock here runs 2 s behind Redis', only stores what is written behind. A completion
 /// C expires at E; a request N reuses the key 0.5 s after E (Redis' time), runs and

@@ -285,23 +285,35 @@ impl TieredStore {
                     let authority = self.pg.get_record(key).await?;
                     if holder.holds_in_authority(authority.as_ref(), now) {
                         let replaced = match self.redis.get(key).await? {
-                            Some(current) if current.token() != holder.token => {
+                            Some(current)
+                                if holder.may_replace_front(
+                                    &current,
+                                    authority.as_ref(),
+                                    now,
+                                    policy,
+                                ) =>
+                            {
                                 let at = Stamp::new(now, policy);
                                 let (swap, _) =
                                     self.redis.replace(key, &current, &next, at).await?;
-                                swap == Swap::Replaced
+                                Some(swap == Swap::Replaced)
                             }
-                            _ => false,
+                            // Another attempt's answer, or a lease that may have ended
+                            // on the clock that ends leases: the refusal stands.
+                            Some(current) if current.token() != holder.token => None,
+                            _ => Some(false),
                         };
-                        if !replaced {
+                        if replaced == Some(false) {
                             if let (true, Some(slot)) = (change.is_final(), slot) {
                                 outbox.park(key.clone(), holder.token, slot, crate::now());
                             }
                             // It changed meanwhile: the layer writes again and sees.
                             return Err(StoreError::Contention);
                         }
-                        metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
-                        written = HolderWrite::Written;
+                        if replaced == Some(true) {
+                            metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
+                            written = HolderWrite::Written;
+                        }
                     }
                 }
                 if written == HolderWrite::Refused(Refusal::Missing) {
