@@ -483,7 +483,7 @@ impl ProtocolModel {
                     // still owns the key.
                     let authority = state.other.record();
                     if holder.already_wrote(authority.as_ref(), change)
-                        || holder.check(authority.as_ref()).is_ok()
+                        || holder.check(authority.as_ref(), at.now).is_ok()
                     {
                         state.main.mirror(&next);
                         self.after_write(state, i, &next);

@@ -114,7 +114,7 @@ impl Slot {
         bug: Option<Bug>,
     ) -> Written {
         let current = self.record();
-        if holder.check(current.as_ref()).is_err() && bug != Some(Bug::UnguardedHolderWrite) {
+        if holder.check(current.as_ref(), t).is_err() && bug != Some(Bug::UnguardedHolderWrite) {
             return Written::Refused(current);
         }
         if !self.accepts(stamp, t, bug) {

@@ -213,14 +213,20 @@ impl Holder {
         self.token / crate::record::TOKENS_PER_MS
     }
 
-    /// The precondition of every holder write: the record is in progress and still
-    /// carries this holder's token. (SQL and Lua adapters express exactly this as
-    /// `token = $token AND state = in-progress`.)
-    pub fn check(&self, existing: Option<&Record>) -> Result<(), Refusal> {
+    /// The precondition of every holder write at `now` (the store's time): the record
+    /// is in progress, still carries this holder's token, and has not expired. An
+    /// expired claim is no claim — a released one (expired at once), or one kept past
+    /// its retention — so a heartbeat that lands after its holder's release can't lock
+    /// the freed key again. (SQL and Lua adapters express exactly this as
+    /// `token = $token AND state = in-progress AND expires_at > now`.)
+    pub fn check(&self, existing: Option<&Record>, now: Millis) -> Result<(), Refusal> {
         match existing {
             None => Err(Refusal::Missing),
             Some(r) if r.token() != self.token => Err(Refusal::Fenced { current: r.token() }),
             Some(Record::Completed { .. }) => Err(Refusal::AlreadyCompleted),
+            Some(Record::InProgress { expires_at, .. }) if now >= *expires_at => {
+                Err(Refusal::Missing)
+            }
             Some(Record::InProgress { .. }) => Ok(()),
         }
     }
@@ -264,7 +270,7 @@ impl Holder {
     /// record (a retry's provisional claim on the cold path): this holder's write goes
     /// over it rather than giving up its key to it.
     pub fn holds_in_authority(&self, authority: Option<&Record>, now: Millis) -> bool {
-        self.check(authority).is_ok()
+        self.check(authority, now).is_ok()
             && matches!(authority, Some(Record::InProgress { lease_until, .. }) if now < *lease_until)
     }
 
@@ -363,7 +369,7 @@ pub fn heartbeat(
     now: Millis,
     policy: &Policy,
 ) -> Result<Record, Refusal> {
-    holder.check(existing)?;
+    holder.check(existing, now)?;
     Ok(holder.renewed(now, policy))
 }
 
@@ -377,7 +383,7 @@ pub fn complete(
     now: Millis,
     policy: &Policy,
 ) -> Result<Record, Refusal> {
-    holder.check(existing)?;
+    holder.check(existing, now)?;
     Ok(holder.completed(response, now, policy))
 }
 
@@ -386,7 +392,7 @@ pub fn complete(
 /// The key is freed by writing an already-expired record rather than deleting it, so
 /// the token survives and the next claim's token is still higher.
 pub fn release(existing: Option<&Record>, holder: &Holder, now: Millis) -> Result<Record, Refusal> {
-    holder.check(existing)?;
+    holder.check(existing, now)?;
     Ok(holder.released(now))
 }
 
@@ -538,6 +544,30 @@ mod tests {
             !h.holds_in_authority(Some(&next.record), 1_001),
             "taken over"
         );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_released_claim_takes_no_more_holder_writes() {
+        let c = claim(decide(None, &FP, 0, &P));
+        let h = c.holder();
+        let released = release(Some(&c.record), &h, 400).unwrap();
+        // A heartbeat sent before the release, landing after it, renews nothing.
+        assert_eq!(
+            heartbeat(Some(&released), &h, 400, &P),
+            Err(Refusal::Missing)
+        );
+        assert_eq!(
+            heartbeat(Some(&released), &h, 401, &P),
+            Err(Refusal::Missing)
+        );
+        assert_eq!(release(Some(&released), &h, 450), Err(Refusal::Missing));
+        // A live claim past its lease (no takeover yet) still takes its holder's writes.
+        assert!(heartbeat(Some(&c.record), &h, 1_500, &P).is_ok());
+        // The key is free for the corrected request, another body.
+        assert!(matches!(
+            decide(Some(&released), &Fingerprint([9; 32]), 401, &P),
+            Decision::Execute(_)
+        ));
     }
 
     #[wasm_bindgen_test(unsupported = test)]

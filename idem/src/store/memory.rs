@@ -74,7 +74,7 @@ impl Store for MemoryStore {
         if holder.already_wrote(map.get(key), change) {
             return Ok(HolderWrite::Written);
         }
-        if let Err(refusal) = holder.check(map.get(key)) {
+        if let Err(refusal) = holder.check(map.get(key), now) {
             return Ok(HolderWrite::Refused(refusal));
         }
         map.insert(key.clone(), change.record(holder, now, policy));

@@ -92,7 +92,7 @@ where
                     // An earlier attempt whose answer was lost had landed.
                     return Ok(HolderWrite::Written);
                 }
-                return match holder.check(current.as_ref()) {
+                return match holder.check(current.as_ref(), at.now) {
                     Err(refusal) => Ok(HolderWrite::Refused(refusal)),
                     // Tokens only grow, so the record can't have changed back; report
                     // contention rather than guess.

@@ -322,7 +322,7 @@ impl TieredStore {
                     // refusal as fenced is final: the newer claim may be a legitimate one
                     // not yet written behind, which Postgres can't tell from a stale one.)
                     let authority = self.pg.get_record(key).await?;
-                    written = match holder.check(authority.as_ref()) {
+                    written = match holder.check(authority.as_ref(), now) {
                         _ if holder.already_wrote(authority.as_ref(), change) => {
                             HolderWrite::Written
                         }

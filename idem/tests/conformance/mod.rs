@@ -150,6 +150,16 @@ pub async fn conformance(store: &dyn Store) {
         HolderWrite::Written
     );
     sleep_ms(5).await;
+    // A heartbeat the holder sent before its release, landing after it, renews nothing:
+    // the released claim has expired. (Before, it locked the freed key again for a TTL,
+    // and the corrected request below was refused 422 as another request's.)
+    let late_beat = store.heartbeat(&r, &c.holder(), now(), &P).await.unwrap();
+    assert_eq!(
+        late_beat,
+        HolderWrite::Refused(Refusal::Missing),
+        "{}: a heartbeat after the release",
+        store.name()
+    );
     let Decision::Execute(again) = store.claim(&r, &OTHER, now(), &P).await.unwrap() else {
         panic!("released key is free")
     };

@@ -102,6 +102,7 @@ pub(super) const HOLDER_WRITE: &str = concat!(
     upd AS (
         UPDATE idem_records SET state = $3, expires_at = $4, record = $5
         WHERE id = {id} AND token = $2 AND state = 0
+          AND expires_at > (SELECT now FROM clock)
           AND (SELECT abs(now - $6::int8) <= $7::int8 FROM clock)
         RETURNING 1)
     SELECT (SELECT count(*) FROM upd)::int AS written, (SELECT now FROM clock) AS now,

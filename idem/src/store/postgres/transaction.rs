@@ -246,7 +246,8 @@ impl Authority {
                 return Err(BeginError::Failed(e));
             }
         };
-        if let Err(refusal) = holder.check(current.as_ref()) {
+        if let Err(refusal) = holder.check(current.as_ref(), u64::try_from(store_now).unwrap_or(0))
+        {
             tx.rollback().await;
             return Err(BeginError::Refused(refusal));
         }
@@ -450,7 +451,7 @@ impl FencedTransaction {
                 .map(|b| decode(&b))
                 .transpose()
                 .map_err(CommitError::Failed)?;
-            if self.holder.check(current.as_ref()).is_ok() {
+            if self.holder.check(current.as_ref(), store_now).is_ok() {
                 // The statement's snapshot predates the change that refused it (a
                 // takeover committed while it waited): look again.
                 // (A statement of its own reads a new snapshot.)
@@ -462,7 +463,7 @@ impl FencedTransaction {
                     .await
                     .map_err(CommitError::Failed)?;
             }
-            return match self.holder.check(current.as_ref()) {
+            return match self.holder.check(current.as_ref(), store_now) {
                 Err(refusal) => Err(CommitError::Refused(refusal)),
                 // Tokens only grow: the record can't have changed back.
                 Ok(()) => Err(CommitError::Failed(StoreError::Contention)),

@@ -28,6 +28,18 @@ end
 local function token_of(record)
   return string.sub(checked(record), 35, 42)
 end
+-- An in-progress record's expiry (ms, bytes 51-58 after its lease, 43-50); exact as a
+-- Lua number while below 2^53.
+local function expires_of_claim(record)
+  if #record < 58 then
+    error('idem: an in-progress record of ' .. #record .. ' bytes')
+  end
+  local n = 0
+  for i = 51, 58 do
+    n = n * 256 + string.byte(record, i)
+  end
+  return n
+end
 -- The token in decimal, as idem 0.1's hashes hold it. Exact: tokens stay below 2^53
 -- (milliseconds × 1024) until the year 2248, and larger ones are refused.
 local function token_decimal(record)
