@@ -4,7 +4,7 @@
 
 use idem_core::contract::{self, OriginDisposition};
 use idem_core::{
-    complete, decide, release, Decision, Fingerprint, Holder, Millis, Policy, Record,
+    complete, decide_at_edge, release, Decision, Fingerprint, Holder, Millis, Policy, Record,
     StoredResponse,
 };
 use serde::{Deserialize, Serialize};
@@ -178,7 +178,7 @@ pub fn apply(
                 lease_ms: *lease_ms,
                 ttl_ms: *ttl_ms,
             };
-            match decide(stored, &fingerprint(fp)?, now, &policy) {
+            match decide_at_edge(stored, &fingerprint(fp)?, now, &policy) {
                 Decision::Execute(c) => (
                     Reply::Execute {
                         token: c.token,

@@ -8,8 +8,8 @@ use crate::stores::{Insert, Slot, Swap, Written};
 use crate::POLICY;
 use idem_core::contract::{edge_ttl_ms, OriginDisposition};
 use idem_core::{
-    complete, decide, release, Decision, Holder, Millis, Policy, Record, Stamp, StoredResponse,
-    Transition,
+    complete, decide, decide_at_edge, release, Decision, Holder, Millis, Policy, Record, Stamp,
+    StoredResponse, Transition,
 };
 
 /// Response `n` of the handler (each execution answers differently, so that a second
@@ -210,7 +210,7 @@ impl ProtocolModel {
         match self.config.deployment {
             Deployment::EdgeOverOrigin => {
                 let now = state.edge.now(state.now);
-                match decide(state.edge.record().as_ref(), &fp, now, &POLICY) {
+                match decide_at_edge(state.edge.record().as_ref(), &fp, now, &POLICY) {
                     Decision::Execute(c) | Decision::TakeOver(c) => {
                         state.edge.put(&c.record);
                         state.attempts[i].edge = Some(c.token);

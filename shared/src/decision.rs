@@ -142,6 +142,28 @@ pub fn decide(
     }
 }
 
+/// [`decide`] as the edge makes it, in front of the origin. The edge's claim past its
+/// lease is an attempt whose completion or release the edge never learnt (its write
+/// failed, or the edge was cut off): no evidence of what the origin bound the key to.
+/// Another request under the key is then sent on under a new claim, as a retry of the
+/// same request is, and the origin, which knows, decides — where the edge alone would
+/// refuse it for the key's whole TTL (the origin may have released the key).
+pub fn decide_at_edge(
+    existing: Option<&Record>,
+    fingerprint: &Fingerprint,
+    now: Millis,
+    policy: &Policy,
+) -> Decision {
+    match (existing, decide(existing, fingerprint, now, policy)) {
+        (Some(record @ Record::InProgress { lease_until, .. }), Decision::Mismatch)
+            if now >= *lease_until =>
+        {
+            Decision::TakeOver(new_claim(Some(record), fingerprint, now, policy))
+        }
+        (_, decision) => decision,
+    }
+}
+
 /// Tokens grow by at least one per claim, and are never below `now × 1024`: a claim
 /// made after its key's record was deleted still fences out every earlier holder.
 fn next_token(previous: Option<u64>, now: Millis) -> u64 {
@@ -543,6 +565,37 @@ mod tests {
         assert!(
             !h.holds_in_authority(Some(&next.record), 1_001),
             "taken over"
+        );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_edge_sends_on_another_request_over_a_claim_past_its_lease() {
+        let other = Fingerprint([9; 32]);
+        let c = claim(decide(None, &FP, 0, &P));
+        // Within the lease: the key is bound, as at the origin.
+        assert_eq!(
+            decide_at_edge(Some(&c.record), &other, 999, &P),
+            Decision::Mismatch
+        );
+        // Past it: the origin decides; the new claim outranks the lost one.
+        let Decision::TakeOver(next) = decide_at_edge(Some(&c.record), &other, 1_000, &P) else {
+            panic!("sent on")
+        };
+        assert!(next.token > c.token);
+        assert_eq!(
+            decide(Some(&c.record), &other, 1_000, &P),
+            Decision::Mismatch
+        );
+        // A completed answer binds the key at the edge as at the origin.
+        let done = c.holder().completed(ok_response(), 10, &P);
+        assert_eq!(
+            decide_at_edge(Some(&done), &other, 5_000, &P),
+            Decision::Mismatch
+        );
+        // Anything else is the core's decision.
+        assert_eq!(
+            decide_at_edge(Some(&c.record), &FP, 500, &P),
+            decide(Some(&c.record), &FP, 500, &P)
         );
     }
 

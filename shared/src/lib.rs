@@ -32,7 +32,8 @@ mod scope;
 mod stamp;
 
 pub use decision::{
-    complete, decide, heartbeat, release, Claim, Decision, Holder, Policy, Refusal, Transition,
+    complete, decide, decide_at_edge, heartbeat, release, Claim, Decision, Holder, Policy, Refusal,
+    Transition,
 };
 pub use fingerprint::{Fingerprint, RequestParts};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};

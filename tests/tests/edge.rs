@@ -1463,6 +1463,102 @@ async fn the_edge_stores_records_as_bytes_and_its_alarm_deletes_them_at_expiry()
     assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
+/// A claim the edge lost track of — its release never landed (the object reset, the
+/// write failed, the edge cut off), so its record is still the claim, past its lease —
+/// does not bind the key at the edge: the corrected request (another body) is sent on
+/// and the origin, which released the key, runs it. Before, the edge refused it 422 for
+/// the key's whole TTL while the origin would have run it. The lost release is made by
+/// hand: the edge stopped, its object's record rewritten to the claim as it stood.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_the_edge_lost_track_of_does_not_bind_the_key_there() {
+    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let (origin, ledger) = TestOrigin::demo_on(store).await;
+    let edge = Edge::start(&origin.url(""), &[("LEASE_MS", "1000")]).await;
+    let http = client();
+    // Rejected by the handler, which releases the key for the corrected request.
+    let invalid = r#"{"amount":-5,"currency":"usd","customer":"cus-lost"}"#.to_owned();
+    let first = post(&http, &edge.base, "lost-1", invalid, false).await;
+    assert_eq!(first.status(), 400);
+    let records = edge.stored_records();
+    assert_eq!(records.len(), 1, "{records:?}");
+    let (object, _, hex) = records[0].clone();
+    let state = edge.state.clone();
+    drop(edge);
+    // The record as a claim whose release was lost: in progress, its lease over, kept
+    // for the TTL. Found in the stored value by its layout (version 1, in progress, the
+    // token of a claim made in the last two minutes).
+    let mut value: Vec<u8> = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect();
+    let now = idem::now();
+    let at = (0..value.len().saturating_sub(57))
+        .find(|&i| {
+            let token = u64::from_be_bytes(value[i + 34..i + 42].try_into().unwrap());
+            value[i] == 1
+                && value[i + 1] == 0
+                && (now.saturating_sub(120_000)..=now).contains(&(token / 1024))
+        })
+        .expect("the stored claim's record");
+    value[at + 42..at + 50].copy_from_slice(&(now - 5_000).to_be_bytes());
+    value[at + 50..at + 58].copy_from_slice(&(now + 86_400_000).to_be_bytes());
+    let rewritten: String = value.iter().map(|b| format!("{b:02X}")).collect();
+    sqlite(
+        &object,
+        &format!("UPDATE _cf_KV SET value = X'{rewritten}' WHERE key = 'record'"),
+    );
+    let edge = Edge::launch_in(state, &origin.url(""), &[("LEASE_MS", "1000")], |status| {
+        status == 200
+    })
+    .await;
+    let corrected = post(
+        &http,
+        &edge.base,
+        "lost-1",
+        charge_body("cus-lost", 100, 0),
+        false,
+    )
+    .await;
+    let status = corrected.status().as_u16();
+    let from = corrected
+        .headers()
+        .get("idem-edge")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("-")
+        .to_owned();
+    let retry = post(
+        &http,
+        &edge.base,
+        "lost-1",
+        charge_body("cus-lost", 100, 0),
+        false,
+    )
+    .await;
+    let retried = (
+        retry.status().as_u16(),
+        retry
+            .headers()
+            .get("idem-edge")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-")
+            .to_owned(),
+    );
+    let charges = ledger.count_for_key("lost-1");
+    report(
+        "edge",
+        &format!(
+            "a claim whose release the edge lost, past its lease: the corrected request {status} ({from}), its retry {retried:?}; {charges} charge"
+        ),
+    );
+    assert_eq!(
+        (status, from.as_str()),
+        (201, "forwarded"),
+        "the origin runs it"
+    );
+    assert_eq!(retried, (201, "replayed".to_owned()));
+    assert_eq!(charges, 1);
+}
+
 /// A stored value the edge cannot decode (damaged, or a newer version's encoding) is
 /// not "no record": a retry goes to the origin (which replays), nothing overwrites it,
 /// and its alarm, fired, does not delete it.
