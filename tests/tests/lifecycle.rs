@@ -236,6 +236,109 @@ async fn a_partition_from_the_store_just_under_the_bound_charges_once() {
     );
 }
 
+/// Postgres' advisory-lock strategy: a replica frozen (SIGSTOP) inside its claim's
+/// transaction, just as the key's lock was granted to it, keeps that lock — its
+/// session idle in a transaction — for as long as it is frozen, and every request for
+/// the key on the other replica waits out the store timeout and gets 503. idem's
+/// sessions now end once idle in a transaction for the store timeout, which frees the
+/// lock. Before: 503 for the whole 8 s; after: the other replica charges within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_frozen_holding_a_claim_lock_frees_it_after_the_store_timeout() {
+    use idem_core::{IdempotencyKey, RecordKey, Scope};
+    let db = TestDb::new("frozen_lock").await;
+    let args = [
+        "--store",
+        "postgres",
+        "--pg-strategy",
+        "advisory-lock",
+        "--database-url",
+        &db.url,
+        "--store-timeout",
+        "2s",
+    ];
+    let (mut a, a_url) = OriginProcess::spawn(&args).await;
+    let (mut b, b_url) = OriginProcess::spawn(&args).await;
+    let key = "frozen-1";
+    let record_key = RecordKey::new(
+        &Scope::anonymous(),
+        &IdempotencyKey::parse(key.as_bytes()).unwrap(),
+    );
+    let body = charge_body("cus-frozen", 100, 0);
+    // Another session holds the key's lock, so that A's claim waits for it…
+    let locker = db.client().await;
+    locker
+        .batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock(hashtext('{}'))",
+            record_key.as_str()
+        ))
+        .await
+        .unwrap();
+    let http = client();
+    let to_a = tokio::spawn({
+        let (http, url, body) = (http.clone(), a_url.clone(), body.clone());
+        async move {
+            post_charge(&http, &url, Some(key), &body)
+                .await
+                .status()
+                .as_u16()
+        }
+    });
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                   AND query LIKE '%pg_advisory_xact_lock%' AND pid <> pg_backend_pid()";
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while db.count(waiting).await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "A's claim never waited on the lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // …and is granted it while A is frozen.
+    let signal = |sig: &str, pid: u32| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP", a.id());
+    locker.batch_execute("COMMIT").await.unwrap();
+    let frozen_at = Instant::now();
+    let mut seen = Vec::new();
+    let mut charged_after = None;
+    while frozen_at.elapsed() < Duration::from_secs(8) {
+        let status = post_charge(&http, &b_url, Some(key), &body)
+            .await
+            .status()
+            .as_u16();
+        seen.push(status);
+        if status == 201 {
+            charged_after = Some(frozen_at.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    signal("-CONT", a.id());
+    let a_said = to_a.await.unwrap();
+    for child in [&mut a, &mut b] {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    report(
+        "lifecycle",
+        &format!(
+            "advisory-lock, replica A frozen holding the key's claim lock (store timeout 2 s): replica B answered {:?}, charged after {charged_after:?}; A, thawed, answered {a_said}",
+            tally(&seen)
+        ),
+    );
+    let charged_after = charged_after.expect("B never ran the request while A was frozen");
+    assert!(
+        charged_after < Duration::from_secs(6),
+        "B charged only after {charged_after:?}"
+    );
+}
+
 /// Defect 2: two replicas on one Postgres, one with its clock 60 s ahead. A long
 /// handler runs on the normal one; its retries go to the skewed one, which must answer
 /// 409 (never take over). Before the fix every key was charged twice.

@@ -7,8 +7,11 @@ use idem_core::{Decision, Fingerprint, IdempotencyKey, Policy, RecordKey, Scope,
 use idem_tests::TestDb;
 
 async fn fill(store: &dyn Store, n: usize, prefix: &str, now: u64, ttl_ms: u64) {
+    // A claim lives a second at least (its lease), so that its completion, stamped
+    // `now` however long the filling took, lands on a claim that has not expired; the
+    // completed record then expires `ttl_ms` after `now`.
     let policy = Policy {
-        lease_ms: 10,
+        lease_ms: 1_000,
         ttl_ms,
     };
     for i in 0..n {

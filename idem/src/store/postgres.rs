@@ -897,9 +897,14 @@ fn connector(
         // statement with no index to use still scans. Handlers' transactions (their
         // own pool, no `statement_timeout`) keep their sessions' settings: idem's
         // statements in them turn sequential scans off for themselves (transaction.rs).
+        // And a session idle inside one of idem's own transactions for as long
+        // ends: its process was frozen (SIGSTOP, a VM paused) holding what the
+        // transaction took — the advisory-lock strategy's lock on a key, which would
+        // otherwise turn away every replica's requests for the key for as long.
         let setting = format!(
-            "-c statement_timeout={} -c enable_seqscan=off",
-            limit.as_millis().max(1)
+            "-c statement_timeout={ms} -c idle_in_transaction_session_timeout={ms} \
+             -c enable_seqscan=off",
+            ms = limit.as_millis().max(1)
         );
         let options = match config.get_options() {
             Some(given) if !given.is_empty() => format!("{given} {setting}"),
