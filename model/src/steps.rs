@@ -450,7 +450,7 @@ impl ProtocolModel {
             }
             Written::Skewed => None,
             Written::Refused(current) => {
-                if holder.already_wrote(current.as_ref(), change) {
+                if holder.already_wrote(current.as_ref(), change, at.now) {
                     return Some(Ok(()));
                 }
                 let fenced = current.as_ref().is_some_and(|c| c.token() != token);
@@ -482,7 +482,7 @@ impl ProtocolModel {
                     // Redis lost the record: the authority decides whether this holder
                     // still owns the key.
                     let authority = state.other.record();
-                    if holder.already_wrote(authority.as_ref(), change)
+                    if holder.already_wrote(authority.as_ref(), change, at.now)
                         || holder.check(authority.as_ref(), at.now).is_ok()
                     {
                         state.main.mirror(&next);

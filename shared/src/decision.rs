@@ -260,7 +260,15 @@ impl Holder {
     /// under its token. A completion under this token with *another* response was
     /// written by the handler's own transaction (the origin's transactional
     /// completion): that one is the answer, see [`Holder::own_completion`].
-    pub fn already_wrote(&self, existing: Option<&Record>, change: &Transition) -> bool {
+    ///
+    /// Likewise a release sent again at `now`: this holder's claim, released (its lease
+    /// and its expiry one instant) and expired by now, is what the first one left.
+    pub fn already_wrote(
+        &self,
+        existing: Option<&Record>,
+        change: &Transition,
+        now: Millis,
+    ) -> bool {
         match (existing, change) {
             (
                 Some(Record::Completed {
@@ -268,6 +276,15 @@ impl Holder {
                 }),
                 Transition::Complete(ours),
             ) => *token == self.token && response == ours,
+            (
+                Some(Record::InProgress {
+                    token,
+                    lease_until,
+                    expires_at,
+                    ..
+                }),
+                Transition::Release,
+            ) => *token == self.token && lease_until == expires_at && now >= *expires_at,
             _ => false,
         }
     }
@@ -530,7 +547,7 @@ mod tests {
         let c = claim(decide(None, &FP, 0, &P));
         let h = c.holder();
         let done = h.completed(ok_response(), 100, &P);
-        assert!(h.already_wrote(Some(&done), &Transition::Complete(ok_response())));
+        assert!(h.already_wrote(Some(&done), &Transition::Complete(ok_response()), 10));
         // Another answer under the same token was committed by the handler's own
         // transaction: not this write's, and it is the answer.
         let other = StoredResponse {
@@ -538,8 +555,8 @@ mod tests {
             headers: vec![],
             body: vec![],
         };
-        assert!(!h.already_wrote(Some(&done), &Transition::Complete(other)));
-        assert!(!h.already_wrote(Some(&done), &Transition::Release));
+        assert!(!h.already_wrote(Some(&done), &Transition::Complete(other), 10));
+        assert!(!h.already_wrote(Some(&done), &Transition::Release, 10));
         assert_eq!(h.own_completion(Some(&done)), Some(&ok_response()));
         let stranger = Holder {
             fingerprint: FP,
@@ -614,6 +631,9 @@ mod tests {
             Err(Refusal::Missing)
         );
         assert_eq!(release(Some(&released), &h, 450), Err(Refusal::Missing));
+        // …yet a release sent again (its first reply lost) knows it landed.
+        assert!(h.already_wrote(Some(&released), &Transition::Release, 450));
+        assert!(!h.already_wrote(Some(&c.record), &Transition::Release, 450));
         // A live claim past its lease (no takeover yet) still takes its holder's writes.
         assert!(heartbeat(Some(&c.record), &h, 1_500, &P).is_ok());
         // The key is free for the corrected request, another body.

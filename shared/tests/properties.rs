@@ -127,7 +127,12 @@ proptest! {
                                 prop_assert_eq!(h.token, last_token);
                                 stored = Some(r);
                             }
-                            Err(_) => prop_assert!(current != Some(h.token) || stored.as_ref().is_some_and(Record::is_completed)),
+                            // Refused: another holder's, completed, or a claim that expired
+                            // (released, or kept past its retention).
+                            Err(_) => prop_assert!(
+                                current != Some(h.token)
+                                    || stored.as_ref().is_some_and(|r| r.is_completed() || now >= r.expires_at())
+                            ),
                         }
                     }
                 }

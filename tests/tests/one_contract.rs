@@ -163,9 +163,14 @@ impl Req {
 }
 
 /// Headers that differ by runtime, not by contract: the edge's diagnostic, the
-/// origin's disposition (for the edge, which strips it) and the body's framing,
-/// which each runtime's HTTP stack writes for itself.
-const RUNTIME_HEADERS: [&str; 3] = [EDGE_HEADER, "idem-disposition", "content-length"];
+/// origin's disposition and stored-header list (for the edge, which strips them) and
+/// the body's framing, which each runtime's HTTP stack writes for itself.
+const RUNTIME_HEADERS: [&str; 4] = [
+    EDGE_HEADER,
+    "idem-disposition",
+    "idem-stored-headers",
+    "content-length",
+];
 
 /// The answer as a client compares it: status, headers in order, body — without
 /// [`RUNTIME_HEADERS`].

@@ -242,10 +242,15 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    match inner.oneshot(req.map(Body::new)).await {
+    let mut res = match inner.oneshot(req.map(Body::new)).await {
         Ok(res) => res,
         Err(never) => match never {},
-    }
+    };
+    // Unguarded here, stored nowhere: only idem tells an edge in front what it stored,
+    // never a handler (or an upstream) itself.
+    res.headers_mut().remove(contract::ORIGIN_DISPOSITION);
+    res.headers_mut().remove(contract::STORED_HEADERS);
+    res
 }
 
 fn invalid(rejection: &Rejection) -> Response<Body> {

@@ -71,7 +71,7 @@ impl Store for MemoryStore {
     ) -> Result<HolderWrite, StoreError> {
         // The process's clock is this store's clock: `now` needs no check.
         let mut map = self.lock();
-        if holder.already_wrote(map.get(key), change) {
+        if holder.already_wrote(map.get(key), change, now) {
             return Ok(HolderWrite::Written);
         }
         if let Err(refusal) = holder.check(map.get(key), now) {

@@ -88,7 +88,7 @@ where
         match write(change.record(holder, at.now, policy), at).await? {
             Written::Done => return Ok(HolderWrite::Written),
             Written::Refused(current) => {
-                if holder.already_wrote(current.as_ref(), change) {
+                if holder.already_wrote(current.as_ref(), change, at.now) {
                     // An earlier attempt whose answer was lost had landed.
                     return Ok(HolderWrite::Written);
                 }

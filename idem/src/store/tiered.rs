@@ -323,7 +323,7 @@ impl TieredStore {
                     // not yet written behind, which Postgres can't tell from a stale one.)
                     let authority = self.pg.get_record(key).await?;
                     written = match holder.check(authority.as_ref(), now) {
-                        _ if holder.already_wrote(authority.as_ref(), change) => {
+                        _ if holder.already_wrote(authority.as_ref(), change, now) => {
                             HolderWrite::Written
                         }
                         Ok(()) => HolderWrite::Written,
