@@ -246,6 +246,7 @@ async fn guarded<R: EdgeRuntime>(
         Claimed::Execute(token) => token,
         Claimed::Answered(answer) => return answer,
         Claimed::Unanswered(why) => return degraded(runtime, config, &head, body, &why).await,
+        Claimed::SendOn => return send_on(runtime, config, &head, body, Handled::Forwarded).await,
     };
     let release = Op::Release {
         fingerprint: fingerprint.clone(),
@@ -320,6 +321,8 @@ enum Claimed {
     Answered(Answer),
     /// The records could not answer (why): the origin will.
     Unanswered(String),
+    /// Forward it unclaimed ([`Reply::SendOn`]): the origin decides.
+    SendOn,
 }
 
 /// Claims the key, waiting (`Prefer: wait=N`) while another attempt holds it.
@@ -344,6 +347,7 @@ async fn claim<R: EdgeRuntime>(
                 response,
                 expires_at,
             }) => return Claimed::Answered(replayed(&response, expires_at, runtime.now())),
+            Ok(Reply::SendOn) => return Claimed::SendOn,
             Ok(Reply::Mismatch) => {
                 return Claimed::Answered(refused(&Rejection::new(Problem::Mismatch)))
             }
@@ -425,8 +429,20 @@ async fn degraded<R: EdgeRuntime>(
     runtime.warn(&format!(
         "edge records unavailable ({why}); forwarding to the origin"
     ));
+    send_on(runtime, config, head, body, Handled::Degraded).await
+}
+
+/// Sends the request to the origin with no claim at the edge, and relays its answer;
+/// nothing of it is kept.
+async fn send_on<R: EdgeRuntime>(
+    runtime: &R,
+    config: &EdgeConfig,
+    head: &Head,
+    body: Vec<u8>,
+    handled: Handled,
+) -> Answer {
     match runtime.fetch_whole(outbound(config, head, body)).await {
-        Ok(answer) => relay(&head.method, answer, Handled::Degraded),
+        Ok(answer) => relay(&head.method, answer, handled),
         Err(e) => refused(&Rejection::origin_unreachable(&e)),
     }
 }

@@ -49,6 +49,9 @@ pub enum Reply {
     InFlight { lease_until: Millis },
     /// The key belongs to a different request.
     Mismatch,
+    /// Send the request on without a claim: the record is a claim past its lease,
+    /// which can't say what the key is bound to; the origin decides.
+    SendOn,
     /// The holder's write was stored.
     Written,
     /// The holder's write was refused (fenced out, completed already, or gone).
@@ -178,7 +181,10 @@ pub fn apply(
                 lease_ms: *lease_ms,
                 ttl_ms: *ttl_ms,
             };
-            match decide_at_edge(stored, &fingerprint(fp)?, now, &policy) {
+            let Some(decision) = decide_at_edge(stored, &fingerprint(fp)?, now, &policy) else {
+                return Ok((Reply::SendOn, None));
+            };
+            match decision {
                 Decision::Execute(c) => (
                     Reply::Execute {
                         token: c.token,

@@ -210,7 +210,15 @@ impl ProtocolModel {
         match self.config.deployment {
             Deployment::EdgeOverOrigin => {
                 let now = state.edge.now(state.now);
-                match decide_at_edge(state.edge.record().as_ref(), &fp, now, &POLICY) {
+                let Some(decision) =
+                    decide_at_edge(state.edge.record().as_ref(), &fp, now, &POLICY)
+                else {
+                    // Sent on unclaimed: the origin decides, the edge keeps nothing.
+                    state.attempts[i].edge = None;
+                    state.attempts[i].pc = Pc::Insert;
+                    return;
+                };
+                match decision {
                     Decision::Execute(c) | Decision::TakeOver(c) => {
                         state.edge.put(&c.record);
                         state.attempts[i].edge = Some(c.token);

@@ -142,25 +142,27 @@ pub fn decide(
     }
 }
 
-/// [`decide`] as the edge makes it, in front of the origin. The edge's claim past its
-/// lease is an attempt whose completion or release the edge never learnt (its write
-/// failed, or the edge was cut off): no evidence of what the origin bound the key to.
-/// Another request under the key is then sent on under a new claim, as a retry of the
-/// same request is, and the origin, which knows, decides — where the edge alone would
-/// refuse it for the key's whole TTL (the origin may have released the key).
+/// [`decide`] as the edge makes it, in front of the origin; `None`: send the request
+/// on without a claim, and keep nothing of its answer. The edge's claim past its lease
+/// may be an attempt whose completion or release the edge never learnt (its write
+/// failed, or the edge was cut off) — or one still running at the origin, as the edge
+/// does not renew its claims: no evidence of what the origin bound the key to. Another
+/// request under the key goes to the origin, which knows, where the edge alone would
+/// refuse it for the key's whole TTL (the origin may have released the key); the
+/// edge's record stays as it is, for the attempt that may still complete it.
 pub fn decide_at_edge(
     existing: Option<&Record>,
     fingerprint: &Fingerprint,
     now: Millis,
     policy: &Policy,
-) -> Decision {
+) -> Option<Decision> {
     match (existing, decide(existing, fingerprint, now, policy)) {
-        (Some(record @ Record::InProgress { lease_until, .. }), Decision::Mismatch)
+        (Some(Record::InProgress { lease_until, .. }), Decision::Mismatch)
             if now >= *lease_until =>
         {
-            Decision::TakeOver(new_claim(Some(record), fingerprint, now, policy))
+            None
         }
-        (_, decision) => decision,
+        (_, decision) => Some(decision),
     }
 }
 
@@ -592,13 +594,10 @@ mod tests {
         // Within the lease: the key is bound, as at the origin.
         assert_eq!(
             decide_at_edge(Some(&c.record), &other, 999, &P),
-            Decision::Mismatch
+            Some(Decision::Mismatch)
         );
-        // Past it: the origin decides; the new claim outranks the lost one.
-        let Decision::TakeOver(next) = decide_at_edge(Some(&c.record), &other, 1_000, &P) else {
-            panic!("sent on")
-        };
-        assert!(next.token > c.token);
+        // Past it: sent on unclaimed, and the origin decides.
+        assert_eq!(decide_at_edge(Some(&c.record), &other, 1_000, &P), None);
         assert_eq!(
             decide(Some(&c.record), &other, 1_000, &P),
             Decision::Mismatch
@@ -607,13 +606,15 @@ mod tests {
         let done = c.holder().completed(ok_response(), 10, &P);
         assert_eq!(
             decide_at_edge(Some(&done), &other, 5_000, &P),
-            Decision::Mismatch
+            Some(Decision::Mismatch)
         );
         // Anything else is the core's decision.
-        assert_eq!(
-            decide_at_edge(Some(&c.record), &FP, 500, &P),
-            decide(Some(&c.record), &FP, 500, &P)
-        );
+        for now in [500, 1_500] {
+            assert_eq!(
+                decide_at_edge(Some(&c.record), &FP, now, &P),
+                Some(decide(Some(&c.record), &FP, now, &P))
+            );
+        }
     }
 
     #[wasm_bindgen_test(unsupported = test)]

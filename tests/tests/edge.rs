@@ -1465,8 +1465,8 @@ async fn the_edge_stores_records_as_bytes_and_its_alarm_deletes_them_at_expiry()
 
 /// A claim the edge lost track of — its release never landed (the object reset, the
 /// write failed, the edge cut off), so its record is still the claim, past its lease —
-/// does not bind the key at the edge: the corrected request (another body) is sent on
-/// and the origin, which released the key, runs it. Before, the edge refused it 422 for
+/// does not bind the key at the edge: the corrected request (another body) is sent on,
+/// unclaimed, and the origin, which released the key, runs it. Before, the edge refused it 422 for
 /// the key's whole TTL while the origin would have run it. The lost release is made by
 /// hand: the edge stopped, its object's record rewritten to the claim as it stood.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1542,6 +1542,7 @@ async fn a_claim_the_edge_lost_track_of_does_not_bind_the_key_there() {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("-")
             .to_owned(),
+        retry.headers().contains_key("idempotent-replayed"),
     );
     let charges = ledger.count_for_key("lost-1");
     report(
@@ -1555,7 +1556,9 @@ async fn a_claim_the_edge_lost_track_of_does_not_bind_the_key_there() {
         (201, "forwarded"),
         "the origin runs it"
     );
-    assert_eq!(retried, (201, "replayed".to_owned()));
+    // Sent on again (the edge keeps its record for the attempt it lost track of), and
+    // replayed by the origin.
+    assert_eq!(retried, (201, "forwarded".to_owned(), true));
     assert_eq!(charges, 1);
 }
 
