@@ -288,12 +288,17 @@ async fn post(
     }
 }
 
-fn tally(seen: &mut BTreeMap<String, usize>, res: &reqwest::Response) {
-    let edge = res
-        .headers()
+/// What the edge did with the request (`idem-edge`), `-` when its code did not answer.
+fn handled_by(res: &reqwest::Response) -> String {
+    res.headers()
         .get("idem-edge")
         .and_then(|v| v.to_str().ok())
-        .unwrap_or("-");
+        .unwrap_or("-")
+        .to_owned()
+}
+
+fn tally(seen: &mut BTreeMap<String, usize>, res: &reqwest::Response) {
+    let edge = handled_by(res);
     *seen
         .entry(format!("{} {edge}", res.status().as_u16()))
         .or_insert(0) += 1;
@@ -1520,12 +1525,7 @@ async fn a_claim_the_edge_lost_track_of_does_not_bind_the_key_there() {
     )
     .await;
     let status = corrected.status().as_u16();
-    let from = corrected
-        .headers()
-        .get("idem-edge")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("-")
-        .to_owned();
+    let from = handled_by(&corrected);
     let retry = post(
         &http,
         &edge.base,
@@ -1536,12 +1536,7 @@ async fn a_claim_the_edge_lost_track_of_does_not_bind_the_key_there() {
     .await;
     let retried = (
         retry.status().as_u16(),
-        retry
-            .headers()
-            .get("idem-edge")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("-")
-            .to_owned(),
+        handled_by(&retry),
         retry.headers().contains_key("idempotent-replayed"),
     );
     let charges = ledger.count_for_key("lost-1");
@@ -1709,23 +1704,31 @@ async fn a_slow_origin_past_the_edge_lease_still_charges_once() {
     assert_eq!(charges, 1);
 }
 
+/// The Python payments API, and `idem-origin --upstream` in front of it guarding
+/// `/v1/*` for anonymous callers too, with `extra` flags.
+async fn proxy_to_payments(extra: &[&str]) -> (idem_tests::Payments, TestOrigin) {
+    let payments = idem_tests::Payments::start().await;
+    let upstream = payments.url();
+    let mut args = vec![
+        "--upstream",
+        upstream.as_str(),
+        "--require-key-on",
+        "/v1/*",
+        "--anonymous",
+        "scoped",
+    ];
+    args.extend_from_slice(extra);
+    let origin = TestOrigin::start(&args).await;
+    (payments, origin)
+}
+
 /// The whole chain, in front of an API that knows nothing about idempotency: the
 /// worker under workerd → `idem-origin --upstream` → the Python payments API. 100 keys
 /// × 8 concurrent retries through the edge: 100 rows in the upstream's own database,
 /// every retry answered at the edge, then replayed there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_edge_and_the_proxy_charge_once_in_front_of_any_api() {
-    let payments = idem_tests::Payments::start().await;
-    let upstream = payments.url();
-    let origin = TestOrigin::start(&[
-        "--upstream",
-        &upstream,
-        "--require-key-on",
-        "/v1/*",
-        "--anonymous",
-        "scoped",
-    ])
-    .await;
+    let (payments, origin) = proxy_to_payments(&[]).await;
     let edge = Edge::start(&origin.url(""), &[("LEASE_MS", "60000")]).await;
     let http = client();
     let race = race_through_edge(&http, &edge.base, "chain-", "cus-c", 200).await;
@@ -1781,18 +1784,7 @@ async fn the_edge_and_the_proxy_charge_once_in_front_of_any_api() {
 /// the upstream's two `Set-Cookie` values, as a retry sent straight to the origin does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_edge_replays_the_headers_the_origin_stored() {
-    let payments = idem_tests::Payments::start().await;
-    let upstream = payments.url();
-    let origin = TestOrigin::start(&[
-        "--upstream",
-        &upstream,
-        "--require-key-on",
-        "/v1/*",
-        "--anonymous",
-        "scoped",
-        "--replay-set-cookie",
-    ])
-    .await;
+    let (payments, origin) = proxy_to_payments(&["--replay-set-cookie"]).await;
     let edge = Edge::start(&origin.url(""), &[]).await;
     let http = client();
     let cookies = |res: &reqwest::Response| -> Vec<String> {
@@ -1816,12 +1808,7 @@ async fn the_edge_replays_the_headers_the_origin_stored() {
             false,
         )
         .await;
-        let from = res
-            .headers()
-            .get("idem-edge")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("-")
-            .to_owned();
+        let from = handled_by(&res);
         let private = ["idem-disposition", "idem-stored-headers"]
             .iter()
             .filter(|h| res.headers().contains_key(**h) && base == &edge.base)

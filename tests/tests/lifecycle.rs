@@ -23,18 +23,18 @@ fn tally(statuses: &[u16]) -> BTreeMap<u16, usize> {
     t
 }
 
-/// Defect 1: Postgres stopped (immediate) just as 40 handlers finish, their charges
-/// kept outside Postgres, lease 8 s, outage 4 s; retries until well after the lease.
-/// Before the fix the completions were abandoned after < 1 s and every retry after the
-/// lease ran the handler again: 80 charges.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_store_outage_while_handlers_finish_charges_each_key_once() {
-    let pg = PgProc::start("outage-finish");
+/// The demo charges API on `pg` (store timeout `timeout`, lease `lease`), its charges
+/// kept in memory, outside Postgres: a lost write there can't hide a second charge.
+async fn demo_on_postgres(
+    pg: &PgProc,
+    timeout: Duration,
+    lease: Duration,
+) -> (TestOrigin, Arc<idem_origin::charges::MemoryLedger>) {
     let store: Arc<dyn Store> = Arc::new(
         PostgresStore::connect(
             &pg.url(),
             PgOptions {
-                timeout: Duration::from_secs(1),
+                timeout,
                 ..PgOptions::default()
             },
         )
@@ -44,13 +44,24 @@ async fn a_store_outage_while_handlers_finish_charges_each_key_once() {
     let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
     let layer = IdempotencyLayer::new(store.clone())
         .require_key_on(["/v1/charges"])
-        .lease(Duration::from_secs(8));
+        .lease(lease);
     let router = idem_origin::app::router(
         layer,
         store.clone(),
         idem_origin::charges::Demo::new(ledger.clone()),
     );
-    let origin = TestOrigin::serve_router(router, store).await;
+    (TestOrigin::serve_router(router, store).await, ledger)
+}
+
+/// Defect 1: Postgres stopped (immediate) just as 40 handlers finish, their charges
+/// kept outside Postgres, lease 8 s, outage 4 s; retries until well after the lease.
+/// Before the fix the completions were abandoned after < 1 s and every retry after the
+/// lease ran the handler again: 80 charges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_outage_while_handlers_finish_charges_each_key_once() {
+    let pg = PgProc::start("outage-finish");
+    let (origin, ledger) =
+        demo_on_postgres(&pg, Duration::from_secs(1), Duration::from_secs(8)).await;
     let http = client();
     let keys: Vec<String> = (0..40).map(|i| format!("outage-{i}")).collect();
     let send = |key: String| {
@@ -133,29 +144,9 @@ async fn a_partition_from_the_store_just_under_the_bound_charges_once() {
     const KEYS: usize = 12;
     let lease = Duration::from_secs(6);
     let pg = PgProc::start("outage-phase");
-    let store: Arc<dyn Store> = Arc::new(
-        PostgresStore::connect(
-            &pg.url(),
-            PgOptions {
-                // The default, 5 s: longer than a heartbeat attempt (a twelfth of the
-                // lease), which gives up on its own.
-                timeout: Duration::from_secs(5),
-                ..PgOptions::default()
-            },
-        )
-        .await
-        .unwrap(),
-    );
-    let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
-    let layer = IdempotencyLayer::new(store.clone())
-        .require_key_on(["/v1/charges"])
-        .lease(lease);
-    let router = idem_origin::app::router(
-        layer,
-        store.clone(),
-        idem_origin::charges::Demo::new(ledger.clone()),
-    );
-    let origin = TestOrigin::serve_router(router, store).await;
+    // The default store timeout, 5 s: longer than a heartbeat attempt (a twelfth of the
+    // lease), which gives up on its own.
+    let (origin, ledger) = demo_on_postgres(&pg, Duration::from_secs(5), lease).await;
     let http = client();
     let keys: Vec<String> = (0..KEYS).map(|i| format!("phase-{i}")).collect();
     let send = |key: String| {

@@ -55,6 +55,34 @@ async fn until_counted(db: &TestDb, sql: &str, what: &str) {
     }
 }
 
+/// `k` claimed on a tiered async `store` over `db`, once the claim is written behind.
+async fn claimed_and_written_behind(
+    db: &TestDb,
+    store: &TieredStore,
+    k: &RecordKey,
+) -> idem_core::Claim {
+    let Decision::Execute(claim) = store.claim(k, &FP, store.now(), &P).await.unwrap() else {
+        panic!("a new key executes")
+    };
+    until_counted(
+        db,
+        "SELECT count(*) FROM idem_records",
+        "the claim was never written behind",
+    )
+    .await;
+    claim
+}
+
+/// A session holding Postgres' writes to the records (reads pass) until it commits.
+async fn writes_held(db: &TestDb) -> tokio_postgres::Client {
+    let locker = db.client().await;
+    locker
+        .batch_execute("BEGIN; LOCK TABLE idem_records IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    locker
+}
+
 #[tokio::test]
 async fn postgres() {
     let db = TestDb::new("conf_pg").await;
@@ -1031,21 +1059,9 @@ async fn tiered_async_a_corrected_request_runs_after_a_release_while_postgres_la
     ));
     let corrected_fp = Fingerprint([2; 32]);
     let k = key(&format!("release-lag-{}", store.now()));
-    let Decision::Execute(claim) = store.claim(&k, &FP, store.now(), &P).await.unwrap() else {
-        panic!("a new key executes")
-    };
-    until_counted(
-        &db,
-        "SELECT count(*) FROM idem_records",
-        "the claim was never written behind",
-    )
-    .await;
+    let claim = claimed_and_written_behind(&db, &store, &k).await;
     // Postgres takes 600 ms to accept writes.
-    let locker = db.client().await;
-    locker
-        .batch_execute("BEGIN; LOCK TABLE idem_records IN EXCLUSIVE MODE")
-        .await
-        .unwrap();
+    let locker = writes_held(&db).await;
     let client = tokio::spawn({
         let (store, k, holder) = (store.clone(), k.clone(), claim.holder());
         async move {
@@ -1106,22 +1122,10 @@ async fn tiered_async_a_late_holder_never_replaces_a_completed_takeover() {
         OutboxOptions::default(),
     ));
     let k = key(&format!("late-holder-{}", store.now()));
-    let Decision::Execute(first) = store.claim(&k, &FP, store.now(), &P).await.unwrap() else {
-        panic!("a new key executes")
-    };
-    until_counted(
-        &db,
-        "SELECT count(*) FROM idem_records",
-        "the claim was never written behind",
-    )
-    .await;
+    let first = claimed_and_written_behind(&db, &store, &k).await;
     // The lease ends (on Redis' clock), and Postgres stops taking writes.
     tokio::time::sleep(Duration::from_millis(P.lease_ms + 20)).await;
-    let locker = db.client().await;
-    locker
-        .batch_execute("BEGIN; LOCK TABLE idem_records IN EXCLUSIVE MODE")
-        .await
-        .unwrap();
+    let locker = writes_held(&db).await;
     let Decision::TakeOver(second) = store.claim(&k, &FP, store.now(), &P).await.unwrap() else {
         panic!("the lease ran out: a retry takes over")
     };
