@@ -179,6 +179,22 @@ pub async fn handle<R: EdgeRuntime>(
     head: Head,
     body: R::Body,
 ) -> Answer<Payload<R::Stream>> {
+    let answer = answer_request(runtime, config, head, body).await;
+    if contract::fetch_can_send_status(answer.status) {
+        return answer;
+    }
+    // The runtime throws building such an answer (the worker then hangs, for this key's
+    // every retry): a final problem in its place.
+    runtime.warn(&format!("the origin answered status {}", answer.status));
+    refused(&Rejection::undeliverable_status(answer.status)).map_body(Payload::Bytes)
+}
+
+async fn answer_request<R: EdgeRuntime>(
+    runtime: &R,
+    config: &EdgeConfig,
+    head: Head,
+    body: R::Body,
+) -> Answer<Payload<R::Stream>> {
     let key = match route(config, &head) {
         Route::Guard(key) => key,
         Route::Reject(rejection) => return refused(&rejection).map_body(Payload::Bytes),
@@ -362,7 +378,8 @@ async fn claim<R: EdgeRuntime>(
 }
 
 /// The completion that keeps the origin's answer at the edge — only an answer the
-/// origin stored, until its record there expires, and not over the size limit —
+/// origin stored, until its record there expires, not over the size limit, and of a
+/// status the edge can send —
 /// or `None`: keep nothing (the key is released; the origin answers retries).
 fn keep(
     now: Millis,
@@ -378,6 +395,9 @@ fn keep(
     let Some(OriginDisposition::Stored { expires_at }) = origin_said else {
         return None;
     };
+    if !contract::fetch_can_send_status(answer.status) {
+        return None;
+    }
     if answer.body.len() > config.max_stored_body_bytes {
         return None;
     }

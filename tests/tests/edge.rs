@@ -1990,3 +1990,124 @@ async fn the_edge_scopes_by_a_verified_jwt_claim() {
     assert_eq!(nobody, "401 refused urn:idem:problem:identity-missing");
     assert_eq!(charges, 1);
 }
+
+/// An idem origin whose charge answers `status` with no body, counting its executions.
+async fn origin_answering_without_a_body(
+    status: http::StatusCode,
+) -> (TestOrigin, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let layer =
+        idem::idempotency::IdempotencyLayer::new(store.clone()).require_key_on(["/v1/charges"]);
+    let app = axum::Router::new()
+        .route(
+            "/v1/charges",
+            axum::routing::post(move || {
+                r.fetch_add(1, Ordering::SeqCst);
+                async move { status }
+            }),
+        )
+        .layer(layer)
+        .route("/healthz", axum::routing::get(|| async { "ok" }));
+    (TestOrigin::serve_router(app, store).await, runs)
+}
+
+/// Answers whose status forbids a body (204, 205, 304): the edge forwards the first and
+/// replays its retry from its own record with the same status, executing once — the
+/// runtime refuses to build such a response with a body, even an empty one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_replays_answers_that_have_no_body() {
+    use std::sync::atomic::Ordering;
+    let http = client();
+    let mut seen = Vec::new();
+    for status in [204u16, 205, 304] {
+        let (origin, runs) =
+            origin_answering_without_a_body(http::StatusCode::from_u16(status).unwrap()).await;
+        let edge = Edge::start(&origin.url(""), &[]).await;
+        let key = format!("bodiless-{status}");
+        let mut answers = Vec::new();
+        for _ in 0..2 {
+            let res = post(&http, &edge.base, &key, charge_body("c", 1, 0), false).await;
+            let from = handled_by(&res);
+            let code = res.status().as_u16();
+            let body = res.bytes().await.map(|b| b.len()).unwrap_or(usize::MAX);
+            answers.push((code, from, body));
+        }
+        seen.push((status, answers, runs.load(Ordering::SeqCst)));
+    }
+    report(
+        "edge",
+        &format!("answers without a body through the edge (status, [(status, idem-edge, body bytes)] first then retry, executions): {seen:?}"),
+    );
+    for (status, answers, runs) in &seen {
+        assert_eq!(
+            answers[0].0, *status,
+            "the first attempt gets the origin's answer: {seen:?}"
+        );
+        assert_eq!(
+            (answers[1].0, answers[1].1.as_str(), answers[1].2),
+            (*status, "replayed", 0),
+            "the retry is replayed at the edge with the same status: {seen:?}"
+        );
+        assert_eq!(*runs, 1, "executed once: {seen:?}");
+    }
+}
+
+/// An answer whose status the edge's runtime cannot send (HTTP's final statuses are
+/// 200-599; hyper, the origin's server, sends any three digits): before the fix the
+/// worker threw building it and hung — a 500 "your Worker's code had hung" for the
+/// first attempt and for every retry of the key. Now each gets a final problem saying
+/// so; the origin executed once, and the edge goes on answering other keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_edge_answers_an_origin_status_it_cannot_send_with_a_problem() {
+    use std::sync::atomic::Ordering;
+    let http = client();
+    let mut seen = Vec::new();
+    for status in [600u16, 999] {
+        let (origin, runs) =
+            origin_answering_without_a_body(http::StatusCode::from_u16(status).unwrap()).await;
+        let edge = Edge::start(&origin.url(""), &[]).await;
+        let key = format!("status-{status}");
+        let mut answers = Vec::new();
+        for _ in 0..2 {
+            let res = post(&http, &edge.base, &key, charge_body("c", 1, 0), false).await;
+            let from = handled_by(&res);
+            let code = res.status().as_u16();
+            let body = res.text().await.unwrap_or_default();
+            let kind = serde_json::from_str::<serde_json::Value>(&body)
+                .map(|v| v["type"].as_str().unwrap_or("").to_owned())
+                .unwrap_or_else(|_| body.chars().take(80).collect());
+            answers.push((code, from, kind));
+        }
+        let direct = post(&http, &origin.url(""), &key, charge_body("c", 1, 0), false).await;
+        let other = post(&http, &edge.base, "another", charge_body("c", 1, 0), false).await;
+        seen.push((
+            status,
+            answers,
+            direct.status().as_u16(),
+            other.status().as_u16(),
+            runs.load(Ordering::SeqCst),
+        ));
+    }
+    report(
+        "edge",
+        &format!("origin statuses the edge cannot send (status, [(status, idem-edge, problem)] first then retry, at the origin, another key at the edge, executions): {seen:?}"),
+    );
+    for (status, answers, direct, other, runs) in &seen {
+        for answer in answers {
+            assert_eq!(
+                (answer.0, answer.2.as_str()),
+                (502, "urn:idem:problem:handler-failed"),
+                "a final problem, not a hung worker: {seen:?}"
+            );
+        }
+        assert_eq!(*direct, *status, "the origin replays its answer: {seen:?}");
+        assert_eq!(
+            *other, 502,
+            "the edge goes on answering (not hung): {seen:?}"
+        );
+        assert_eq!(*runs, 2, "one execution per key: {seen:?}");
+    }
+}

@@ -72,6 +72,14 @@ pub fn key_ttl(expires_at: crate::Millis, now: crate::Millis) -> Option<alloc::s
     (expires_at > now).then(|| format!("{}", (expires_at - now) / 1000))
 }
 
+/// Whether a runtime building answers with the Fetch standard's `Response` (the edge's)
+/// can send an answer of `status`: 200–599. HTTP's final statuses are 200–599 (RFC 9110
+/// §15 allows 100–599, 1xx being interim); `Response` throws on anything else, where
+/// hyper, the origin's server, sends any three digits.
+pub fn fetch_can_send_status(status: u16) -> bool {
+    (200..=599).contains(&status)
+}
+
 /// Hop-by-hop headers (RFC 9110 §7.6.1): they describe one connection, never the
 /// message, and are not passed on.
 fn hop_by_hop(name: &str) -> bool {

@@ -21,9 +21,9 @@ pub mod wait;
 
 pub use answer::{
     edge_kept_headers, edge_may_scope_by_header, edge_sends_request_header, edge_ttl_ms,
-    execution_trace, forwarded_headers, forwarded_request_header, key_ttl, relayed_answer_header,
-    relayed_answer_headers, replay_headers, stored_header_names, stored_headers, stored_headers_of,
-    visible_headers, OriginDisposition,
+    execution_trace, fetch_can_send_status, forwarded_headers, forwarded_request_header, key_ttl,
+    relayed_answer_header, relayed_answer_headers, replay_headers, stored_header_names,
+    stored_headers, stored_headers_of, visible_headers, OriginDisposition,
 };
 pub use jwt::{JwtKeys, JwtVerifier};
 pub use problem::{Problem, Rejection};

@@ -305,6 +305,16 @@ impl Rejection {
         )
     }
 
+    /// The origin's answer has a status the edge's runtime cannot send
+    /// ([`super::fetch_can_send_status`]): the request ran, and its answer is final —
+    /// the origin replays it to every retry, which the edge answers with this again.
+    pub fn undeliverable_status(status: u16) -> Rejection {
+        Rejection::with_detail(
+            Problem::HandlerFailed,
+            format!("the origin answered with status {status}, outside the 200-599 the edge can send: the request was processed, and its answer cannot be delivered here"),
+        )
+    }
+
     /// A stored answer that cannot be decoded any more.
     pub fn unreadable_replay() -> Rejection {
         Rejection::with_detail(
