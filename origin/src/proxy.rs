@@ -174,7 +174,7 @@ impl Inner {
                     ),
                 ))
             }
-            Ok(Err(e)) if e.is_connect() => {
+            Ok(Err(e)) if e.is_connect() || never_sent(&e, connection.connection_metadata().is_none()) => {
                 return release(problem(
                     Problem::UpstreamUnreachable,
                     &format!(
@@ -346,6 +346,24 @@ fn problem(problem: Problem, detail: &str) -> Response<Body> {
 }
 
 /// The innermost error's text: hyper's outer errors say only "client error".
+/// Whether a failed request provably never left idem, beyond a refused connect: no
+/// connection was ever handed to it (`unconnected`: the client sets the captured
+/// connection just before writing), or hyper gave the request back unwritten — the
+/// connection closed before it was started — and said so: every `canceled` error of
+/// hyper's carries the unsent request back (the pool retries those only on a reused
+/// connection). A request written and then cut off is neither.
+fn never_sent(e: &hyper_util::client::legacy::Error, unconnected: bool) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    let mut canceled = false;
+    while let Some(c) = cause {
+        canceled |= c
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_canceled);
+        cause = c.source();
+    }
+    unconnected || canceled
+}
+
 fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     let mut cause = e;
     while let Some(next) = cause.source() {

@@ -898,3 +898,86 @@ async fn proxy_mode_leaves_the_user_s_database_alone() {
     assert!(ready.get("ledger").is_none(), "{ready}");
     assert_eq!(ready["ready"], true);
 }
+
+/// An upstream address that takes each connection and closes it at once (a load
+/// balancer with no backend left): requests idem never handed to a connection, or
+/// that hyper gave back unsent, reached nothing. Before the fix, every failure but a
+/// refused connect was stored as `upstream-outcome-unknown`, and the key replayed that
+/// 502 for its whole TTL for a payment that was never sent. Now those are released:
+/// the retry, once the upstream is back, charges. A request hyper did write before the
+/// close stays unknown (nothing tells idem the bytes were not read); no key is ever
+/// charged twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_never_left_idem_is_not_stored_as_an_unknown_outcome() {
+    let payments = Payments::start().await;
+    let upstream: std::net::SocketAddr = payments
+        .url()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let gate = idem_tests::Proxy::start(upstream).await;
+    gate.take_down();
+    let url = format!("http://{}", gate.addr);
+    let origin = TestOrigin::start(&[
+        "--upstream",
+        &url,
+        "--require-key-on",
+        "/v1/*",
+        "--anonymous",
+        "scoped",
+    ])
+    .await;
+    let http = client();
+    const CUT: usize = 40;
+    let key = |i: usize| format!("cut-{i}");
+    let mut first: BTreeMap<String, usize> = BTreeMap::new();
+    for i in 0..CUT {
+        let res = post(
+            &http,
+            &origin.url("/v1/charges"),
+            &key(i),
+            charge_body("c-cut", 100, 0),
+        )
+        .await;
+        let status = res.status().as_u16();
+        let kind = problem_type(&res.text().await.unwrap_or_default());
+        *first.entry(format!("{status} {kind}")).or_default() += 1;
+    }
+    gate.bring_up();
+    let mut retried: BTreeMap<String, usize> = BTreeMap::new();
+    let mut charged = 0;
+    let mut doubled = 0;
+    for i in 0..CUT {
+        let res = post(
+            &http,
+            &origin.url("/v1/charges"),
+            &key(i),
+            charge_body("c-cut", 100, 0),
+        )
+        .await;
+        let status = res.status().as_u16();
+        let kind = problem_type(&res.text().await.unwrap_or_default());
+        *retried.entry(format!("{status} {kind}")).or_default() += 1;
+        let charges = payments.charges_for(&key(i));
+        charged += usize::from(charges == 1);
+        doubled += usize::from(charges > 1);
+    }
+    let unknown = |m: &BTreeMap<String, usize>| {
+        m.get("502 urn:idem:problem:upstream-outcome-unknown")
+            .copied()
+            .unwrap_or(0)
+    };
+    report(
+        "upstream",
+        &format!(
+            "{CUT} keys to an upstream address that closes every connection at once: first answers {first:?}; once it is back, the retries {retried:?}: {charged} keys charged once, {doubled} twice, {} stuck on a stored unknown outcome",
+            unknown(&retried)
+        ),
+    );
+    assert_eq!(doubled, 0, "never charged twice");
+    assert_eq!(
+        charged + unknown(&retried),
+        CUT,
+        "each key is charged, or replays its stored unknown outcome: {retried:?}"
+    );
+}
