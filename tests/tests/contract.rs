@@ -295,3 +295,63 @@ async fn new_key_runs_the_handler_once_and_stores_its_answer() {
         1
     );
 }
+
+/// A handler that blocks its thread (a synchronous payment SDK in an async handler)
+/// past its lease keeps its claim: the lease's heartbeat is a task of its own. Before
+/// the fix it was spawned into the blocked worker's LIFO slot, which no other worker
+/// may take, so it never ran: no renewal, and a retry after the lease took the key
+/// over and ran the handler a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_handler_that_blocks_its_thread_keeps_its_lease() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let db = TestDb::new("blocking").await;
+    let store: Arc<dyn Store> = pg_store(&db).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
+        .require_key_on(["/v1/charges"])
+        .lease(Duration::from_secs(1));
+    let app = axum::Router::new()
+        .route(
+            "/v1/charges",
+            axum::routing::post(move || {
+                r.fetch_add(1, Ordering::SeqCst);
+                // Blocks before its first await, as a synchronous client would.
+                std::thread::sleep(Duration::from_millis(2_500));
+                async { http::StatusCode::CREATED }
+            }),
+        )
+        .layer(layer);
+    let origin = TestOrigin::serve_router(app, store).await;
+    let url = origin.url("");
+    let body = charge_body("c", 100, 0);
+    // Other work keeps the runtime's other workers awake, as a server's other requests
+    // do (idle, they would all sleep with the blocked one, and nothing would run).
+    let busy = tokio::spawn(async {
+        loop {
+            tokio::task::yield_now().await;
+        }
+    });
+    let first = {
+        let (url, body) = (url.clone(), body.clone());
+        tokio::spawn(async move { post_charge(&client(), &url, Some("blocking-1"), &body).await })
+    };
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let retry = post_charge(&client(), &url, Some("blocking-1"), &body).await;
+    let retry_status = retry.status().as_u16();
+    let first_status = first.await.unwrap().status().as_u16();
+    let after = post_charge(&client(), &url, Some("blocking-1"), &body).await;
+    let replayed = after.headers().contains_key("idempotent-replayed");
+    busy.abort();
+    let runs = runs.load(Ordering::SeqCst);
+    idem_tests::report(
+        "contract",
+        &format!("a handler blocking its thread 2.5 s under a 1 s lease: first {first_status}, a retry at 1.5 s {retry_status}, then {} (replayed: {replayed}); {runs} run(s)", after.status().as_u16()),
+    );
+    assert_eq!(retry_status, 409, "still in flight, its lease renewed");
+    assert_eq!(
+        (first_status, after.status().as_u16(), replayed),
+        (201, 201, true)
+    );
+    assert_eq!(runs, 1, "ran once");
+}

@@ -277,6 +277,10 @@ where
         claimed_at,
         &idempotency_key,
     );
+    // Let the heartbeat's task run once before the handler: spawned from this worker,
+    // it sits in the worker's LIFO slot, which no other worker may take, and a handler
+    // that blocks this thread would keep it from ever renewing.
+    tokio::task::yield_now().await;
     let limit = config.max_stored_body_bytes;
     let run = AssertUnwindSafe(async move {
         let res = match inner.oneshot(req).await {
@@ -660,7 +664,8 @@ async fn write_final(
 ///
 /// A task of its own, not a future polled beside the handler: a handler that blocks
 /// its thread (synchronous work in an async handler) must not stop the renewals, or
-/// its lease could end under it and a retry run it a second time.
+/// its lease could end under it and a retry run it a second time. (The execution
+/// yields once after starting it, so that it leaves the worker it was spawned on.)
 struct Heartbeat(tokio::task::JoinHandle<()>);
 
 impl Heartbeat {
