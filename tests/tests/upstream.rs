@@ -981,3 +981,88 @@ async fn a_request_that_never_left_idem_is_not_stored_as_an_unknown_outcome() {
         "each key is charged, or replays its stored unknown outcome: {retried:?}"
     );
 }
+
+/// Clients that give up while their claim waits in Postgres (its table locked by
+/// another transaction): the claims land when the lock goes. Before the fix they were
+/// dropped with the request — nothing ran under them, yet they held their keys for the
+/// lease, and the retries after it took over and were answered with a stored 502
+/// `upstream-outcome-unknown` for payments never sent. The claim and what follows now
+/// finish without the client: each key is charged once, and its retry replayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_that_leaves_during_its_claim_leaves_no_orphan_claim() {
+    let db = idem_tests::TestDb::new("claim_left").await;
+    let payments = Payments::start().await;
+    let origin = proxy(
+        &payments,
+        &[
+            "--store",
+            "postgres",
+            "--database-url",
+            &db.url,
+            "--lease",
+            "3s",
+        ],
+    )
+    .await;
+    let url = origin.url("/v1/charges");
+    const LEFT: usize = 8;
+    let key = |i: usize| format!("left-{i}");
+    let http = client();
+    let warm = post(&http, &url, "left-warm", charge_body("c-w", 100, 0)).await;
+    assert_eq!(warm.status(), 201);
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let lock = idem_tests::connect(&db.url).await;
+    lock.batch_execute("BEGIN; LOCK TABLE idem_records IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let sends = (0..LEFT).map(|i| {
+        let (impatient, url) = (impatient.clone(), url.clone());
+        async move {
+            impatient
+                .post(&url)
+                .header("idempotency-key", key(i))
+                .header("content-type", "application/json")
+                .body(charge_body("c-left", 100, 0))
+                .send()
+                .await
+                .is_err()
+        }
+    });
+    let gave_up = futures_util::future::join_all(sends)
+        .await
+        .into_iter()
+        .filter(|left| *left)
+        .count();
+    // Released within the clock tolerance (a tenth of the lease): the claims land as
+    // they were computed.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    lock.batch_execute("COMMIT").await.unwrap();
+    // Past the lease of a claim that landed then.
+    tokio::time::sleep(Duration::from_millis(3_300)).await;
+    let mut retried: BTreeMap<String, usize> = BTreeMap::new();
+    let mut charged_once = 0;
+    for i in 0..LEFT {
+        let res = post(&http, &url, &key(i), charge_body("c-left", 100, 0)).await;
+        let status = res.status().as_u16();
+        let replayed = res.headers().contains_key("idempotent-replayed");
+        let kind = problem_type(&res.text().await.unwrap_or_default());
+        *retried
+            .entry(format!("{status} {kind} replayed={replayed}"))
+            .or_default() += 1;
+        charged_once += usize::from(payments.charges_for(&key(i)) == 1);
+    }
+    report(
+        "upstream",
+        &format!("{LEFT} clients giving up after 100 ms on claims waiting for a lock in Postgres (released 0.2 s after; lease 3 s; {gave_up} gave up): the retries after the lease {retried:?}; {charged_once} keys charged once"),
+    );
+    assert_eq!(gave_up, LEFT, "every client left during its claim");
+    assert_eq!(
+        retried.get("201  replayed=true").copied().unwrap_or(0),
+        LEFT,
+        "each retry replays the charge made without its client: {retried:?}"
+    );
+    assert_eq!(charged_once, LEFT, "each key charged once");
+}

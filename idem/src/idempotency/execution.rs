@@ -149,6 +149,47 @@ where
     response
 }
 
+/// A future that, dropped before it finishes (its request went away), is spawned to
+/// finish on its own; its output is then discarded.
+pub(crate) struct FinishOnDrop<F: Future + Send + 'static>(Option<Pin<Box<F>>>);
+
+impl<F: Future + Send + 'static> FinishOnDrop<F> {
+    pub(crate) fn new(run: Pin<Box<F>>) -> Self {
+        FinishOnDrop(Some(run))
+    }
+}
+
+impl<F: Future + Send + 'static> Future for FinishOnDrop<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
+        let Some(run) = self.0.as_mut() else {
+            return Poll::Pending; // polled after it finished: never, by `.await`
+        };
+        let output = std::task::ready!(run.as_mut().poll(cx));
+        self.0 = None;
+        Poll::Ready(output)
+    }
+}
+
+impl<F: Future + Send + 'static> Drop for FinishOnDrop<F> {
+    fn drop(&mut self) {
+        // Dropped by its own panic: polling it again would only panic again.
+        if std::thread::panicking() {
+            return;
+        }
+        let Some(run) = self.0.take() else {
+            return;
+        };
+        // Without a runtime (it is shutting down), nothing can run it any more.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                run.await;
+            });
+        }
+    }
+}
+
 /// A future that, dropped before it finishes, is spawned to finish on its own.
 struct Detached<F: Future<Output = Answered> + Send + 'static> {
     run: Option<Pin<Box<F>>>,

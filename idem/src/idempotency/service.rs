@@ -1,6 +1,6 @@
 //! The per-request logic of [`super::IdempotencyLayer`].
 
-use super::execution::{execute, Claimed};
+use super::execution::{execute, Claimed, FinishOnDrop};
 use super::response::{refusal, replay};
 use super::trace;
 #[cfg(feature = "postgres")]
@@ -137,6 +137,42 @@ where
         super::millis(config.default_wait),
         super::millis(config.max_wait),
     );
+    // Sent, a claim may land whatever becomes of this request: if the client goes away
+    // meanwhile (the request's future dropped), the claim and what follows it finish
+    // on their own, as an execution does. Dropped with it, a claim that landed would
+    // hold the key for its lease with nothing running, and make the next attempt a
+    // takeover — which proxy mode answers with a stored "outcome unknown" for a request
+    // it never sent.
+    let run = claim_and_execute(
+        config,
+        inner,
+        parts,
+        body,
+        key,
+        record_key,
+        fingerprint,
+        wait_ms,
+    );
+    FinishOnDrop::new(Box::pin(run.in_current_span())).await
+}
+
+/// Claims the key — waiting while another attempt holds it, if asked to — then replays,
+/// refuses, or runs the request under the claim.
+#[allow(clippy::too_many_arguments)]
+async fn claim_and_execute<S>(
+    config: Arc<Config>,
+    inner: S,
+    parts: Parts,
+    body: Bytes,
+    key: idem_core::IdempotencyKey,
+    record_key: RecordKey,
+    fingerprint: idem_core::Fingerprint,
+    wait_ms: u64,
+) -> Response<Body>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+{
     // The wait is measured on the runtime's monotonic clock, from here.
     let started = Instant::now();
     let mut waiting = Waiting::new(0, wait_ms);
