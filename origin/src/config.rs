@@ -232,8 +232,10 @@ pub struct Config {
     pub upstream_unknown_outcome: UnknownOutcome,
 
     /// Proxy mode: the upstream's private response header meaning "nothing happened":
-    /// the key is released and the header never reaches the client.
-    #[arg(long, env = "IDEM_RELEASE_HEADER", default_value = "idem-release", value_parser = parse_header_name)]
+    /// the key is released and the header never reaches the client. A standard HTTP
+    /// header (`Cache-Control`, `Retry-After`…) or one of idem's own is refused: a
+    /// release is never inferred from what any answer may carry.
+    #[arg(long, env = "IDEM_RELEASE_HEADER", default_value = "idem-release", value_parser = parse_release_header)]
     pub release_header: http::HeaderName,
 
     /// Paths on which POST and PATCH need an Idempotency-Key, comma-separated; a
@@ -543,6 +545,120 @@ pub fn parse_header_name(s: &str) -> Result<http::HeaderName, String> {
         .map_err(|_| format!("{s:?} is not a header name"))
 }
 
+/// `--release-header`: a header name private to the upstream and idem. A claim is
+/// released only by that private signal, never inferred from a standard header (an
+/// answer carrying `Cache-Control` would free its key, and a retry charge again), nor
+/// from one of idem's own.
+pub fn parse_release_header(s: &str) -> Result<http::HeaderName, String> {
+    use http::header::*;
+    use idem_core::contract;
+    const STANDARD: [HeaderName; 81] = [
+        ACCEPT,
+        ACCEPT_CHARSET,
+        ACCEPT_ENCODING,
+        ACCEPT_LANGUAGE,
+        ACCEPT_RANGES,
+        ACCESS_CONTROL_ALLOW_CREDENTIALS,
+        ACCESS_CONTROL_ALLOW_HEADERS,
+        ACCESS_CONTROL_ALLOW_METHODS,
+        ACCESS_CONTROL_ALLOW_ORIGIN,
+        ACCESS_CONTROL_EXPOSE_HEADERS,
+        ACCESS_CONTROL_MAX_AGE,
+        ACCESS_CONTROL_REQUEST_HEADERS,
+        ACCESS_CONTROL_REQUEST_METHOD,
+        AGE,
+        ALLOW,
+        ALT_SVC,
+        AUTHORIZATION,
+        CACHE_CONTROL,
+        CACHE_STATUS,
+        CDN_CACHE_CONTROL,
+        CONNECTION,
+        CONTENT_DISPOSITION,
+        CONTENT_ENCODING,
+        CONTENT_LANGUAGE,
+        CONTENT_LENGTH,
+        CONTENT_LOCATION,
+        CONTENT_RANGE,
+        CONTENT_SECURITY_POLICY,
+        CONTENT_SECURITY_POLICY_REPORT_ONLY,
+        CONTENT_TYPE,
+        COOKIE,
+        DNT,
+        DATE,
+        ETAG,
+        EXPECT,
+        EXPIRES,
+        FORWARDED,
+        FROM,
+        HOST,
+        IF_MATCH,
+        IF_MODIFIED_SINCE,
+        IF_NONE_MATCH,
+        IF_RANGE,
+        IF_UNMODIFIED_SINCE,
+        LAST_MODIFIED,
+        LINK,
+        LOCATION,
+        MAX_FORWARDS,
+        ORIGIN,
+        PRAGMA,
+        PROXY_AUTHENTICATE,
+        PROXY_AUTHORIZATION,
+        PUBLIC_KEY_PINS,
+        PUBLIC_KEY_PINS_REPORT_ONLY,
+        RANGE,
+        REFERER,
+        REFERRER_POLICY,
+        REFRESH,
+        RETRY_AFTER,
+        SEC_WEBSOCKET_ACCEPT,
+        SEC_WEBSOCKET_EXTENSIONS,
+        SEC_WEBSOCKET_KEY,
+        SEC_WEBSOCKET_PROTOCOL,
+        SEC_WEBSOCKET_VERSION,
+        SERVER,
+        SET_COOKIE,
+        STRICT_TRANSPORT_SECURITY,
+        TE,
+        TRAILER,
+        TRANSFER_ENCODING,
+        USER_AGENT,
+        UPGRADE,
+        UPGRADE_INSECURE_REQUESTS,
+        VARY,
+        VIA,
+        WARNING,
+        WWW_AUTHENTICATE,
+        X_CONTENT_TYPE_OPTIONS,
+        X_DNS_PREFETCH_CONTROL,
+        X_FRAME_OPTIONS,
+        X_XSS_PROTECTION,
+    ];
+    let name = parse_header_name(s)?;
+    let idem_s = [
+        contract::IDEMPOTENCY_KEY,
+        contract::IDEMPOTENT_REPLAYED,
+        contract::KEY_TTL,
+        contract::FENCING_TOKEN,
+        contract::DOWNSTREAM_KEY,
+        contract::ORIGIN_DISPOSITION,
+        contract::STORED_HEADERS,
+        contract::EXECUTION_TRACE,
+    ];
+    if STANDARD.contains(&name) || ["keep-alive", "proxy-connection"].contains(&name.as_str()) {
+        return Err(format!(
+            "{name} is a standard HTTP header: a release needs a private one, e.g. idem-release"
+        ));
+    }
+    if idem_s.contains(&name.as_str()) {
+        return Err(format!(
+            "{name} is one of idem's own headers: a release needs a private one, e.g. idem-release"
+        ));
+    }
+    Ok(name)
+}
+
 /// `--redis-layout`: [`RedisLayout`] on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum RedisLayoutArg {
@@ -620,6 +736,33 @@ mod tests {
         assert!(parse_duration("5 weeks").is_err());
         assert!(parse_duration("-1s").is_err());
         assert!(parse_duration("99999999999999999d").is_err());
+    }
+
+    #[test]
+    fn a_release_header_is_private() {
+        let with = |name: &str| Config::try_parse_from(["idem-origin", "--release-header", name]);
+        assert_eq!(
+            Config::try_parse_from(["idem-origin"])
+                .unwrap()
+                .release_header,
+            "idem-release"
+        );
+        assert_eq!(
+            with("X-Nothing-Happened").unwrap().release_header,
+            "x-nothing-happened"
+        );
+        for standard in ["cache-control", "Retry-After", "warning", "keep-alive"] {
+            let refused = with(standard).unwrap_err().to_string();
+            assert!(refused.contains("standard HTTP header"), "{refused}");
+        }
+        for own in [
+            "idem-disposition",
+            "idempotent-replayed",
+            "idem-fencing-token",
+        ] {
+            let refused = with(own).unwrap_err().to_string();
+            assert!(refused.contains("idem's own"), "{refused}");
+        }
     }
 
     #[test]
