@@ -84,6 +84,25 @@ pub fn purge_not_before(record: &Record, force: bool) -> Millis {
     }
 }
 
+/// [`purge_not_before`] of `record` (`not_before`) held back by `copy`, the key's record
+/// in another tier: a copy of the same attempt, still in progress, whose lease reaches
+/// further — renewals the deciding tier lost — keeps the purge until that lease ends,
+/// or its holder, still running, would see a retry run beside it. A forced purge (0)
+/// stays forced.
+pub fn purge_not_before_given_copy(record: &Record, copy: &Record, not_before: Millis) -> Millis {
+    match (record, copy) {
+        (
+            Record::InProgress { token, .. },
+            Record::InProgress {
+                token: copied,
+                lease_until,
+                ..
+            },
+        ) if not_before != 0 && token == copied => not_before.max(*lease_until),
+        _ => not_before,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,6 +116,34 @@ mod tests {
             lease_until,
             expires_at: 90_000,
         }
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn another_tier_s_renewed_copy_holds_a_purge_back() {
+        let lapsed = in_progress(31_000);
+        let renewed = in_progress(45_000);
+        let not_before = purge_not_before(&lapsed, false);
+        assert_eq!(
+            purge_not_before_given_copy(&lapsed, &renewed, not_before),
+            45_000
+        );
+        // Forced, it stays forced; a lease the copy does not extend changes nothing.
+        assert_eq!(purge_not_before_given_copy(&lapsed, &renewed, 0), 0);
+        assert_eq!(
+            purge_not_before_given_copy(&renewed, &lapsed, 45_000),
+            45_000
+        );
+        // Another attempt's claim is no copy of this one (is_newer_than decides those).
+        let other = Record::InProgress {
+            fingerprint: Fingerprint([1; 32]),
+            token: 2000 * 1024,
+            lease_until: 90_000,
+            expires_at: 90_000,
+        };
+        assert_eq!(
+            purge_not_before_given_copy(&lapsed, &other, not_before),
+            31_000
+        );
     }
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -1432,6 +1432,160 @@ async fn tiered_async_a_purge_of_a_stale_redis_record_keeps_the_newer_claim_in_p
     assert_eq!(executions, 1);
 }
 
+/// Tiered sync, Redis cut off from this replica while it keeps its records: a purge
+/// then deletes nothing and says the store is unavailable, until it can delete both
+/// tiers' copies. Before the fix the first purge deleted Postgres' row and failed on
+/// Redis (503), the operator's second one found only Postgres (Redis unread) and said
+/// the key held no record (404) — and once Redis was back its copy came back with it,
+/// answering a corrected request 422 for the record's whole TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiered_sync_a_purge_while_redis_is_cut_off_deletes_nothing() {
+    use idem::store::Purged;
+    let db = TestDb::new("tsync_purge_cut").await;
+    let redis_addr: std::net::SocketAddr =
+        redis_url().trim_start_matches("redis://").parse().unwrap();
+    let gate = idem_tests::Proxy::start(redis_addr).await;
+    let namespace = idem_tests::unique_namespace("purge-cut");
+    let options = idem::store::RedisOptions {
+        namespace: namespace.clone(),
+        timeout: Duration::from_millis(300),
+        ..idem::store::RedisOptions::default()
+    };
+    let redis = RedisStore::connect(&format!("redis://{}", gate.addr), options)
+        .await
+        .unwrap();
+    let store = TieredStore::new(
+        redis,
+        pg(&db).await,
+        Durability::Sync,
+        OutboxOptions::default(),
+    );
+    let k = key("purge-cut");
+    let Decision::Execute(c) = store.claim(&k, &FP, store.now(), &P).await.unwrap() else {
+        panic!("a new key executes")
+    };
+    let written = store
+        .complete(&k, &c.holder(), response("first"), store.now(), &P)
+        .await
+        .unwrap();
+    assert_eq!(written, HolderWrite::Written);
+    let mut raw = Raw::connect(&redis_url(), false).await;
+    let name = format!("{namespace}:{{{}}}", k.as_str());
+    gate.take_down();
+    // The proxy cuts its open connections within 20 ms.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut while_cut = Vec::new();
+    for _ in 0..2 {
+        while_cut.push(match store.purge(&k, store.now(), false).await {
+            Ok(Purged::Absent) => "no record (404)".to_owned(),
+            Ok(Purged::Deleted(_)) => "deleted".to_owned(),
+            Ok(other) => format!("{other:?}"),
+            Err(e) => format!(
+                "unavailable ({})",
+                e.to_string().chars().take(40).collect::<String>()
+            ),
+        });
+    }
+    let rows_while_cut = db.count("SELECT count(*) FROM idem_records").await;
+    let kept_in_redis: i64 = raw.query(redis::cmd("EXISTS").arg(&name)).await;
+    gate.bring_up();
+    // The first commands after the cut may still fail while the client reconnects.
+    let mut after = store.purge(&k, store.now(), false).await;
+    for _ in 0..50 {
+        if after.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        after = store.purge(&k, store.now(), false).await;
+    }
+    let after = after.unwrap();
+    let in_redis: i64 = raw.query(redis::cmd("EXISTS").arg(&name)).await;
+    let corrected = store.claim(&k, &OTHER, store.now(), &P).await.unwrap();
+    idem_tests::report(
+        "purge-stale-redis",
+        &format!("tiered sync, two purges while Redis is cut off: {while_cut:?}, Postgres rows then {rows_while_cut}, Redis' {kept_in_redis}; once Redis is back a purge: {}, Redis' copies left {in_redis}; a corrected request then: {}", match &after {
+            Purged::Deleted(_) => "deleted",
+            Purged::Absent => "no record",
+            _ => "other",
+        }, match &corrected {
+            Decision::Execute(_) => "runs",
+            Decision::Mismatch => "refused 422 (the record came back)",
+            _ => "other",
+        }),
+    );
+    assert!(
+        while_cut.iter().all(|w| w.starts_with("unavailable")),
+        "{while_cut:?}"
+    );
+    assert_eq!(rows_while_cut, 1, "nothing deleted while Redis is cut off");
+    assert!(matches!(after, Purged::Deleted(_)), "{after:?}");
+    assert_eq!(in_redis, 0, "Redis' copy went with it");
+    assert!(matches!(corrected, Decision::Execute(_)), "{corrected:?}");
+}
+
+/// Tiered async: Redis lost the renewals of a live claim (failed over to a replica
+/// that missed them, or restored from a snapshot) and holds the same attempt's claim
+/// with its lease over, while Postgres holds it renewed. An operator purges without
+/// force what the listing (Redis') shows as abandoned. Before the fix the purge judged
+/// the lease on Redis' copy alone and deleted Postgres' as a copy of it (same token,
+/// same state), and a retry ran the handler beside the live holder. The lease Postgres
+/// holds now holds the purge back: refused as live, and the retry is told the key is in
+/// flight.
+#[tokio::test]
+async fn tiered_async_an_unforced_purge_respects_the_lease_postgres_holds() {
+    use idem::store::Purged;
+    use idem_core::{Policy, Record};
+    const LONG: Policy = Policy {
+        lease_ms: 20_000,
+        ttl_ms: 60_000,
+    };
+    let db = TestDb::new("tasync_purge_lease").await;
+    let (store, namespace) = tiered_async_in(&db, "purge-lease").await;
+    let k = key("purge-lease");
+    let Decision::Execute(live) = store.claim(&k, &FP, store.now(), &LONG).await.unwrap() else {
+        panic!("a new key executes")
+    };
+    let mut executions = 1;
+    let sql = format!(
+        "SELECT count(*) FROM idem_records WHERE token = {} AND state = 0",
+        live.token
+    );
+    until_counted(&db, &sql, "the claim was never written behind").await;
+    let Record::InProgress { expires_at, .. } = live.record else {
+        panic!("a claim is in progress")
+    };
+    let lapsed = Record::InProgress {
+        fingerprint: FP,
+        token: live.token,
+        lease_until: store.now() - 1_000,
+        expires_at,
+    };
+    let mut raw = Raw::connect(&redis_url(), false).await;
+    let name = format!("{namespace}:{{{}}}", k.as_str());
+    let _: i64 = raw.query(redis::cmd("DEL").arg(&name)).await;
+    raw.put_hash(&name, &lapsed).await;
+    let purged = store.purge(&k, store.now(), false).await.unwrap();
+    let left = db.count(&sql).await;
+    let retry = store.claim(&k, &FP, store.now(), &LONG).await.unwrap();
+    executions += u32::from(matches!(retry, Decision::Execute(_)));
+    idem_tests::report(
+        "purge-stale-redis",
+        &format!("tiered async, an unforced purge of Redis' copy of a live claim whose renewals Redis lost: {}; the live claim left in Postgres: {left}; the retry {}; executions {executions}", match &purged {
+            Purged::Deleted(_) => "deleted",
+            Purged::LeaseLive(_) => "refused, the lease is live",
+            _ => "other",
+        }, match &retry {
+            Decision::Execute(_) => "ran the handler",
+            Decision::InFlight { .. } => "was told the key is in flight (409)",
+            _ => "other",
+        }),
+    );
+    assert!(matches!(purged, Purged::LeaseLive(_)), "{purged:?}");
+    assert_eq!(left, 1, "the live claim stays");
+    assert!(!matches!(retry, Decision::Execute(_)), "{retry:?}");
+    assert_eq!(executions, 1);
+}
+
 /// Tiered async: Redis holds the next attempt's claim while Postgres still holds the
 /// holder's (its release not written behind yet: the corrected request claimed after
 /// the release emptied Redis, or after Redis lost the record), and the holder's release

@@ -584,12 +584,20 @@ impl Store for TieredStore {
     ) -> Result<Deletion, StoreError> {
         let in_pg = self.pg.get_record(key).await?;
         let deleted = if self.outbox.is_none() {
+            // Both tiers' copies go, or neither: with Redis unreadable here (while it
+            // keeps its copy, served again once it is back), deleting Postgres' alone
+            // would undo the purge and leave the tiers disagreeing for the TTL.
+            self.redis.read(key).await?;
             match in_pg {
                 Some(_) => self.pg.delete_if_same(key, expected, not_before).await?,
                 // Postgres has nothing (expired and swept): Redis' copy decides.
                 None => self.redis.delete_if_same(key, expected, not_before).await?,
             }
         } else {
+            // Postgres may hold the attempt's lease renewed, where Redis lost renewals.
+            let not_before = in_pg.as_ref().map_or(not_before, |p| {
+                idem_core::purge_not_before_given_copy(expected, p, not_before)
+            });
             match self.redis.read(key).await? {
                 Some(_) => self.redis.delete_if_same(key, expected, not_before).await?,
                 // Redis lost it (or never had it): Postgres' copy decides.
