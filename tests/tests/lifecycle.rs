@@ -494,6 +494,65 @@ async fn sigterm_finishes_an_execution_whose_client_left() {
     );
 }
 
+/// The client leaves while its claim waits in Postgres (the table locked by another
+/// session), then SIGTERM. The claim goes on without its client, and the drain waits for
+/// it and the execution it leads to: the lock released, the claim lands, the charge runs
+/// and its record is written before the exit; after a restart the retry is a replay.
+/// Without that (the claim spawned on its own, uncounted), the drain found nothing to
+/// wait for and the process exited under the claim, which landed anyway once the lock
+/// went: the retry got 409 for the whole lease, and nothing was charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_waits_for_a_claim_whose_client_left() {
+    let db = TestDb::new("term_claim_gone").await;
+    let args = [
+        "--store",
+        "postgres",
+        "--database-url",
+        &db.url,
+        "--lease",
+        "30s",
+    ];
+    let (mut child, url) = OriginProcess::spawn(&args).await;
+    let body = charge_body("c", 100, 0);
+    let warm = post_charge(&client(), &url, Some("claim-gone-warm"), &body).await;
+    assert_eq!(warm.status(), 201);
+    let lock = idem_tests::connect(&db.url).await;
+    lock.batch_execute("BEGIN; LOCK TABLE idem_records IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let gone = impatient
+        .post(format!("{url}/v1/charges"))
+        .header("idempotency-key", "claim-gone-1")
+        .header("content-type", "application/json")
+        .body(body.clone())
+        .send()
+        .await;
+    assert!(gone.is_err(), "the client gave up during its claim");
+    sigterm(&child);
+    let signalled = Instant::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lock.batch_execute("COMMIT").await.unwrap();
+    let status = tokio::task::block_in_place(|| wait_exit(&mut child, Duration::from_secs(40)));
+    let stopped_after = signalled.elapsed();
+    let (mut again, url) = OriginProcess::spawn(&args).await;
+    let retry = post_charge(&client(), &url, Some("claim-gone-1"), &body).await;
+    let retry_status = retry.status().as_u16();
+    let replayed = retry.headers().get("idempotent-replayed").is_some();
+    let charges = db.charges_for("claim-gone-1").await;
+    report(
+        "lifecycle",
+        &format!("SIGTERM with the client gone during its claim (held 0.3 s by a lock): exit {status} after {stopped_after:.1?}; retry after restart {retry_status} replayed={replayed}; {charges} charge"),
+    );
+    let _ = again.kill();
+    assert!(status.success());
+    assert_eq!((retry_status, replayed), (201, true), "a replay at once");
+    assert_eq!(charges, 1);
+}
+
 /// Defect 8: a panic while the response body streams. Before the fix the heartbeat
 /// kept renewing the lease forever: every retry got 409. Now the unknown outcome is
 /// stored as a 500 problem and replayed; the handler never runs again.

@@ -150,12 +150,19 @@ where
 }
 
 /// A future that, dropped before it finishes (its request went away), is spawned to
-/// finish on its own; its output is then discarded.
-pub(crate) struct FinishOnDrop<F: Future + Send + 'static>(Option<Pin<Box<F>>>);
+/// finish on its own, counted among the layer's executions (a drain waits for it: it
+/// may be about to run a handler); its output is then discarded.
+pub(crate) struct FinishOnDrop<F: Future + Send + 'static> {
+    run: Option<Pin<Box<F>>>,
+    tracker: TaskTracker,
+}
 
 impl<F: Future + Send + 'static> FinishOnDrop<F> {
-    pub(crate) fn new(run: Pin<Box<F>>) -> Self {
-        FinishOnDrop(Some(run))
+    pub(crate) fn new(run: Pin<Box<F>>, executions: &Executions) -> Self {
+        FinishOnDrop {
+            run: Some(run),
+            tracker: executions.tracker.clone(),
+        }
     }
 }
 
@@ -163,11 +170,11 @@ impl<F: Future + Send + 'static> Future for FinishOnDrop<F> {
     type Output = F::Output;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
-        let Some(run) = self.0.as_mut() else {
+        let Some(run) = self.run.as_mut() else {
             return Poll::Pending; // polled after it finished: never, by `.await`
         };
         let output = std::task::ready!(run.as_mut().poll(cx));
-        self.0 = None;
+        self.run = None;
         Poll::Ready(output)
     }
 }
@@ -178,13 +185,15 @@ impl<F: Future + Send + 'static> Drop for FinishOnDrop<F> {
         if std::thread::panicking() {
             return;
         }
-        let Some(run) = self.0.take() else {
+        let Some(run) = self.run.take() else {
             return;
         };
         // Without a runtime (it is shutting down), nothing can run it any more.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let token = self.tracker.token();
             runtime.spawn(async move {
                 run.await;
+                drop(token);
             });
         }
     }

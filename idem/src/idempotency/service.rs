@@ -143,6 +143,7 @@ where
     // hold the key for its lease with nothing running, and make the next attempt a
     // takeover — which proxy mode answers with a stored "outcome unknown" for a request
     // it never sent.
+    let layer_config = Arc::clone(&config);
     let run = claim_and_execute(
         config,
         inner,
@@ -153,7 +154,7 @@ where
         fingerprint,
         wait_ms,
     );
-    FinishOnDrop::new(Box::pin(run.in_current_span())).await
+    FinishOnDrop::new(Box::pin(run.in_current_span()), &layer_config.executions).await
 }
 
 /// Claims the key — waiting while another attempt holds it, if asked to — then replays,
