@@ -646,7 +646,34 @@ pub fn parse_release_header(s: &str) -> Result<http::HeaderName, String> {
         contract::STORED_HEADERS,
         contract::EXECUTION_TRACE,
     ];
-    if STANDARD.contains(&name) || ["keep-alive", "proxy-connection"].contains(&name.as_str()) {
+    // Others that proxies, tracing and security middleware stamp on answers.
+    const STAMPED: [&str; 24] = [
+        "keep-alive",
+        "proxy-connection",
+        "proxy-status",
+        "traceparent",
+        "tracestate",
+        "baggage",
+        "server-timing",
+        "timing-allow-origin",
+        "permissions-policy",
+        "cross-origin-embedder-policy",
+        "cross-origin-opener-policy",
+        "cross-origin-resource-policy",
+        "preference-applied",
+        "nel",
+        "report-to",
+        "reporting-endpoints",
+        "x-request-id",
+        "x-correlation-id",
+        "x-forwarded-for",
+        "x-forwarded-host",
+        "x-forwarded-proto",
+        "x-forwarded-port",
+        "x-real-ip",
+        "x-powered-by",
+    ];
+    if STANDARD.contains(&name) || STAMPED.contains(&name.as_str()) {
         return Err(format!(
             "{name} is a standard HTTP header: a release needs a private one, e.g. idem-release"
         ));
@@ -751,7 +778,13 @@ mod tests {
             with("X-Nothing-Happened").unwrap().release_header,
             "x-nothing-happened"
         );
-        for standard in ["cache-control", "Retry-After", "warning", "keep-alive"] {
+        for standard in [
+            "cache-control",
+            "Retry-After",
+            "warning",
+            "keep-alive",
+            "traceparent",
+        ] {
             let refused = with(standard).unwrap_err().to_string();
             assert!(refused.contains("standard HTTP header"), "{refused}");
         }

@@ -587,9 +587,17 @@ impl Store for TieredStore {
             // Both tiers' copies go, or neither: with Redis unreadable here (while it
             // keeps its copy, served again once it is back), deleting Postgres' alone
             // would undo the purge and leave the tiers disagreeing for the TTL.
-            self.redis.read(key).await?;
+            let in_redis = self.redis.read(key).await?;
             match in_pg {
-                Some(_) => self.pg.delete_if_same(key, expected, not_before).await?,
+                Some(_) => {
+                    // Redis' copy first: a failure after it leaves Postgres' record,
+                    // which a read mirrors back; the other way round, Redis' copy
+                    // would outlive the purge.
+                    if in_redis.as_ref() == Some(expected) {
+                        self.redis.delete_if_same(key, expected, 0).await?;
+                    }
+                    self.pg.delete_if_same(key, expected, not_before).await?
+                }
                 // Postgres has nothing (expired and swept): Redis' copy decides.
                 None => self.redis.delete_if_same(key, expected, not_before).await?,
             }
