@@ -678,12 +678,23 @@ async fn write_final(
                 });
             }
             Ok(HolderWrite::Refused(Refusal::AlreadyCompleted)) => {
-                if let Ok(record) = store.get(key).await {
-                    if let Some(stored) = holder.own_completion(record.as_ref()) {
-                        let expires_at = record.as_ref().map_or(0, |r| r.expires_at());
-                        tracing::info!(key = %key.as_str(), "{op} refused: the handler's transaction had committed the answer; it is the answer");
-                        return Final::Committed(stored.clone(), expires_at);
+                // Whose completion: this holder's own, committed by its handler's
+                // transaction, or another's. Asked until the store answers: taken for
+                // another's, the client would get an answer no retry of it gets.
+                let record = loop {
+                    match store.get(key).await {
+                        Ok(record) => break record,
+                        Err(e) => {
+                            tracing::warn!(key = %key.as_str(), error = %e, "{op} refused as completed; cannot read whose completion yet");
+                            tokio::time::sleep(backoff).await;
+                            backoff = (backoff * 2).min(MAX_BACKOFF);
+                        }
                     }
+                };
+                if let Some(stored) = holder.own_completion(record.as_ref()) {
+                    let expires_at = record.as_ref().map_or(0, |r| r.expires_at());
+                    tracing::info!(key = %key.as_str(), "{op} refused: the handler's transaction had committed the answer; it is the answer");
+                    return Final::Committed(stored.clone(), expires_at);
                 }
                 metrics::fenced(op);
                 tracing::warn!(key = %key.as_str(), "{op} refused: the record is completed");
