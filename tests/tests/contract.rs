@@ -317,7 +317,7 @@ async fn a_handler_that_blocks_its_thread_keeps_its_lease() {
             axum::routing::post(move || {
                 r.fetch_add(1, Ordering::SeqCst);
                 // Blocks before its first await, as a synchronous client would.
-                std::thread::sleep(Duration::from_millis(2_500));
+                std::thread::sleep(Duration::from_millis(4_000));
                 async { http::StatusCode::CREATED }
             }),
         )
@@ -346,7 +346,7 @@ async fn a_handler_that_blocks_its_thread_keeps_its_lease() {
     let runs = runs.load(Ordering::SeqCst);
     idem_tests::report(
         "contract",
-        &format!("a handler blocking its thread 2.5 s under a 1 s lease: first {first_status}, a retry at 1.5 s {retry_status}, then {} (replayed: {replayed}); {runs} run(s)", after.status().as_u16()),
+        &format!("a handler blocking its thread 4 s under a 1 s lease: first {first_status}, a retry at 1.5 s {retry_status}, then {} (replayed: {replayed}); {runs} run(s)", after.status().as_u16()),
     );
     assert_eq!(retry_status, 409, "still in flight, its lease renewed");
     assert_eq!(
