@@ -98,6 +98,11 @@ pub const TABLES: &[Table] = &[
             ),
             row("redis-kill", &["Redis killed", "redis"], &["—"]),
             row(
+                "lost-replies",
+                &["replies lost after their writes landed (a proxy cuts each connection once a request went through, 150 ms in every 500 ms for 3 s) under 40 keys × 2 attempts, lease 2 s", "redis / postgres"],
+                &["—"],
+            ),
+            row(
                 "reshard",
                 &["`redis-cli --cluster reshard` of 1000 slots, then a 7th node added as a master and `rebalance` onto it, while new keys race (4 attempts each)", "redis cluster"],
                 &["a slot refresh left unanswered stalled the cluster client: 503 × 2 669 / 3 635 / 3 618 (10–27 % of requests) in 3 of 8 runs; 0 doubled"],

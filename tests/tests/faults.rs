@@ -699,3 +699,102 @@ async fn tiered_sync_claims_go_on_while_redis_hangs() {
     assert_eq!(dispositions, BTreeMap::from([("stored".to_owned(), 4)]));
     assert_eq!((charges, doubled), (5, 0));
 }
+
+/// Lost replies whose writes landed, Jepsen's favourite: a proxy between idem and its
+/// store lets every request through and cuts the connection before its reply comes
+/// back, 150 ms in every 500 ms for 3 s, while 40 keys are charged by 2 concurrent
+/// attempts each (a 200 ms handler, lease 2 s). Claims, heartbeats and completions
+/// land unanswered; idem must neither charge twice (a completion it cannot confirm is
+/// asked again and recognised; a claim it cannot confirm holds the key until its lease
+/// ends, and nothing ran under it) nor lose a charge. Afterwards every key settles to
+/// exactly one charge, on Redis and on Postgres.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lost_replies_whose_writes_landed_charge_once() {
+    use idem::idempotency::IdempotencyLayer;
+    let redis = tokio::task::block_in_place(|| RedisProc::start("lost-replies"));
+    let db = TestDb::new("lost_replies").await;
+    let mut seen = Vec::new();
+    for backend in ["redis", "postgres"] {
+        let (target, url) = match backend {
+            "redis" => (
+                redis.url().trim_start_matches("redis://").parse().unwrap(),
+                redis.url(),
+            ),
+            _ => (idem_tests::pg_addr(&db.url), db.url.clone()),
+        };
+        let gate = idem_tests::Proxy::start(target).await;
+        let store: Arc<dyn Store> = match backend {
+            "redis" => {
+                let options = RedisOptions {
+                    namespace: unique_namespace("lost"),
+                    timeout: Duration::from_millis(300),
+                    ..RedisOptions::default()
+                };
+                let url = format!("redis://{}", gate.addr);
+                Arc::new(RedisStore::connect(&url, options).await.unwrap())
+            }
+            _ => {
+                // Its first connection creates the schema: more than 300 ms.
+                let options = PgOptions {
+                    timeout: Duration::from_secs(1),
+                    ..PgOptions::default()
+                };
+                let url = idem_tests::via(&url, gate.addr);
+                Arc::new(PostgresStore::connect(&url, options).await.unwrap())
+            }
+        };
+        let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
+        let layer = IdempotencyLayer::new(store.clone())
+            .require_key_on(["/v1/charges"])
+            .lease(Duration::from_secs(2));
+        let router = idem_origin::app::router(
+            layer,
+            store.clone(),
+            idem_origin::charges::Demo::new(ledger.clone()),
+        );
+        let origin = TestOrigin::serve_router(router, store).await;
+        let base = origin.url("");
+        let names = keys(&format!("lost-{backend}"), 40);
+        let load = spread_load(
+            base.clone(),
+            names.clone(),
+            2,
+            200,
+            Duration::from_millis(150),
+            2,
+        );
+        for _ in 0..6 {
+            gate.lose_replies();
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            gate.deliver_replies();
+            tokio::time::sleep(Duration::from_millis(350)).await;
+        }
+        let during = load.await.unwrap();
+        let after = settle(&base, &names, 200, Duration::from_secs(40)).await;
+        let charges: Vec<usize> = names.iter().map(|k| ledger.count_for_key(k)).collect();
+        let doubled = charges.iter().filter(|&&n| n > 1).count();
+        let missing = charges.iter().filter(|&&n| n == 0).count();
+        report(
+            "faults",
+            &format!("lost replies ({backend}): 40 keys × 2 attempts answered {during:?} while replies were lost; settled {after:?}; {} charges, {doubled} keys charged twice, {missing} never", ledger.len()),
+        );
+        seen.push((backend, doubled, missing, ledger.len(), during));
+    }
+    for (backend, doubled, missing, total, _) in &seen {
+        assert_eq!(
+            (*doubled, *missing, *total),
+            (0, 0, 40),
+            "{backend}: one charge per key"
+        );
+    }
+    let cells: Vec<String> = seen
+        .iter()
+        .map(|(backend, _, _, total, during)| {
+            format!(
+                "{backend}: {total} charges for 40 keys, 0 doubled (answers while lost {})",
+                shown(during)
+            )
+        })
+        .collect();
+    proof::record("faults", "lost-replies", &[&cells.join("; ")]);
+}
