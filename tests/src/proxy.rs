@@ -16,6 +16,8 @@ pub struct Proxy {
     /// Requests still reach the backend, their replies never come back: the connection
     /// is cut just after a request went through ([`Proxy::lose_replies`]).
     losing: Arc<AtomicBool>,
+    /// Connections cut after a request went through, replies being lost.
+    lost: Arc<AtomicU32>,
     generation: Arc<AtomicU32>,
     task: JoinHandle<()>,
 }
@@ -27,8 +29,14 @@ impl Proxy {
         let addr = listener.local_addr().unwrap();
         let down = Arc::new(AtomicBool::new(false));
         let losing = Arc::new(AtomicBool::new(false));
+        let lost = Arc::new(AtomicU32::new(0));
         let generation = Arc::new(AtomicU32::new(0));
-        let (d, g, l) = (down.clone(), generation.clone(), losing.clone());
+        let (d, g, l, n) = (
+            down.clone(),
+            generation.clone(),
+            losing.clone(),
+            lost.clone(),
+        );
         let task = tokio::spawn(async move {
             loop {
                 let Ok((inbound, _)) = listener.accept().await else {
@@ -38,13 +46,15 @@ impl Proxy {
                     drop(inbound); // refuse: close at once
                     continue;
                 }
-                let (d, g, l) = (d.clone(), g.clone(), l.clone());
+                let (d, g, l, n) = (d.clone(), g.clone(), l.clone(), n.clone());
                 let born = g.load(Ordering::SeqCst);
                 tokio::spawn(async move {
                     let Ok(outbound) = TcpStream::connect(upstream).await else {
                         return;
                     };
-                    relay(inbound, outbound, born, &d, &g, &l).await;
+                    if relay(inbound, outbound, born, &d, &g, &l).await {
+                        n.fetch_add(1, Ordering::SeqCst);
+                    }
                 });
             }
         });
@@ -52,6 +62,7 @@ impl Proxy {
             addr,
             down,
             losing,
+            lost,
             generation,
             task,
         }
@@ -67,6 +78,11 @@ impl Proxy {
     /// Replies come back again.
     pub fn deliver_replies(&self) {
         self.losing.store(false, Ordering::SeqCst);
+    }
+
+    /// How many connections were cut after a request went through.
+    pub fn replies_lost(&self) -> u32 {
+        self.lost.load(Ordering::SeqCst)
     }
 
     /// Drops every connection and refuses new ones.
@@ -87,38 +103,79 @@ impl Drop for Proxy {
     }
 }
 
-/// Copies both ways until either side closes, the proxy goes down (or cuts its
-/// connections), or — replies being lost — a request has gone through.
+/// Copies both ways — each direction on its own, a side's end of stream passed on as a
+/// half-close — until both ends are closed, the proxy goes down (or cuts its
+/// connections), or, replies being lost, a request has gone through (then true).
 async fn relay(
-    mut inbound: TcpStream,
-    mut outbound: TcpStream,
+    inbound: TcpStream,
+    outbound: TcpStream,
     born: u32,
     down: &AtomicBool,
     generation: &AtomicU32,
     losing: &AtomicBool,
-) {
+) -> bool {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (mut from_client, mut to_client) = inbound.split();
-    let (mut from_backend, mut to_backend) = outbound.split();
-    let (mut up, mut back) = (vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]);
-    loop {
-        tokio::select! {
-            read = from_client.read(&mut up) => {
-                let Ok(n @ 1..) = read else { return };
-                if to_backend.write_all(&up[..n]).await.is_err() { return; }
-                if losing.load(Ordering::SeqCst) {
-                    // Let the backend act on it, then cut: its reply is lost.
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    return;
+    let (mut from_client, mut to_client) = inbound.into_split();
+    let (mut from_backend, mut to_backend) = outbound.into_split();
+    // Client to backend: true when cut after a request went through (its reply lost).
+    let up = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match from_client.read(&mut buf).await {
+                Ok(0) | Err(_) => {
+                    let _ = to_backend.shutdown().await;
+                    return false;
                 }
+                Ok(n) => n,
+            };
+            if to_backend.write_all(&buf[..n]).await.is_err() {
+                return false;
             }
-            read = from_backend.read(&mut back) => {
-                let Ok(n @ 1..) = read else { return };
-                if to_client.write_all(&back[..n]).await.is_err() { return; }
-            }
-            _ = tokio::time::sleep(Duration::from_millis(20)) => {
-                if down.load(Ordering::SeqCst) || generation.load(Ordering::SeqCst) != born { return; }
+            if losing.load(Ordering::SeqCst) {
+                // Let the backend act on it, then cut: its reply is lost.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                return true;
             }
         }
+    };
+    let back = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match from_backend.read(&mut buf).await {
+                Ok(0) | Err(_) => {
+                    let _ = to_client.shutdown().await;
+                    return;
+                }
+                Ok(n) => n,
+            };
+            if to_client.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    // Checked every 20 ms whatever the traffic.
+    let watch = async {
+        let mut tick = tokio::time::interval(Duration::from_millis(20));
+        loop {
+            tick.tick().await;
+            if down.load(Ordering::SeqCst) || generation.load(Ordering::SeqCst) != born {
+                return;
+            }
+        }
+    };
+    tokio::pin!(up, back, watch);
+    let (mut up_done, mut back_done) = (false, false);
+    while !(up_done && back_done) {
+        tokio::select! {
+            cut = &mut up, if !up_done => {
+                if cut {
+                    return true;
+                }
+                up_done = true;
+            }
+            () = &mut back, if !back_done => back_done = true,
+            () = &mut watch => return false,
+        }
     }
+    false
 }

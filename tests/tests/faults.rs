@@ -770,17 +770,19 @@ async fn lost_replies_whose_writes_landed_charge_once() {
             tokio::time::sleep(Duration::from_millis(350)).await;
         }
         let during = load.await.unwrap();
+        let cut = gate.replies_lost();
         let after = settle(&base, &names, 200, Duration::from_secs(40)).await;
         let charges: Vec<usize> = names.iter().map(|k| ledger.count_for_key(k)).collect();
         let doubled = charges.iter().filter(|&&n| n > 1).count();
         let missing = charges.iter().filter(|&&n| n == 0).count();
         report(
             "faults",
-            &format!("lost replies ({backend}): 40 keys × 2 attempts answered {during:?} while replies were lost; settled {after:?}; {} charges, {doubled} keys charged twice, {missing} never", ledger.len()),
+            &format!("lost replies ({backend}): {cut} connections cut after a request went through; 40 keys × 2 attempts answered {during:?} while replies were lost; settled {after:?}; {} charges, {doubled} keys charged twice, {missing} never", ledger.len()),
         );
-        seen.push((backend, doubled, missing, ledger.len(), during));
+        assert!(cut > 0, "{backend}: no request went through unanswered");
+        seen.push((backend, doubled, missing, ledger.len(), during, cut));
     }
-    for (backend, doubled, missing, total, _) in &seen {
+    for (backend, doubled, missing, total, _, _) in &seen {
         assert_eq!(
             (*doubled, *missing, *total),
             (0, 0, 40),
@@ -789,9 +791,9 @@ async fn lost_replies_whose_writes_landed_charge_once() {
     }
     let cells: Vec<String> = seen
         .iter()
-        .map(|(backend, _, _, total, during)| {
+        .map(|(backend, _, _, total, during, cut)| {
             format!(
-                "{backend}: {total} charges for 40 keys, 0 doubled (answers while lost {})",
+                "{backend}: {cut} connections cut after a request went through; {total} charges for 40 keys, 0 doubled (answers meanwhile {})",
                 shown(during)
             )
         })

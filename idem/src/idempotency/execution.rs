@@ -42,6 +42,9 @@ pub const CLIENT_WAIT: Duration = Duration::from_secs(1);
 #[derive(Clone, Default)]
 pub struct Executions {
     tracker: TaskTracker,
+    /// Requests between their claim and their execution, which finish even if their
+    /// client leaves ([`FinishOnDrop`]): a drain waits for them too.
+    claims: TaskTracker,
     /// (Idempotency key, record key) of executions whose final write has not landed.
     unwritten: Arc<Mutex<HashMap<u64, (String, String)>>>,
     next_id: Arc<AtomicU64>,
@@ -58,11 +61,14 @@ impl Executions {
     /// counted in `idem_lost_writes_total`): a retry of those runs the handler again
     /// once their lease ends.
     pub async fn drain(&self, deadline: Duration) -> Vec<(String, String)> {
+        self.claims.close();
         self.tracker.close();
-        if tokio::time::timeout(deadline, self.tracker.wait())
-            .await
-            .is_ok()
-        {
+        // Claims first: one may still start an execution.
+        let all = async {
+            self.claims.wait().await;
+            self.tracker.wait().await;
+        };
+        if tokio::time::timeout(deadline, all).await.is_ok() {
             return Vec::new();
         }
         let keys: Vec<(String, String)> = self
@@ -150,18 +156,22 @@ where
 }
 
 /// A future that, dropped before it finishes (its request went away), is spawned to
-/// finish on its own, counted among the layer's executions (a drain waits for it: it
-/// may be about to run a handler); its output is then discarded.
+/// finish on its own; its output is then discarded. It counts among the layer's claims
+/// from the start — a drain waits for it, as it may be about to run a handler — and
+/// tells the future, through `left`, that nobody is waiting for its answer any more.
 pub(crate) struct FinishOnDrop<F: Future + Send + 'static> {
     run: Option<Pin<Box<F>>>,
-    tracker: TaskTracker,
+    token: Option<TaskTrackerToken>,
+    left: Arc<AtomicBool>,
 }
 
 impl<F: Future + Send + 'static> FinishOnDrop<F> {
-    pub(crate) fn new(run: Pin<Box<F>>, executions: &Executions) -> Self {
+    /// `run`, counted among `executions`' claims; `left` is set if it is dropped.
+    pub(crate) fn new(run: Pin<Box<F>>, executions: &Executions, left: Arc<AtomicBool>) -> Self {
         FinishOnDrop {
             run: Some(run),
-            tracker: executions.tracker.clone(),
+            token: Some(executions.claims.token()),
+            left,
         }
     }
 }
@@ -175,6 +185,7 @@ impl<F: Future + Send + 'static> Future for FinishOnDrop<F> {
         };
         let output = std::task::ready!(run.as_mut().poll(cx));
         self.run = None;
+        self.token = None;
         Poll::Ready(output)
     }
 }
@@ -185,12 +196,12 @@ impl<F: Future + Send + 'static> Drop for FinishOnDrop<F> {
         if std::thread::panicking() {
             return;
         }
-        let Some(run) = self.run.take() else {
+        let (Some(run), token) = (self.run.take(), self.token.take()) else {
             return;
         };
+        self.left.store(true, Ordering::Relaxed);
         // Without a runtime (it is shutting down), nothing can run it any more.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let token = self.tracker.token();
             runtime.spawn(async move {
                 run.await;
                 drop(token);
@@ -678,19 +689,19 @@ async fn write_final(
                 });
             }
             Ok(HolderWrite::Refused(Refusal::AlreadyCompleted)) => {
-                // Whose completion: this holder's own, committed by its handler's
-                // transaction, or another's. Asked until the store answers: taken for
-                // another's, the client would get an answer no retry of it gets.
-                let record = loop {
-                    match store.get(key).await {
-                        Ok(record) => break record,
-                        Err(e) => {
-                            tracing::warn!(key = %key.as_str(), error = %e, "{op} refused as completed; cannot read whose completion yet");
-                            tokio::time::sleep(backoff).await;
-                            backoff = (backoff * 2).min(MAX_BACKOFF);
-                        }
-                    }
-                };
+                // This holder's own completion (another's token is refused as fenced),
+                // committed by its handler's transaction: its answer is the one to give.
+                // Read a few times: a single failed read gave the client the handler's
+                // own answer, which its retries never get.
+                let mut record = store.get(key).await;
+                for _ in 0..3 {
+                    let Err(e) = &record else { break };
+                    tracing::warn!(key = %key.as_str(), error = %e, "{op} refused as completed; reading the completion again");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    record = store.get(key).await;
+                }
+                let record = record.ok().flatten();
                 if let Some(stored) = holder.own_completion(record.as_ref()) {
                     let expires_at = record.as_ref().map_or(0, |r| r.expires_at());
                     tracing::info!(key = %key.as_str(), "{op} refused: the handler's transaction had committed the answer; it is the answer");

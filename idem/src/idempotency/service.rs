@@ -16,6 +16,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_core::contract::{self, Problem, Rejection, Route, Waiting, IDEMPOTENCY_KEY};
 use idem_core::{Decision, RecordKey};
 use std::convert::Infallible;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -144,6 +145,7 @@ where
     // takeover — which proxy mode answers with a stored "outcome unknown" for a request
     // it never sent.
     let layer_config = Arc::clone(&config);
+    let left = Arc::new(AtomicBool::new(false));
     let run = claim_and_execute(
         config,
         inner,
@@ -152,9 +154,24 @@ where
         key,
         record_key,
         fingerprint,
-        wait_ms,
+        Wait {
+            ms: wait_ms,
+            left: left.clone(),
+        },
     );
-    FinishOnDrop::new(Box::pin(run.in_current_span()), &layer_config.executions).await
+    FinishOnDrop::new(
+        Box::pin(run.in_current_span()),
+        &layer_config.executions,
+        left,
+    )
+    .await
+}
+
+/// How long a request may wait while another attempt holds its key, unless its
+/// client has left meanwhile.
+struct Wait {
+    ms: u64,
+    left: Arc<AtomicBool>,
 }
 
 /// Claims the key — waiting while another attempt holds it, if asked to — then replays,
@@ -168,7 +185,7 @@ async fn claim_and_execute<S>(
     key: idem_core::IdempotencyKey,
     record_key: RecordKey,
     fingerprint: idem_core::Fingerprint,
-    wait_ms: u64,
+    wait: Wait,
 ) -> Response<Body>
 where
     S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
@@ -176,7 +193,7 @@ where
 {
     // The wait is measured on the runtime's monotonic clock, from here.
     let started = Instant::now();
-    let mut waiting = Waiting::new(0, wait_ms);
+    let mut waiting = Waiting::new(0, wait.ms);
 
     loop {
         let store = &config.store;
@@ -206,7 +223,9 @@ where
             }
             Ok(Decision::InFlight { .. }) => {
                 let elapsed = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
-                match waiting.poll_after(elapsed) {
+                // Nobody is waiting for this one any more: no more asking.
+                let gone = wait.left.load(std::sync::atomic::Ordering::Relaxed);
+                match waiting.poll_after(elapsed).filter(|_| !gone) {
                     Some(ms) => {
                         tokio::time::sleep(Duration::from_millis(ms)).await;
                         continue;
