@@ -419,6 +419,17 @@ impl Config {
             if self.upstream_timeout.is_zero() {
                 return Err("--upstream-timeout must be more than 0".into());
             }
+            // Within the connect timeout nothing may have been sent: a request cut off
+            // there would be stored as an unknown outcome for a payment never made.
+            let connect = self
+                .upstream_timeout
+                .min(std::time::Duration::from_secs(10));
+            if !self.max_execution.is_zero() && self.max_execution <= connect {
+                return Err(format!(
+                    "--max-execution ({:?}) must be longer than the upstream connect timeout ({connect:?}, --upstream-timeout up to 10 s): a request still connecting would be stored as an unknown outcome though nothing was sent",
+                    self.max_execution
+                ));
+            }
         }
         if self.store == StoreKind::Postgres
             && self.database_url.as_deref().is_none_or(str::is_empty)
@@ -656,6 +667,27 @@ mod tests {
         assert!(parse_duration("5 weeks").is_err());
         assert!(parse_duration("-1s").is_err());
         assert!(parse_duration("99999999999999999d").is_err());
+    }
+
+    #[test]
+    fn proxy_mode_outlasts_its_connect_timeout() {
+        let with = |max: &str| {
+            Config::try_parse_from([
+                "idem-origin",
+                "--upstream",
+                "http://127.0.0.1:9",
+                "--upstream-timeout",
+                "5s",
+                "--max-execution",
+                max,
+            ])
+            .unwrap()
+            .validate()
+        };
+        assert!(with("3s").unwrap_err().contains("connect timeout"));
+        assert!(with("5s").is_err());
+        assert_eq!(with("6s"), Ok(()));
+        assert_eq!(with("0"), Ok(()), "0 is the bounded default");
     }
 
     #[test]
