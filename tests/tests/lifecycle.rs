@@ -440,6 +440,41 @@ fn wait_exit(child: &mut std::process::Child, within: Duration) -> std::process:
     }
 }
 
+/// A client that gives up on `key` after `patience`, before any answer came.
+async fn give_up(url: &str, key: &str, body: &str, patience: Duration) {
+    let impatient = reqwest::Client::builder()
+        .timeout(patience)
+        .build()
+        .unwrap();
+    let gone = impatient
+        .post(format!("{url}/v1/charges"))
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(body.to_owned())
+        .send()
+        .await;
+    assert!(gone.is_err(), "the client gave up before the answer");
+}
+
+/// The retry of `key` on an origin restarted with `args` (killed afterwards): its
+/// status, whether it was a replay, and the charges `db` holds for the key.
+async fn retry_after_restart(
+    args: &[&str],
+    db: &TestDb,
+    key: &str,
+    body: &str,
+) -> (u16, bool, i64) {
+    let (mut again, url) = OriginProcess::spawn(args).await;
+    let retry = post_charge(&client(), &url, Some(key), body).await;
+    let answer = (
+        retry.status().as_u16(),
+        retry.headers().get("idempotent-replayed").is_some(),
+        db.charges_for(key).await,
+    );
+    let _ = again.kill();
+    answer
+}
+
 /// Defect 5: the client leaves, SIGTERM comes while its handler still runs. Shutdown
 /// waits for the execution and its record; after a restart the retry is a replay at
 /// once — not a 409 for a whole lease, not a second charge.
@@ -456,32 +491,16 @@ async fn sigterm_finishes_an_execution_whose_client_left() {
     ];
     let (mut child, url) = OriginProcess::spawn(&args).await;
     let body = charge_body("c", 100, 1_500);
-    let impatient = reqwest::Client::builder()
-        .timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
-    let gone = impatient
-        .post(format!("{url}/v1/charges"))
-        .header("idempotency-key", "gone-1")
-        .header("content-type", "application/json")
-        .body(body.clone())
-        .send()
-        .await;
-    assert!(gone.is_err(), "the client gave up before the answer");
+    give_up(&url, "gone-1", &body, Duration::from_millis(300)).await;
     sigterm(&child);
     let signalled = Instant::now();
     let status = tokio::task::block_in_place(|| wait_exit(&mut child, Duration::from_secs(40)));
     let stopped_after = signalled.elapsed();
-    let (mut again, url) = OriginProcess::spawn(&args).await;
-    let retry = post_charge(&client(), &url, Some("gone-1"), &body).await;
-    let retry_status = retry.status().as_u16();
-    let replayed = retry.headers().get("idempotent-replayed").is_some();
-    let charges = db.charges_for("gone-1").await;
+    let (retry_status, replayed, charges) = retry_after_restart(&args, &db, "gone-1", &body).await;
     report(
         "lifecycle",
         &format!("SIGTERM with the client gone, 1.5 s handler: exit {status} after {stopped_after:.1?}; retry after restart {retry_status} replayed={replayed}; {charges} charge"),
     );
-    let _ = again.kill();
     assert!(status.success());
     assert_eq!((retry_status, replayed), (201, true), "a replay at once");
     assert_eq!(charges, 1);
@@ -520,34 +539,19 @@ async fn sigterm_waits_for_a_claim_whose_client_left() {
     lock.batch_execute("BEGIN; LOCK TABLE idem_records IN EXCLUSIVE MODE")
         .await
         .unwrap();
-    let impatient = reqwest::Client::builder()
-        .timeout(Duration::from_millis(200))
-        .build()
-        .unwrap();
-    let gone = impatient
-        .post(format!("{url}/v1/charges"))
-        .header("idempotency-key", "claim-gone-1")
-        .header("content-type", "application/json")
-        .body(body.clone())
-        .send()
-        .await;
-    assert!(gone.is_err(), "the client gave up during its claim");
+    give_up(&url, "claim-gone-1", &body, Duration::from_millis(200)).await;
     sigterm(&child);
     let signalled = Instant::now();
     tokio::time::sleep(Duration::from_millis(300)).await;
     lock.batch_execute("COMMIT").await.unwrap();
     let status = tokio::task::block_in_place(|| wait_exit(&mut child, Duration::from_secs(40)));
     let stopped_after = signalled.elapsed();
-    let (mut again, url) = OriginProcess::spawn(&args).await;
-    let retry = post_charge(&client(), &url, Some("claim-gone-1"), &body).await;
-    let retry_status = retry.status().as_u16();
-    let replayed = retry.headers().get("idempotent-replayed").is_some();
-    let charges = db.charges_for("claim-gone-1").await;
+    let (retry_status, replayed, charges) =
+        retry_after_restart(&args, &db, "claim-gone-1", &body).await;
     report(
         "lifecycle",
         &format!("SIGTERM with the client gone during its claim (held 0.3 s by a lock): exit {status} after {stopped_after:.1?}; retry after restart {retry_status} replayed={replayed}; {charges} charge"),
     );
-    let _ = again.kill();
     assert!(status.success());
     assert_eq!((retry_status, replayed), (201, true), "a replay at once");
     assert_eq!(charges, 1);

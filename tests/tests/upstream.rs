@@ -931,33 +931,26 @@ async fn a_request_that_never_left_idem_is_not_stored_as_an_unknown_outcome() {
     const CUT: usize = 40;
     let key = |i: usize| format!("cut-{i}");
     let mut first: BTreeMap<String, usize> = BTreeMap::new();
+    let answer = |i: usize| {
+        let (http, url) = (http.clone(), origin.url("/v1/charges"));
+        async move {
+            let res = post(&http, &url, &key(i), charge_body("c-cut", 100, 0)).await;
+            let status = res.status().as_u16();
+            format!(
+                "{status} {}",
+                problem_type(&res.text().await.unwrap_or_default())
+            )
+        }
+    };
     for i in 0..CUT {
-        let res = post(
-            &http,
-            &origin.url("/v1/charges"),
-            &key(i),
-            charge_body("c-cut", 100, 0),
-        )
-        .await;
-        let status = res.status().as_u16();
-        let kind = problem_type(&res.text().await.unwrap_or_default());
-        *first.entry(format!("{status} {kind}")).or_default() += 1;
+        *first.entry(answer(i).await).or_default() += 1;
     }
     gate.bring_up();
     let mut retried: BTreeMap<String, usize> = BTreeMap::new();
     let mut charged = 0;
     let mut doubled = 0;
     for i in 0..CUT {
-        let res = post(
-            &http,
-            &origin.url("/v1/charges"),
-            &key(i),
-            charge_body("c-cut", 100, 0),
-        )
-        .await;
-        let status = res.status().as_u16();
-        let kind = problem_type(&res.text().await.unwrap_or_default());
-        *retried.entry(format!("{status} {kind}")).or_default() += 1;
+        *retried.entry(answer(i).await).or_default() += 1;
         let charges = payments.charges_for(&key(i));
         charged += usize::from(charges == 1);
         doubled += usize::from(charges > 1);
