@@ -590,10 +590,11 @@ impl Store for TieredStore {
             let in_redis = self.redis.read(key).await?;
             match in_pg {
                 Some(_) => {
-                    // Redis' copy first: a failure after it leaves Postgres' record,
-                    // which a read mirrors back; the other way round, Redis' copy
-                    // would outlive the purge.
-                    if in_redis.as_ref() == Some(expected) {
+                    // Redis' copy of an answer first: a failure after it leaves
+                    // Postgres' record, which the next claim mirrors back; the other
+                    // way round, Redis' copy would outlive the purge. (A claim's copy
+                    // waits for Postgres' verdict: its lease may be live.)
+                    if in_redis.as_ref() == Some(expected) && expected.is_completed() {
                         self.redis.delete_if_same(key, expected, 0).await?;
                     }
                     self.pg.delete_if_same(key, expected, not_before).await?
