@@ -105,7 +105,12 @@ pub const TABLES: &[Table] = &[
             row(
                 "reshard",
                 &["`redis-cli --cluster reshard` of 1000 slots, then a 7th node added as a master and `rebalance` onto it, while new keys race (4 attempts each)", "redis cluster"],
-                &["a slot refresh left unanswered stalled the cluster client: 503 × 2 669 / 3 635 / 3 618 (10–27 % of requests) in 3 of 8 runs; 0 doubled"],
+                &["a slot refresh left unanswered stalled the cluster client: 503 × 2 669 / 3 635 / 3 618 (10–27 % of requests) in 3 of 8 runs; then, beside three busy loops, the master joining without slots wedged the data connection (next row): 503 × 3 580 / 3 600 in 2 of 3 runs; 0 doubled"],
+            ),
+            row(
+                "empty-master",
+                &["a master joined with no slot yet, listed (in-progress listing) and probed (replay cache's purge probe) 5 times while 4 writers claim", "redis cluster"],
+                &["reached through the data connection, unknown to its slot map: 5/5 listings and 5/5 probes failed, 140 reconnects from the initial nodes, each pausing every write"],
             ),
             row(
                 "outage-while-finishing",

@@ -135,6 +135,8 @@ struct SelfHealingCluster {
     consecutive_failures: AtomicU32,
     rebuilding: AtomicBool,
     timeout: Duration,
+    /// Single nodes by address, on connections of their own (see `nodes`).
+    nodes: nodes::NodeConnections,
 }
 
 const REBUILD_AFTER: u32 = 3;
@@ -173,6 +175,7 @@ impl SelfHealingCluster {
     }
 }
 
+mod nodes;
 mod purge;
 
 /// Redis-backed [`Store`].
@@ -339,6 +342,7 @@ impl RedisStore {
             consecutive_failures: AtomicU32::new(0),
             rebuilding: AtomicBool::new(false),
             timeout,
+            nodes: nodes::NodeConnections::new(nodes[0], ca.cloned(), timeout),
         })))
     }
 

@@ -138,6 +138,7 @@ impl RedisProc {
             ])
             .args(["--dir", self.dir.to_str().unwrap()])
             .args(&self.extra)
+            .args(server_log(self.port))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -363,6 +364,19 @@ impl RedisClusterProc {
                     .iter()
                     .all(|n| n.cli(&["cluster", "info"]).contains("cluster_state:ok"))
         });
+    }
+}
+
+/// `--logfile` under `$IDEM_TEST_REDIS_LOGS` when that is set (the test's own
+/// directories are removed when it ends; a failed run's server logs are kept there).
+fn server_log(port: u16) -> Vec<String> {
+    match std::env::var_os("IDEM_TEST_REDIS_LOGS") {
+        Some(dir) => {
+            let _ = std::fs::create_dir_all(&dir);
+            let file = std::path::Path::new(&dir).join(format!("redis-{port}.log"));
+            vec!["--logfile".into(), file.display().to_string()]
+        }
+        None => vec![],
     }
 }
 

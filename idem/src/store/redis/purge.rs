@@ -96,10 +96,7 @@ impl RedisStore {
         match &self.conn {
             Conn::Single(c) => self.bounded(cmd.query_async(&mut c.clone())).await,
             Conn::Cluster(h) => {
-                let routing = RoutingInfo::SingleNode(address(node)?);
-                let reply = self
-                    .bounded(h.connection().route_command(cmd, routing))
-                    .await?;
+                let reply: Value = h.nodes.query(node, &cmd).await?;
                 redis::from_redis_value(reply)
                     .map_err(|e| StoreError::Corrupt(format!("SCAN answered {e}")))
             }
@@ -124,7 +121,7 @@ impl RedisStore {
         for key in keys {
             pipe.cmd("GETRANGE").arg(key).arg(0).arg(HEADER_LEN - 1);
         }
-        let replies = self.pipeline_on(node, pipe, keys.len()).await?;
+        let replies = self.pipeline_on(node, pipe).await?;
         let token_before = claimed_before.saturating_mul(idem_core::TOKENS_PER_MS);
         let mut candidates = Vec::new();
         let mut hashes = Vec::new();
@@ -149,7 +146,7 @@ impl RedisStore {
             for key in &hashes {
                 pipe.cmd("HMGET").arg(key).arg("s").arg("t");
             }
-            let replies = self.pipeline_on(node, pipe, hashes.len()).await?;
+            let replies = self.pipeline_on(node, pipe).await?;
             for (key, reply) in hashes.into_iter().zip(&replies) {
                 // An error here: moved, or rewritten as a string just now (not orphaned).
                 if let Ok((Some(state), Some(token))) =
@@ -177,20 +174,15 @@ impl RedisStore {
         Ok(found)
     }
 
-    /// `pipe` on one node (`n` commands), each command's reply or error.
+    /// `pipe` on one node, each command's reply or error.
     async fn pipeline_on(
         &self,
         node: &str,
         pipe: redis::Pipeline,
-        n: usize,
     ) -> Result<Vec<Value>, StoreError> {
         match &self.conn {
             Conn::Single(c) => self.bounded(pipe.query_async(&mut c.clone())).await,
-            Conn::Cluster(h) => {
-                let mut connection = h.connection();
-                self.bounded(connection.route_pipeline(pipe, 0, n, address(node)?))
-                    .await
-            }
+            Conn::Cluster(h) => h.nodes.pipeline(node, &pipe).await,
         }
     }
 
@@ -299,31 +291,14 @@ pub(super) struct RedisPurgeChannel {
 }
 
 impl RedisPurgeChannel {
-    /// `nodes[0]`'s URL (scheme, credentials, database) pointed at `node` (`host:port`).
-    fn url_for(&self, node: &str) -> String {
-        let first = self.nodes.first().map_or("redis://", String::as_str);
-        let (scheme, rest) = first.split_once("://").unwrap_or(("redis", first));
-        let (userinfo, hostpart) = match rest.split_once('@') {
-            Some((u, h)) => (format!("{u}@"), h),
-            None => (String::new(), rest),
-        };
-        let tail = hostpart.find(['/', '?']).map_or("", |at| &hostpart[at..]);
-        format!("{scheme}://{userinfo}{node}{tail}")
-    }
-
     /// Subscribes on one server; the task forwarding its messages stops when `stop`
     /// is cancelled, and cancels it when its connection ends.
     async fn subscribe_on(
         &self,
-        url: &str,
+        client: redis::Client,
         to_listener: mpsc::Sender<String>,
         stop: tokio_util::sync::CancellationToken,
     ) -> Result<(), StoreError> {
-        let client = match &self.ca {
-            Some(ca) => redis::Client::build_with_tls(url, super::tls_certificates(ca)),
-            None => redis::Client::open(url),
-        }
-        .map_err(unavailable)?;
         let subscribing = async {
             let mut pubsub = client.get_async_pubsub().await?;
             pubsub.subscribe(&self.channel).await?;
@@ -366,14 +341,25 @@ impl PurgeChannel for RedisPurgeChannel {
         let (to_listener, received) = mpsc::channel(QUEUE);
         let stop = tokio_util::sync::CancellationToken::new();
         for server in &servers {
-            let url = match &self.conn {
-                Conn::Cluster(_) => self.url_for(server),
-                Conn::Single(_) => self.nodes.first().cloned().unwrap_or_default(),
+            let client = match &self.conn {
+                Conn::Cluster(h) => h.nodes.client(server),
+                Conn::Single(_) => {
+                    let url = self.nodes.first().map_or("", String::as_str);
+                    match &self.ca {
+                        Some(ca) => redis::Client::build_with_tls(url, super::tls_certificates(ca)),
+                        None => redis::Client::open(url),
+                    }
+                    .map_err(unavailable)
+                }
             };
-            if let Err(e) = self
-                .subscribe_on(&url, to_listener.clone(), stop.clone())
-                .await
-            {
+            let subscribed = match client {
+                Ok(client) => {
+                    self.subscribe_on(client, to_listener.clone(), stop.clone())
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            if let Err(e) = subscribed {
                 stop.cancel();
                 return Err(e);
             }
@@ -401,13 +387,7 @@ impl PurgeChannel for RedisPurgeChannel {
             let message = format!("{id}@{node}");
             let mut cmd = redis::cmd("PUBLISH");
             cmd.arg(&self.channel).arg(&message);
-            let mut connection = h.connection();
-            let publishing =
-                connection.route_command(cmd, RoutingInfo::SingleNode(address(&node)?));
-            match tokio::time::timeout(self.timeout, publishing).await {
-                Ok(r) => r.map_err(unavailable)?,
-                Err(_) => return Err(StoreError::Unavailable("redis: PUBLISH timed out".into())),
-            };
+            h.nodes.query::<i64>(&node, &cmd).await?;
             sent.push(message);
         }
         Ok(sent)
@@ -478,14 +458,6 @@ async fn masters(conn: &Conn, timeout: Duration) -> Result<Vec<String>, StoreErr
         })
         .collect();
     masters.sort();
+    h.nodes.keep_only(&masters);
     Ok(masters)
-}
-
-/// `host:port` as cluster routing wants it.
-fn address(node: &str) -> Result<SingleNodeRoutingInfo, StoreError> {
-    let (host, port) = node
-        .rsplit_once(':')
-        .and_then(|(h, p)| Some((h.to_owned(), p.parse().ok()?)))
-        .ok_or_else(|| StoreError::Corrupt(format!("node address {node:?}")))?;
-    Ok(SingleNodeRoutingInfo::ByAddress { host, port })
 }

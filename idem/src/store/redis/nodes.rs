@@ -1,0 +1,151 @@
+//! Connections of their own to single nodes of a Redis Cluster, named by address.
+//!
+//! The in-progress listing (`SCAN` is per node) and the purge probe (a `PUBLISH` from
+//! each master) talk to a node by address. Asked through the cluster connection,
+//! redis-rs 1.8 answers a node outside its slot map — a master that has joined and
+//! holds no slot yet — with "connection not found" and reconnects from the initial
+//! nodes, pausing every request on the data connection meanwhile; a reconnect racing
+//! in-flight requests can wedge that connection until it is rebuilt (thousands of
+//! 503s during a rebalance: tests/tests/reshard.rs). A node's own connection leaves
+//! the data path alone.
+
+use super::{tls_certificates, unavailable};
+use crate::store::StoreError;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, FromRedisValue, Value};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+pub(super) struct NodeConnections {
+    /// The first URL given: every node shares its scheme, credentials and database.
+    template: String,
+    ca: Option<Vec<u8>>,
+    timeout: Duration,
+    open: Mutex<HashMap<String, MultiplexedConnection>>,
+}
+
+impl NodeConnections {
+    pub(super) fn new(template: &str, ca: Option<Vec<u8>>, timeout: Duration) -> Self {
+        NodeConnections {
+            template: template.to_owned(),
+            ca,
+            timeout,
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The template URL pointed at `node` (`host:port`).
+    pub(super) fn url_for(&self, node: &str) -> String {
+        let (scheme, rest) = self
+            .template
+            .split_once("://")
+            .unwrap_or(("redis", &self.template));
+        let (userinfo, hostpart) = match rest.split_once('@') {
+            Some((u, h)) => (format!("{u}@"), h),
+            None => (String::new(), rest),
+        };
+        let tail = hostpart.find(['/', '?']).map_or("", |at| &hostpart[at..]);
+        format!("{scheme}://{userinfo}{node}{tail}")
+    }
+
+    /// A client for `node`, verifying TLS servers with the configured CA.
+    pub(super) fn client(&self, node: &str) -> Result<redis::Client, StoreError> {
+        let url = self.url_for(node);
+        match &self.ca {
+            Some(ca) => redis::Client::build_with_tls(url, tls_certificates(ca)),
+            None => redis::Client::open(url),
+        }
+        .map_err(unavailable)
+    }
+
+    async fn connection(&self, node: &str) -> Result<MultiplexedConnection, StoreError> {
+        if let Some(open) = self.lock().get(node) {
+            return Ok(open.clone());
+        }
+        let client = self.client(node)?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout));
+        let connecting = client.get_multiplexed_async_connection_with_config(&config);
+        let conn = tokio::time::timeout(self.timeout, connecting)
+            .await
+            .map_err(|_| {
+                StoreError::Unavailable(format!(
+                    "redis: no connection to {node} within {:?}",
+                    self.timeout
+                ))
+            })?
+            .map_err(unavailable)?;
+        self.lock().insert(node.to_owned(), conn.clone());
+        Ok(conn)
+    }
+
+    /// `cmd` on `node`. A connection that failed is closed; the next call opens one.
+    pub(super) async fn query<T: FromRedisValue>(
+        &self,
+        node: &str,
+        cmd: &redis::Cmd,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.connection(node).await?;
+        let result = tokio::time::timeout(self.timeout, cmd.query_async(&mut conn)).await;
+        self.settle(node, result)
+    }
+
+    /// `pipe` on `node`: each command's reply or error.
+    pub(super) async fn pipeline(
+        &self,
+        node: &str,
+        pipe: &redis::Pipeline,
+    ) -> Result<Vec<Value>, StoreError> {
+        let mut conn = self.connection(node).await?;
+        let result = tokio::time::timeout(self.timeout, pipe.query_async(&mut conn)).await;
+        self.settle(node, result)
+    }
+
+    fn settle<T>(
+        &self,
+        node: &str,
+        result: Result<redis::RedisResult<T>, tokio::time::error::Elapsed>,
+    ) -> Result<T, StoreError> {
+        let failed = match result {
+            Ok(Ok(value)) => return Ok(value),
+            Ok(Err(e)) if !(e.is_io_error() || e.is_timeout()) => return Err(unavailable(e)),
+            Ok(Err(e)) => unavailable(e),
+            Err(_) => StoreError::Unavailable(format!(
+                "redis: {node}: no answer within {:?}",
+                self.timeout
+            )),
+        };
+        self.lock().remove(node);
+        Err(failed)
+    }
+
+    /// Closes the connections to nodes not among `nodes` (no longer masters, say).
+    pub(super) fn keep_only(&self, nodes: &[String]) {
+        self.lock().retain(|node, _| nodes.contains(node));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, MultiplexedConnection>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NodeConnections;
+    use std::time::Duration;
+
+    #[test]
+    fn a_node_url_keeps_the_first_urls_scheme_credentials_and_database() {
+        let at = |template: &str| {
+            NodeConnections::new(template, None, Duration::from_secs(1)).url_for("10.0.0.7:7001")
+        };
+        assert_eq!(at("redis://127.0.0.1:7000"), "redis://10.0.0.7:7001");
+        assert_eq!(
+            at("rediss://user:pw@a.example:7000/0?protocol=resp3"),
+            "rediss://user:pw@10.0.0.7:7001/0?protocol=resp3"
+        );
+        assert_eq!(at("127.0.0.1:7000"), "redis://10.0.0.7:7001");
+    }
+}
