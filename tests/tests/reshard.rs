@@ -336,6 +336,16 @@ async fn a_master_without_slots_is_listed_and_probed_while_writes_go_on() {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // A cursor is the caller's text: a node it names that is not a master is never
+    // connected to (it would be sent the store's credentials).
+    let stranger = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cursor = format!("{}/0/-", stranger.local_addr().unwrap());
+    let strange_page = store
+        .in_progress(store.now() + 1, Some(&cursor), 1000)
+        .await;
+    let contacted = tokio::time::timeout(Duration::from_millis(500), stranger.accept())
+        .await
+        .is_ok();
     stop.store(true, Ordering::Relaxed);
     let (mut writes, mut write_errors) = (0, Vec::new());
     for w in writers {
@@ -346,9 +356,11 @@ async fn a_master_without_slots_is_listed_and_probed_while_writes_go_on() {
     report(
         "reshard",
         &format!(
-            "a master without slots: listings found {listed:?} of {HELD} held records, errors {listing_errors:?}; probes reached {probed:?} masters, errors {probe_errors:?}; {writes} claims meanwhile, {} failed {:?}",
+            "a master without slots: listings found {listed:?} of {HELD} held records, errors {listing_errors:?}; probes reached {probed:?} masters, errors {probe_errors:?}; {writes} claims meanwhile, {} failed {:?}; a cursor naming a stranger: {}, {}",
             write_errors.len(),
-            write_errors.iter().take(3).collect::<Vec<_>>()
+            write_errors.iter().take(3).collect::<Vec<_>>(),
+            if strange_page.is_ok() { "listed" } else { "refused" },
+            if contacted { "CONNECTED TO" } else { "never contacted" }
         ),
     );
     assert!(
@@ -367,11 +379,13 @@ async fn a_master_without_slots_is_listed_and_probed_while_writes_go_on() {
         write_errors.is_empty(),
         "claims failed meanwhile: {write_errors:?}"
     );
+    assert!(strange_page.is_ok(), "{:?}", strange_page.err());
+    assert!(!contacted, "a cursor's unknown node was connected to");
     proof::record(
         "faults",
         "empty-master",
         &[&format!(
-            "{} listings found all {HELD} held records, {} probes sent from all 4 masters; {writes} claims meanwhile, 0 failed",
+            "{} listings found all {HELD} held records, {} probes sent from all 4 masters; {writes} claims meanwhile, 0 failed; a cursor naming another address: never contacted",
             listed.len(),
             probed.len()
         )],

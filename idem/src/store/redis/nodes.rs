@@ -45,7 +45,16 @@ impl NodeConnections {
             Some((u, h)) => (format!("{u}@"), h),
             None => (String::new(), rest),
         };
-        let tail = hostpart.find(['/', '?']).map_or("", |at| &hostpart[at..]);
+        let tail = hostpart
+            .find(['/', '?', '#'])
+            .map_or("", |at| &hostpart[at..]);
+        // CLUSTER NODES writes an IPv6 host without brackets (`::1:7000`); a URL needs them.
+        let node = match node.rsplit_once(':') {
+            Some((host, port)) if host.contains(':') && !host.starts_with('[') => {
+                format!("[{host}]:{port}")
+            }
+            _ => node.to_owned(),
+        };
         format!("{scheme}://{userinfo}{node}{tail}")
     }
 
@@ -147,5 +156,12 @@ mod tests {
             "rediss://user:pw@10.0.0.7:7001/0?protocol=resp3"
         );
         assert_eq!(at("127.0.0.1:7000"), "redis://10.0.0.7:7001");
+        assert_eq!(
+            at("rediss://h:7000#insecure"),
+            "rediss://10.0.0.7:7001#insecure"
+        );
+        let ipv6 = NodeConnections::new("redis://[::1]:7000", None, Duration::from_secs(1));
+        assert_eq!(ipv6.url_for("::1:7001"), "redis://[::1]:7001");
+        assert!(ipv6.client("::1:7001").is_ok());
     }
 }

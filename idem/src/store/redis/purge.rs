@@ -132,8 +132,10 @@ impl RedisStore {
                 }
                 Value::ServerError(e) => match e.code() {
                     "WRONGTYPE" => hashes.push(key),
-                    // Moved to another master since the SCAN: listed from there.
-                    "MOVED" | "ASK" | "TRYAGAIN" => {}
+                    // Its slot is moving, or moved, or this node is a replica now: the
+                    // record is read below through the cluster connection, which
+                    // follows the redirection (a record listed twice is allowed).
+                    "MOVED" | "ASK" | "TRYAGAIN" => candidates.push(key),
                     _ => return Err(StoreError::Unavailable(format!("redis: {node}: {e}"))),
                 },
                 _ => {}
@@ -212,8 +214,21 @@ impl RedisStore {
                 Some(first) => (first.clone(), 0, None),
                 None => return Ok(InProgressPage::default()),
             },
-            Some(c) => parse_cursor(c)
-                .ok_or_else(|| StoreError::Corrupt(format!("listing cursor {c:?}")))?,
+            Some(c) => {
+                let (node, scan, after) = parse_cursor(c)
+                    .ok_or_else(|| StoreError::Corrupt(format!("listing cursor {c:?}")))?;
+                if masters.contains(&node) {
+                    (node, scan, after)
+                } else {
+                    // Not a master now (failed over, removed) — or never one: a cursor is
+                    // the caller's text, and a node it names is connected to with the
+                    // store's credentials. The listing goes on from the next master.
+                    match masters.iter().find(|m| **m > node) {
+                        Some(next) => (next.clone(), 0, None),
+                        None => return Ok(InProgressPage::default()),
+                    }
+                }
+            }
         };
         let mut records: Vec<(RecordKey, Record)> = Vec::new();
         for _ in 0..SCANS_PER_PAGE {
