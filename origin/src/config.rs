@@ -249,8 +249,9 @@ pub struct Config {
     #[arg(long, env = "IDEM_REPLAY_SET_COOKIE")]
     pub replay_set_cookie: bool,
 
-    /// Who a key belongs to: `authorization` (the bearer token, hashed: a refreshed
-    /// token is a new caller), `header:<name>` (a header's value: an API key, or a
+    /// Who a key belongs to: `authorization` (the bearer token, Basic credentials or a
+    /// lone token, hashed: a refreshed token is a new caller; another scheme, such as a
+    /// signature new on every attempt, is refused), `header:<name>` (a header's value: an API key, or a
     /// principal a trusted gateway sets), or `jwt:<claim>` (a claim of the bearer JWT,
     /// verified with HS256 and --jwt-secret-file, or RS256/ES256 and --jwks-file: a
     /// refreshed token keeps its scope).

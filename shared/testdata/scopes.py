@@ -9,7 +9,9 @@ the edge's worker must name the same record for every request here.
 
 scope = SHA-256( u64be(len(tag)) tag, then for each part u64be(len) part ), with
   authorization: tag "idem/scope/credential/v1", part: the bearer token (or the whole
-                 Authorization value);
+                 Authorization value: Basic credentials, or one word alone); a scheme
+                 without a credential is no identity, and any other scheme with
+                 parameters is refused (identity-invalid);
   header:<name>: tag "idem/scope/header/v1", parts: the lower-case name, the value;
   jwt:<claim>:   tag "idem/scope/jwt-claim/v1", parts: the claim, the canonical JSON of
                  its value in the payload of a JWT whose signature, exp and nbf hold:
@@ -203,8 +205,16 @@ def scope(source, anonymous, headers, keys=("hs256", SECRET)):
         if v is None:
             return missing()
         raw = v.encode()
-        cred = raw[7:].strip() if raw[:7].lower() == b"bearer " else raw
-        return tagged(b"idem/scope/credential/v1", [cred])
+        if raw[:7].lower() == b"bearer ":
+            cred = raw[7:].strip()
+            return tagged(b"idem/scope/credential/v1", [cred]) if cred else missing()
+        words = [w for w in raw.replace(b"\t", b" ").split(b" ") if w]
+        if not words or (len(words) == 1 and words[0].lower() in (b"bearer", b"basic")):
+            return missing()
+        if len(words) > 1 and words[0].lower() not in (b"bearer", b"basic"):
+            # A signature scheme signs each attempt anew: every retry a new caller.
+            return "identity-invalid"
+        return tagged(b"idem/scope/credential/v1", [raw])
     def single(name):
         v = headers.get(name)
         if isinstance(v, list):
@@ -281,6 +291,15 @@ def cases():
         ("api key sent twice", "header:x-api-key", "scoped", {"x-api-key": ["key-a", "key-b"]}),
         ("api key joined by a runtime", "header:x-api-key", "scoped", {"x-api-key": "key-a, key-b"}),
         ("authorization sent twice, first wins", "authorization", "scoped", {"authorization": ["Bearer sk_live_1", "Bearer other"]}),
+        ("aws sigv4, refused", "authorization", "scoped", {"authorization": "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20261202/eu-west-1/execute-api/aws4_request, SignedHeaders=host;x-amz-date, Signature=5d672d79c15b13162d9279b0855cfba6789a8edb4c82c400e06b5924a6f2b5d7"}),
+        ("digest, refused", "authorization", "refused", {"authorization": 'Digest username="u", realm="r", nonce="n1", uri="/v1/charges", response="6629fae49393a05397450978507c4ef1"'}),
+        ("another scheme with a token, refused", "authorization", "scoped", {"authorization": "Token sk_live_1"}),
+        ("one word alone, whole value", "authorization", "refused", {"authorization": "sk_live_1"}),
+        ("empty bearer, no identity", "authorization", "refused", {"authorization": "Bearer "}),
+        ("bearer without a token, scoped", "authorization", "scoped", {"authorization": "Bearer"}),
+        ("basic without credentials, no identity", "authorization", "refused", {"authorization": "Basic"}),
+        ("blank authorization, no identity", "authorization", "refused", {"authorization": " "}),
+        ("bearer after a tab, whole value", "authorization", "refused", {"authorization": "Bearer\tsk_live_1"}),
         ("jwt exp of 20 digits", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"u","exp":99999999999999999999}')}),
         ("jwt with crit", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"u"}', header=b'{"alg":"HS256","crit":["b64"],"b64":false}')}),
     ] + jwks_cases()

@@ -610,6 +610,24 @@ async fn scopes_follow_the_caller_not_the_token() {
     )
     .await;
     let value_charges = payments.charges_for("refresh-value");
+    // A signed request (AWS SigV4 here): every attempt carries a new signature.
+    let signed = |n: u64| {
+        Some(format!(
+            "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20261202/eu-west-1/execute-api/aws4_request, SignedHeaders=host;x-amz-date, Signature={n:064x}"
+        ))
+    };
+    let signed_1 = charge(by_value.url("/v1/charges"), "signed", signed(1), None).await;
+    let signed_2 = charge(by_value.url("/v1/charges"), "signed", signed(2), None).await;
+    let signed_calls = payments.calls_for("signed");
+    // An empty bearer token names nobody (proxy mode refuses anonymous callers).
+    let blank = charge(
+        by_value.url("/v1/charges"),
+        "blank",
+        Some("Bearer ".into()),
+        None,
+    )
+    .await;
+    let blank_calls = payments.calls_for("blank");
 
     // By the verified JWT's sub.
     let secret_path = secret_file.to_str().unwrap();
@@ -657,7 +675,8 @@ async fn scopes_follow_the_caller_not_the_token() {
         &format!(
             "one principal's refreshed JWT, same key and request: {value_charges} charges scoped by the Authorization value, \
              {sub_charges} by the verified sub ({first:?}, refreshed {refreshed:?}, forged {forged:?}); \
-             x-api-key: {a:?}, {b:?}, again {a_again:?} -> {api_charges} charges; no identity {nobody:?}, {nobody_calls} calls"
+             x-api-key: {a:?}, {b:?}, again {a_again:?} -> {api_charges} charges; no identity {nobody:?}, {nobody_calls} calls; \
+             two attempts signed with SigV4 {signed_1:?}, {signed_2:?} -> {signed_calls} calls; an empty bearer {blank:?}, {blank_calls} calls"
         ),
     );
     assert_eq!(
@@ -671,6 +690,13 @@ async fn scopes_follow_the_caller_not_the_token() {
     assert_eq!((a.0, b.0, a_again.0), (201, 201, 201));
     assert_eq!(nobody, (401, "urn:idem:problem:identity-missing".into()));
     assert_eq!(nobody_calls, 0);
+    // Scoped by their signatures, the two attempts were two callers: 2 charges before.
+    let invalid = (401, "urn:idem:problem:identity-invalid".to_owned());
+    assert_eq!((signed_1, signed_2), (invalid.clone(), invalid));
+    assert_eq!(signed_calls, 0, "a signature is not a caller");
+    // Scoped as the empty credential shared by all such callers: 201 before.
+    assert_eq!(blank, (401, "urn:idem:problem:identity-missing".into()));
+    assert_eq!(blank_calls, 0);
 }
 
 /// A route file gives each path its own rules, through real processes: on

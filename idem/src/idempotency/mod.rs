@@ -154,7 +154,7 @@ impl IdempotencyLayer {
                 policy: Policy::default(),
                 max_wait: Duration::from_secs(10),
                 default_wait: Duration::ZERO,
-                scope: Arc::new(|parts| Ok(bearer_scope(parts))),
+                scope: rule_scope(contract::ScopeRule::default()),
                 cached_headers: contract::DEFAULT_CACHED_HEADERS
                     .iter()
                     .map(|h| HeaderName::from_static(h))
@@ -269,7 +269,8 @@ impl IdempotencyLayer {
     }
 
     /// Who a key belongs to. The default hashes the `Authorization` header's bearer
-    /// token (see [`bearer_scope`]).
+    /// token, `Basic` credentials or lone token, and refuses other schemes (401): see
+    /// [`contract::ScopeRule::default`].
     pub fn scope(self, scope: impl Fn(&Parts) -> Scope + Send + Sync + 'static) -> Self {
         self.with(|c| c.scope = Arc::new(move |parts| Ok(scope(parts))))
     }
@@ -279,15 +280,7 @@ impl IdempotencyLayer {
     /// claim of a verified HS256 JWT (a refreshed token keeps its scope). A request
     /// the rule can't place is refused with `401` before anything is claimed.
     pub fn scope_rule(self, rule: contract::ScopeRule) -> Self {
-        self.with(|c| {
-            c.scope = Arc::new(move |parts| {
-                let now_secs = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs());
-                let values = |name: &str| parts.headers.get_all(name).iter().map(|v| v.as_bytes());
-                rule.scope(values, now_secs)
-            })
-        })
+        self.with(|c| c.scope = rule_scope(rule))
     }
 
     /// The response headers stored and replayed besides status and body.
@@ -359,8 +352,21 @@ impl<S> tower::Layer<S> for IdempotencyLayer {
     }
 }
 
-/// The default scope: the `Authorization` header's bearer token (or, for another
-/// scheme, the whole header value), hashed; [`Scope::anonymous`] without one.
+/// A request's scope by `rule`, refusing what it can't place.
+fn rule_scope(rule: contract::ScopeRule) -> Arc<ScopeFn> {
+    Arc::new(move |parts| {
+        let now_secs = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let values = |name: &str| parts.headers.get_all(name).iter().map(|v| v.as_bytes());
+        rule.scope(values, now_secs)
+    })
+}
+
+/// The `Authorization` header's bearer token (or, for another scheme, the whole header
+/// value), hashed; [`Scope::anonymous`] without one. Never refuses: a signature
+/// scheme's value, new on every attempt, makes every retry a new caller. The layer's
+/// default is [`contract::ScopeRule::default`], which refuses such schemes.
 pub fn bearer_scope(parts: &Parts) -> Scope {
     Scope::from_authorization(
         parts

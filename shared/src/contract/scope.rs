@@ -1,8 +1,10 @@
 //! Who a key belongs to, read from the request — the same way at the edge and the
 //! origin, so both name the same record:
 //!
-//! * `authorization` — the bearer token (or the whole `Authorization` value), hashed:
-//!   a refreshed token is a new caller;
+//! * `authorization` — the bearer token (or `Basic` credentials, or a lone token: the
+//!   whole `Authorization` value), hashed: a refreshed token is a new caller. Another
+//!   scheme is refused (401): a signature scheme signs each attempt anew, and every
+//!   retry would be a new caller;
 //! * `header:<name>` — a header's value, hashed: a principal id set by a trusted
 //!   gateway, or an API key;
 //! * `jwt:<claim>` — a claim of the bearer JWT, once its signature (HS256 with a
@@ -148,10 +150,21 @@ impl ScopeRule {
             }
         };
         match &self.source {
-            // As it always was: the first value.
+            // The first value, as it always was.
             ScopeSource::Authorization => match values("authorization").into_iter().next() {
-                Some(value) => Ok(Scope::from_authorization(Some(value))),
                 None => self.anonymous("send an Authorization header"),
+                Some(value) => match stable_credential(value) {
+                    Credential::Stable => Ok(Scope::from_authorization(Some(value))),
+                    Credential::Empty => self.anonymous("send a credential in Authorization"),
+                    Credential::OtherScheme => Err(Rejection::with_detail(
+                        Problem::IdentityInvalid,
+                        "an Authorization scheme other than Bearer or Basic was not accepted: \
+                         a signed request (AWS SigV4, Digest, HTTP Message Signatures) carries \
+                         a new signature on every attempt, so each retry would be a new caller \
+                         and run again; scope such callers by a header or a JWT claim \
+                         (scope-from header:<name> or jwt:<claim>)",
+                    )),
+                },
             },
             ScopeSource::Header(name) => match single(name)?.map(<[u8]>::trim_ascii) {
                 Some(value) if !value.is_empty() => Ok(Scope::from_header(name, value)),
@@ -199,6 +212,49 @@ fn unaccepted(name: &str, why: &str) -> Rejection {
         Problem::IdentityInvalid,
         format!("{what} was not accepted: {why}"),
     )
+}
+
+/// What an `Authorization` value says about its caller under the default rule.
+#[derive(Debug, PartialEq, Eq)]
+enum Credential {
+    /// The same on every attempt: a bearer token, `Basic` credentials, a lone token
+    /// (a bearer token after a tab instead of a space is hashed with its scheme).
+    Stable,
+    /// A scheme without a credential (`Bearer`, `Basic`), or nothing: no identity.
+    Empty,
+    /// Another scheme with parameters: likely a signature, new on every attempt.
+    OtherScheme,
+}
+
+/// Reads an `Authorization` value the way `scopes.py` does: words split on spaces and
+/// tabs (HTTP's whitespace); `Bearer <token>` and `Basic …` by their scheme, one word
+/// alone as a credential of its own.
+fn stable_credential(value: &[u8]) -> Credential {
+    if let Some(token) = bearer(value) {
+        return if token.is_empty() {
+            Credential::Empty
+        } else {
+            Credential::Stable
+        };
+    }
+    let mut words = value
+        .split(|b| *b == b' ' || *b == b'\t')
+        .filter(|w| !w.is_empty());
+    match (words.next(), words.next()) {
+        (None, _) => Credential::Empty,
+        (Some(scheme), None)
+            if scheme.eq_ignore_ascii_case(b"bearer") || scheme.eq_ignore_ascii_case(b"basic") =>
+        {
+            Credential::Empty
+        }
+        (Some(_), None) => Credential::Stable,
+        (Some(scheme), Some(_))
+            if scheme.eq_ignore_ascii_case(b"basic") || scheme.eq_ignore_ascii_case(b"bearer") =>
+        {
+            Credential::Stable
+        }
+        (Some(_), Some(_)) => Credential::OtherScheme,
+    }
 }
 
 /// The token of `Bearer <token>`.
