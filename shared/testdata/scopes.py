@@ -9,8 +9,8 @@ the edge's worker must name the same record for every request here.
 
 scope = SHA-256( u64be(len(tag)) tag, then for each part u64be(len) part ), with
   authorization: tag "idem/scope/credential/v1", part: the bearer token (or the whole
-                 Authorization value: Basic credentials, or one word alone); a scheme
-                 without a credential is no identity, and any other scheme with
+                 Authorization value: Basic credentials, or one word alone); a
+                 registered scheme without a credential is no identity, and any other scheme with
                  parameters is refused (identity-invalid);
   header:<name>: tag "idem/scope/header/v1", parts: the lower-case name, the value;
   jwt:<claim>:   tag "idem/scope/jwt-claim/v1", parts: the claim, the canonical JSON of
@@ -33,6 +33,10 @@ from fingerprints import RawNumber, canonical_json  # noqa: E402  the same canon
 import jws  # noqa: E402
 
 SECRET = b"a secret of the gateway"
+# The IANA HTTP Authentication Scheme Registry: one of these alone is a scheme sent
+# without its credential, not a credential.
+REGISTERED_SCHEMES = (b"basic", b"bearer", b"concealed", b"digest", b"dpop", b"gnap", b"hoba", b"mutual",
+                      b"negotiate", b"oauth", b"privatetoken", b"scram-sha-1", b"scram-sha-256", b"vapid")
 NOW = 1_800_000_000
 
 
@@ -209,7 +213,7 @@ def scope(source, anonymous, headers, keys=("hs256", SECRET)):
             cred = raw[7:].strip()
             return tagged(b"idem/scope/credential/v1", [cred]) if cred else missing()
         words = [w for w in raw.replace(b"\t", b" ").split(b" ") if w]
-        if not words or (len(words) == 1 and words[0].lower() in (b"bearer", b"basic")):
+        if not words or (len(words) == 1 and words[0].lower() in REGISTERED_SCHEMES):
             return missing()
         if len(words) > 1 and words[0].lower() not in (b"bearer", b"basic"):
             # A signature scheme signs each attempt anew: every retry a new caller.
@@ -300,6 +304,8 @@ def cases():
         ("basic without credentials, no identity", "authorization", "refused", {"authorization": "Basic"}),
         ("blank authorization, no identity", "authorization", "refused", {"authorization": " "}),
         ("bearer after a tab, whole value", "authorization", "refused", {"authorization": "Bearer\tsk_live_1"}),
+        ("a registered scheme alone, no identity", "authorization", "refused", {"authorization": "Negotiate"}),
+        ("dpop alone, scoped", "authorization", "scoped", {"authorization": "DPoP"}),
         ("jwt exp of 20 digits", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"u","exp":99999999999999999999}')}),
         ("jwt with crit", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"u"}', header=b'{"alg":"HS256","crit":["b64"],"b64":false}')}),
     ] + jwks_cases()

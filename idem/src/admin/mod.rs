@@ -34,7 +34,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Router};
 use http::{header, HeaderValue, StatusCode};
-use idem_core::contract::{JwtKeys, JwtVerifier, ScopeSource};
+use idem_core::contract::{Anonymous, JwtKeys, JwtVerifier, ScopeRule, ScopeSource};
 use idem_core::{IdempotencyKey, PurgeTarget, RecordKey, Scope};
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -318,11 +318,22 @@ fn scope_of(scope: &str, identity: Option<&str>) -> Result<Scope, String> {
     // Any JWT verifier parses the spec: the claim's value is given, not a token.
     let any_jwt = JwtVerifier::new(JwtKeys::Hs256(b"unused".to_vec()), None, None).ok();
     match ScopeSource::parse(scope, any_jwt)? {
-        ScopeSource::Authorization => Ok(Scope::from_authorization(Some(
-            identity
-                .ok_or_else(|| needs("the Authorization header's value"))?
-                .as_bytes(),
-        ))),
+        ScopeSource::Authorization => {
+            let value = identity.ok_or_else(|| needs("the Authorization header's value"))?;
+            // The request's own rule: a value it refuses, or takes for no identity,
+            // names no record of this scope.
+            let rule = ScopeRule {
+                source: ScopeSource::Authorization,
+                anonymous: Anonymous::Refused,
+            };
+            rule.scope(|_| Some(value.as_bytes()), 0)
+                .map_err(|rejection| {
+                    format!(
+                        "identity={value:?} is not a caller under scope=authorization ({})",
+                        rejection.detail
+                    )
+                })
+        }
         ScopeSource::Header(name) => Ok(Scope::from_header(
             &name,
             identity
@@ -603,5 +614,24 @@ mod tests {
         assert!(scope_of("anonymous", Some("x")).is_err());
         assert!(scope_of("authorization", None).is_err());
         assert!(scope_of("cookie", Some("x")).is_err());
+        // As a request gets them: Basic and a lone token whole; no credential, or a
+        // signature scheme, names no caller (before: hashed whole, a scope no request has).
+        assert_eq!(
+            scope_of("authorization", Some("Basic dTpw")),
+            Ok(Scope::from_credential(b"Basic dTpw"))
+        );
+        assert_eq!(
+            scope_of("authorization", Some("sk_1")),
+            Ok(Scope::from_credential(b"sk_1"))
+        );
+        for refused in [
+            "Bearer",
+            "Bearer ",
+            " ",
+            "AWS4-HMAC-SHA256 Credential=a, Signature=b",
+        ] {
+            let error = scope_of("authorization", Some(refused)).unwrap_err();
+            assert!(error.contains("is not a caller"), "{refused:?}: {error}");
+        }
     }
 }

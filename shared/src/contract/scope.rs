@@ -220,11 +220,31 @@ enum Credential {
     /// The same on every attempt: a bearer token, `Basic` credentials, a lone token
     /// (a bearer token after a tab instead of a space is hashed with its scheme).
     Stable,
-    /// A scheme without a credential (`Bearer`, `Basic`), or nothing: no identity.
+    /// A registered scheme without a credential (`Bearer`, `Negotiate`), or nothing: no
+    /// identity.
     Empty,
     /// Another scheme with parameters: likely a signature, new on every attempt.
     OtherScheme,
 }
+
+/// The IANA HTTP Authentication Scheme Registry's names: one of them alone is a
+/// scheme sent without its credential, never a credential shared by its senders.
+const REGISTERED_SCHEMES: [&[u8]; 14] = [
+    b"basic",
+    b"bearer",
+    b"concealed",
+    b"digest",
+    b"dpop",
+    b"gnap",
+    b"hoba",
+    b"mutual",
+    b"negotiate",
+    b"oauth",
+    b"privatetoken",
+    b"scram-sha-1",
+    b"scram-sha-256",
+    b"vapid",
+];
 
 /// Reads an `Authorization` value the way `scopes.py` does: words split on spaces and
 /// tabs (HTTP's whitespace); `Bearer <token>` and `Basic …` by their scheme, one word
@@ -242,8 +262,10 @@ fn stable_credential(value: &[u8]) -> Credential {
         .filter(|w| !w.is_empty());
     match (words.next(), words.next()) {
         (None, _) => Credential::Empty,
-        (Some(scheme), None)
-            if scheme.eq_ignore_ascii_case(b"bearer") || scheme.eq_ignore_ascii_case(b"basic") =>
+        (Some(word), None)
+            if REGISTERED_SCHEMES
+                .iter()
+                .any(|scheme| word.eq_ignore_ascii_case(scheme)) =>
         {
             Credential::Empty
         }
