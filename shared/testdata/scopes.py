@@ -10,8 +10,8 @@ the edge's worker must name the same record for every request here.
 scope = SHA-256( u64be(len(tag)) tag, then for each part u64be(len) part ), with
   authorization: tag "idem/scope/credential/v1", part: the bearer token (or the whole
                  Authorization value: Basic credentials, or one word alone); a
-                 registered scheme without a credential is no identity, and any other scheme with
-                 parameters is refused (identity-invalid);
+                 registered scheme without a credential is no identity, and any
+                 other scheme with parameters is refused (identity-invalid);
   header:<name>: tag "idem/scope/header/v1", parts: the lower-case name, the value;
   jwt:<claim>:   tag "idem/scope/jwt-claim/v1", parts: the claim, the canonical JSON of
                  its value in the payload of a JWT whose signature, exp and nbf hold:

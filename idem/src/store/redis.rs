@@ -199,6 +199,17 @@ fn tls_certificates(ca: &[u8]) -> redis::TlsCertificates {
     }
 }
 
+/// A client for `url`, verifying a TLS server with `ca` when given (else the system's).
+fn client_for<T: redis::IntoConnectionInfo>(
+    url: T,
+    ca: Option<&[u8]>,
+) -> redis::RedisResult<redis::Client> {
+    match ca {
+        Some(ca) => redis::Client::build_with_tls(url, tls_certificates(ca)),
+        None => redis::Client::open(url),
+    }
+}
+
 fn unavailable(e: redis::RedisError) -> StoreError {
     StoreError::Unavailable(format!("redis: {e}"))
 }
@@ -276,11 +287,7 @@ impl RedisStore {
     ) -> Result<Conn, StoreError> {
         let invalid =
             |e: redis::RedisError| StoreError::Unavailable(format!("invalid Redis URL: {e}"));
-        let client = match ca {
-            Some(ca) => redis::Client::build_with_tls(url, tls_certificates(ca)),
-            None => redis::Client::open(url),
-        }
-        .map_err(invalid)?;
+        let client = client_for(url, ca.map(Vec::as_slice)).map_err(invalid)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(Some(timeout))

@@ -9,7 +9,7 @@
 //! 503s during a rebalance: tests/tests/reshard.rs). A node's own connection leaves
 //! the data path alone.
 
-use super::{tls_certificates, unavailable};
+use super::{client_for, unavailable};
 use crate::store::StoreError;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, FromRedisValue, Value};
@@ -60,12 +60,7 @@ impl NodeConnections {
 
     /// A client for `node`, verifying TLS servers with the configured CA.
     pub(super) fn client(&self, node: &str) -> Result<redis::Client, StoreError> {
-        let url = self.url_for(node);
-        match &self.ca {
-            Some(ca) => redis::Client::build_with_tls(url, tls_certificates(ca)),
-            None => redis::Client::open(url),
-        }
-        .map_err(unavailable)
+        client_for(self.url_for(node), self.ca.as_deref()).map_err(unavailable)
     }
 
     async fn connection(&self, node: &str) -> Result<MultiplexedConnection, StoreError> {

@@ -356,25 +356,18 @@ impl PurgeChannel for RedisPurgeChannel {
         let (to_listener, received) = mpsc::channel(QUEUE);
         let stop = tokio_util::sync::CancellationToken::new();
         for server in &servers {
-            let client = match &self.conn {
-                Conn::Cluster(h) => h.nodes.client(server),
-                Conn::Single(_) => {
-                    let url = self.nodes.first().map_or("", String::as_str);
-                    match &self.ca {
-                        Some(ca) => redis::Client::build_with_tls(url, super::tls_certificates(ca)),
-                        None => redis::Client::open(url),
+            let subscribed = async {
+                let client = match &self.conn {
+                    Conn::Cluster(h) => h.nodes.client(server)?,
+                    Conn::Single(_) => {
+                        let url = self.nodes.first().map_or("", String::as_str);
+                        super::client_for(url, self.ca.as_deref()).map_err(unavailable)?
                     }
-                    .map_err(unavailable)
-                }
+                };
+                self.subscribe_on(client, to_listener.clone(), stop.clone())
+                    .await
             };
-            let subscribed = match client {
-                Ok(client) => {
-                    self.subscribe_on(client, to_listener.clone(), stop.clone())
-                        .await
-                }
-                Err(e) => Err(e),
-            };
-            if let Err(e) = subscribed {
+            if let Err(e) = subscribed.await {
                 stop.cancel();
                 return Err(e);
             }
