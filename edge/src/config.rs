@@ -107,7 +107,7 @@ pub struct EdgeConfig {
 /// Bounds of each number, as (least, most): a value outside them is refused, never
 /// clamped. A TTL past a year would make the Durable Object's alarm date invalid.
 const BOUNDS: [(&str, u64, u64); 5] = [
-    ("LEASE_MS", 100, 3_600_000),
+    ("LEASE_MS", Policy::MIN_LEASE_MS, 3_600_000),
     ("TTL_MS", 1_000, crate::records::MAX_TTL_MS),
     ("MAX_WAIT_MS", 0, 60_000),
     ("MAX_BODY_BYTES", 1, 100 * 1024 * 1024),
@@ -196,9 +196,9 @@ impl EdgeConfig {
             lease_ms: num("LEASE_MS", d.policy.lease_ms)?,
             ttl_ms: num("TTL_MS", d.policy.ttl_ms)?,
         };
-        if policy.lease_ms > policy.ttl_ms {
+        if let Some(why) = policy.refusal() {
             return Err(format!(
-                "LEASE_MS ({}) must not exceed TTL_MS ({})",
+                "LEASE_MS ({}) and TTL_MS ({}): {why}",
                 policy.lease_ms, policy.ttl_ms
             ));
         }
@@ -316,7 +316,13 @@ mod tests {
         });
         assert!(lease_past_ttl
             .unwrap_err()
-            .contains("must not exceed TTL_MS"));
+            .contains("the TTL must be longer than the lease"));
+        assert!(
+            with("TTL_MS", "30000")
+                .unwrap_err()
+                .contains("the TTL must be longer than the lease"),
+            "a TTL equal to the default lease"
+        );
         assert!(with("TTL_MS", "86400000").is_ok());
         let listed = with("REQUIRE_KEY_PATHS", "[\"/v1/charges\", \"/v2/*\"]").unwrap();
         assert_eq!(

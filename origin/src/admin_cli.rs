@@ -4,7 +4,7 @@
 //! idem-origin admin get <record-key> [--body]
 //! idem-origin admin get --key <Idempotency-Key> --scope authorization --identity 'Bearer …'
 //! idem-origin admin list [--older-than 30s] [--limit 100] [--all]
-//! idem-origin admin purge <record-key> [--force] [--token <t> --state <s>]
+//! idem-origin admin purge <record-key> [--force] [--resend] [--token <t> --state <s>]
 //! ```
 //!
 //! It prints the API's JSON answer; a problem goes to stderr with exit code 1, a
@@ -93,6 +93,11 @@ struct Purge {
     /// holder is known to be gone: a retry after this may run the handler again).
     #[arg(long)]
     force: bool,
+    /// In proxy mode, purge an in-progress record even though its request may have
+    /// reached the upstream: a retry after this sends it again. Without it, such a
+    /// purge is refused, and the key's next retry stores the outcome as unknown.
+    #[arg(long)]
+    resend: bool,
     /// Purge only the attempt with this token (as `list` or `get` showed it) …
     #[arg(long, requires = "state")]
     token: Option<u64>,
@@ -107,6 +112,9 @@ impl Purge {
         let mut query = Vec::new();
         if self.force {
             query.push("force=true".to_string());
+        }
+        if self.resend {
+            query.push("resend=true".to_string());
         }
         if let (Some(token), Some(state)) = (self.token, &self.state) {
             query.push(format!("token={token}&state={state}"));

@@ -137,7 +137,13 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
             metrics: Arc::new(move || handle.render()),
             executions: executions.clone(),
         };
-        let admin = idem::admin::router(store.clone(), tokens, Some(status))
+        // Proxy mode never sends a request twice: purging an attempt that may have
+        // reached the upstream needs resend=true.
+        let resends = match config.upstream {
+            Some(_) => idem::admin::Resends::Never,
+            None => idem::admin::Resends::Allowed,
+        };
+        let admin = idem::admin::router(store.clone(), tokens, Some(status), resends)
             .route("/healthz", get(|| async { "ok\n" }));
         match config.metrics_on_admin {
             true => admin.route(

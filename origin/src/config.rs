@@ -474,9 +474,9 @@ impl Config {
                 "--lease must be at least 250ms: a claim must come back within two thirds of it, less the clock tolerance (50 ms at least)".into(),
             );
         }
-        if self.ttl < self.lease {
+        if self.ttl <= self.lease {
             return Err(format!(
-                "--ttl ({:?}) must be at least --lease ({:?})",
+                "--ttl ({:?}) must be longer than --lease ({:?}): answers must outlive the claims that make them",
                 self.ttl, self.lease
             ));
         }
@@ -749,6 +749,15 @@ mod tests {
         let short =
             Config::try_parse_from(["idem-origin", "--ttl", "1s", "--lease", "30s"]).unwrap();
         assert!(short.validate().unwrap_err().contains("--ttl"));
+        let equal =
+            Config::try_parse_from(["idem-origin", "--ttl", "2s", "--lease", "2s"]).unwrap();
+        assert!(
+            equal
+                .validate()
+                .unwrap_err()
+                .contains("must be longer than --lease"),
+            "a TTL equal to the lease is refused"
+        );
         assert!(Config::try_parse_from(["idem-origin", "--store", "cassandra"]).is_err());
         let trailing_comma =
             Config::try_parse_from(["idem-origin", "--require-key-on", "/v1/charges,"]).unwrap();

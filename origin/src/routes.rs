@@ -36,11 +36,12 @@ use toml::Spanned;
 /// The keys of a `[[route]]`: (key, example, meaning), as the README's reference
 /// shows them (a test keeps the two in step, and this list with the parser's).
 pub const ROUTE_KEYS: &[(&str, &str, &str)] = &[
-    ("path", r#""/v1/payouts/*""#, "Required. The path: exact, `<path>/*` (the path and everything under it), or a prefix ending in `*`, in visible ASCII and in normal form (no `//`, `.` or `..` segments, trailing `/` or needless `%` escapes). Requests are matched in normal form too, so `/v1/charges/` and `/v1/%63harges` get `/v1/charges`'s route. Routes are tried in file order and the first match wins; a route an earlier one always matches first is an error."),
+    ("path", r#""/v1/payouts/*""#, "Required. The path: exact, `<path>/*` (the path and everything under it), or a prefix ending in `*`, in visible ASCII and in normal form (no `//`, `.` or `..` segments, trailing `/` or needless `%` escapes). Requests are matched in normal form too and without regard to case (see `case_sensitive`), so `/v1/charges/`, `/v1/%63harges` and `/V1/Charges` get `/v1/charges`'s route; a spelling servers read differently (`;x`, `%2F`, `\\`, `..`) is refused with `400` when any reading of it is guarded. Routes are tried in file order and the first match wins; a route an earlier one always matches first is an error."),
     ("methods", r#"["POST", "PUT"]"#, "The methods guarded on this path, instead of the flags' (not in addition); others pass through. Not empty. Default: POST and PATCH. GET, HEAD and OPTIONS can't be guarded."),
+    ("case_sensitive", "true", "Whether the path matches requests only in the same case. Default: false — `/V1/Payouts/7` gets `/v1/payouts/*`'s route, as Express, ASP.NET Core and IIS route it; turn it on only in front of an API whose router is case-sensitive too, or a request the API runs as a payout is not guarded as one."),
     ("require_key", "true", "Whether a guarded request without an `Idempotency-Key` is refused with `400`. Default: whether `--require-key-on` lists the path."),
-    ("ttl", r#""7d""#, "How long an answer is replayed; at least 1s. Default: `--ttl`."),
-    ("lease", r#""10s""#, "How long a claim lives without a heartbeat; at least 250ms, at most `ttl`. Default: `--lease`."),
+    ("ttl", r#""7d""#, "How long an answer is replayed, and an abandoned claim is kept past its lease (so its retries learn that it may have run); at least 1s, longer than `lease`. Default: `--ttl`."),
+    ("lease", r#""10s""#, "How long a claim lives without a heartbeat; at least 250ms, shorter than `ttl`. Default: `--lease`."),
     ("wait", r#""5s""#, "How long a retry that finds its key in flight waits for the first answer when it sends no `Prefer: wait` (a stated one wins). Default: 0, `409` at once; at most `max_wait`."),
     ("max_wait", r#""30s""#, "The most a request may wait, asked or by `wait`. Default: `--max-wait`."),
     ("scope_from", r#""jwt:sub""#, "Who a key belongs to, as `--scope-from`: `authorization`, `header:<name>` or `jwt:<claim>`. Default: `--scope-from`."),
@@ -63,6 +64,7 @@ struct File {
 struct RouteEntry {
     path: Spanned<String>,
     methods: Option<Spanned<Vec<Spanned<String>>>>,
+    case_sensitive: Option<bool>,
     require_key: Option<bool>,
     ttl: Option<Spanned<String>>,
     lease: Option<Spanned<String>>,
@@ -84,6 +86,7 @@ pub struct Route {
     /// The line of its `path`, for messages.
     pub line: usize,
     methods: Option<Vec<Method>>,
+    case_sensitive: bool,
     require_key: Option<bool>,
     ttl: Option<Duration>,
     lease: Option<Duration>,
@@ -103,6 +106,7 @@ impl Route {
         if let Some(methods) = &self.methods {
             layer = layer.methods(methods.clone());
         }
+        layer = layer.case_sensitive_paths(self.case_sensitive);
         if let Some(required) = self.require_key {
             layer = layer.require_key_when(move |_| required);
         }
@@ -159,10 +163,10 @@ pub fn parse(text: &str, name: &str, dir: &Path, flags: &Config) -> Result<Vec<R
             check(&entry, dir, flags).map_err(|(span, message)| at(Some(span), &message))?;
         route.line = line_column(text, entry.path.span().start).0;
         let here = |message: String| at(Some(entry.path.span()), &message);
-        if let Some(earlier) = routes
-            .iter()
-            .find(|r| contract::listed(&[&r.path], &route.path))
-        {
+        if let Some(earlier) = routes.iter().find(|r| {
+            contract::PathPattern::new(&r.path)
+                .is_ok_and(|p| p.case_sensitive(r.case_sensitive).matches(&route.path))
+        }) {
             let how = if earlier.path == route.path {
                 "is listed twice"
             } else {
@@ -208,7 +212,7 @@ fn check(entry: &RouteEntry, dir: &Path, flags: &Config) -> Result<Route, Proble
     let max_wait = duration(&entry.max_wait, "max_wait")?;
     let span_of = |v: &Option<Spanned<String>>| v.as_ref().map_or(entry.path.span(), Spanned::span);
     let (eff_ttl, eff_lease) = (ttl.unwrap_or(flags.ttl), lease.unwrap_or(flags.lease));
-    if eff_ttl < eff_lease {
+    if eff_ttl <= eff_lease {
         let span = if ttl.is_some() {
             span_of(&entry.ttl)
         } else {
@@ -216,7 +220,7 @@ fn check(entry: &RouteEntry, dir: &Path, flags: &Config) -> Result<Route, Proble
         };
         return Err((
             span,
-            format!("ttl ({eff_ttl:?}) must be at least lease ({eff_lease:?})"),
+            format!("ttl ({eff_ttl:?}) must be longer than lease ({eff_lease:?}): answers must outlive the claims that make them"),
         ));
     }
     let eff_max_wait = max_wait.unwrap_or(flags.max_wait);
@@ -256,6 +260,7 @@ fn check(entry: &RouteEntry, dir: &Path, flags: &Config) -> Result<Route, Proble
         path: path.clone(),
         line: 0,
         methods,
+        case_sensitive: entry.case_sensitive.unwrap_or(false),
         require_key: entry.require_key,
         ttl,
         lease,
@@ -454,7 +459,8 @@ jwt_audience = "payments"
             ("[[route]]\npath = \"/a\"\n\nttl = \"5 weeks\"\n", "routes.toml:4:7: ttl: unknown duration unit"),
             ("[[route]]\npath = \"v1/a\"\n", "routes.toml:2:8: path \"v1/a\" must start with /"),
             ("[[route]]\npath = \"/v1/*/a\"\n", "routes.toml:2:8: path"),
-            ("[[route]]\npath = \"/a\"\nttl = \"1s\"\n", "routes.toml:3:7: ttl (1s) must be at least lease (30s)"),
+            ("[[route]]\npath = \"/a\"\nttl = \"1s\"\n", "routes.toml:3:7: ttl (1s) must be longer than lease (30s)"),
+            ("[[route]]\npath = \"/a\"\nttl = \"2s\"\nlease = \"2s\"\n", "routes.toml:3:7: ttl (2s) must be longer than lease (2s)"),
             ("[[route]]\npath = \"/a\"\nlease = \"0s\"\n", "routes.toml:3:9: lease must be at least 250ms"),
             ("[[route]]\npath = \"/a\"\nlease = \"1ms\"\n", "routes.toml:3:9: lease must be at least 250ms"),
             ("[[route]]\npath = \"/a\"\nttl = \"500ms\"\nlease = \"250ms\"\n", "routes.toml:3:7: ttl must be at least 1s"),

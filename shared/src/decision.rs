@@ -24,6 +24,35 @@ impl Default for Policy {
 }
 
 impl Policy {
+    /// The shortest lease a claim can run under: below it a claim can't come back in
+    /// time to run ([`Self::claim_in_time`]: its round trip plus the clock tolerance, at
+    /// least 50 ms, within two thirds of the lease).
+    pub const MIN_LEASE_MS: u64 = 250;
+
+    /// Why these timings can't be run under, if they can't: a lease below
+    /// [`Self::MIN_LEASE_MS`], or a TTL not longer than the lease (a setting that says
+    /// "answers live no longer than a claim" is a mistake: the answer to a request still
+    /// running could be forgotten before its retries stop).
+    pub fn refusal(&self) -> Option<&'static str> {
+        if self.lease_ms < Self::MIN_LEASE_MS {
+            Some("the lease must be at least 250ms: a claim must come back within two thirds of it, less the clock tolerance (50 ms at least)")
+        } else if self.ttl_ms <= self.lease_ms {
+            Some("the TTL must be longer than the lease: answers must outlive the claims that make them")
+        } else {
+            None
+        }
+    }
+
+    /// When an in-progress record written at `now` expires: a lease *and* a whole TTL
+    /// later. Until then a retry finds it — running, or abandoned and taken over as an
+    /// outcome nobody knows — never a free key: a request that may have been executed
+    /// is never executed again within a TTL of its last sign of life, whatever the TTL
+    /// and the lease.
+    pub fn claim_expires_at(&self, now: Millis) -> Millis {
+        now.saturating_add(self.lease_ms)
+            .saturating_add(self.ttl_ms)
+    }
+
     /// Whether a claim whose round trip took `round_trip_ms` may still run its handler.
     /// Its lease started when the claim was computed, before it was sent, and may end
     /// a clock tolerance early on the store's clock: a reply that slow may come when
@@ -187,7 +216,7 @@ fn new_claim(
         fingerprint: *fingerprint,
         token,
         lease_until: now.saturating_add(policy.lease_ms),
-        expires_at: now.saturating_add(policy.ttl_ms.max(policy.lease_ms)),
+        expires_at: policy.claim_expires_at(now),
     };
     Claim {
         token,
@@ -334,14 +363,15 @@ impl Holder {
             && self.holds_in_authority(authority, now.saturating_add(tolerance))
     }
 
-    /// Whether this holder's claim is older than a whole TTL at `now` (tokens carry
+    /// Whether this holder's claim is older than a lease and a whole TTL at `now`, the
+    /// soonest its record can expire ([`Policy::claim_expires_at`]; tokens carry
     /// their claim's instant, see `next_token`). Such a claim must not be written again
     /// into a store that learns claims behind the one that made them: by then its
     /// record may have expired and been swept everywhere, after a takeover completed —
     /// writing it back would resurrect it.
     pub fn claim_outlived(&self, now: Millis, policy: &Policy) -> bool {
         let claimed_by = self.token / crate::record::TOKENS_PER_MS;
-        now > claimed_by.saturating_add(policy.ttl_ms.max(policy.lease_ms))
+        now > policy.claim_expires_at(claimed_by)
     }
 
     /// The record after a heartbeat at `now`: the lease runs `lease_ms` from now.
@@ -351,7 +381,7 @@ impl Holder {
             fingerprint: self.fingerprint,
             token: self.token,
             lease_until,
-            expires_at: now.saturating_add(policy.ttl_ms.max(policy.lease_ms)),
+            expires_at: policy.claim_expires_at(now),
         }
     }
 
@@ -475,7 +505,7 @@ mod tests {
                 fingerprint: FP,
                 token: c.token,
                 lease_until: 1_100,
-                expires_at: 10_100
+                expires_at: 11_100
             }
         );
     }
@@ -678,8 +708,50 @@ mod tests {
     fn a_claim_outlives_its_ttl() {
         let c = claim(decide(None, &FP, 5_000, &P));
         let h = c.holder();
-        assert!(!h.claim_outlived(5_000 + P.ttl_ms, &P));
-        assert!(h.claim_outlived(5_001 + P.ttl_ms, &P));
+        assert!(!h.claim_outlived(5_000 + P.lease_ms + P.ttl_ms, &P));
+        assert!(h.claim_outlived(5_001 + P.lease_ms + P.ttl_ms, &P));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn an_abandoned_claim_is_taken_over_for_a_whole_ttl_after_its_lease() {
+        // Whatever the TTL is next to the lease, even one the configurations refuse:
+        // the retry of a request that may have run learns so, and never runs it anew.
+        for ttl_ms in [500, 1_000, 10_000] {
+            let policy = Policy { ttl_ms, ..P };
+            let c = claim(decide(None, &FP, 5_000, &policy));
+            let renewed = c.holder().renewed(5_400, &policy);
+            for at in [6_400, 6_400 + ttl_ms - 1] {
+                assert!(
+                    matches!(
+                        decide(Some(&renewed), &FP, at, &policy),
+                        Decision::TakeOver(_)
+                    ),
+                    "ttl {ttl_ms}, at {at}"
+                );
+            }
+            assert!(matches!(
+                decide(Some(&renewed), &FP, 6_400 + ttl_ms, &policy),
+                Decision::Execute(_)
+            ));
+        }
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn timings_that_cannot_be_run_under_are_refused() {
+        assert_eq!(P.refusal(), None);
+        let equal = Policy {
+            ttl_ms: 1_000,
+            lease_ms: 1_000,
+        };
+        assert!(equal
+            .refusal()
+            .unwrap()
+            .contains("TTL must be longer than the lease"));
+        let short = Policy {
+            ttl_ms: 10_000,
+            lease_ms: 249,
+        };
+        assert!(short.refusal().unwrap().contains("at least 250ms"));
     }
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -38,7 +38,8 @@ pub use decision::{
 pub use fingerprint::{Fingerprint, RequestParts};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use purge::{
-    decide_purge, purge_not_before, purge_not_before_given_copy, PurgeDecision, PurgeTarget,
+    decide_purge, purge_may_resend, purge_not_before, purge_not_before_given_copy, PurgeDecision,
+    PurgeTarget,
 };
 pub use record::{DecodeError, Record, StoredResponse, EXPIRY_GRACE_MS, TOKENS_PER_MS};
 pub use scope::{RecordKey, Scope};

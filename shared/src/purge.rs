@@ -73,6 +73,17 @@ pub fn decide_purge(
     }
 }
 
+/// Whether purging `record` at `now` frees its key for a retry that sends again a
+/// request that may already have been sent: the record is a live in-progress one — an
+/// attempt running, or one whose holder died mid-request (its lease over or not).
+/// Where guarded requests are never sent twice (proxy mode: idem can't know what the
+/// upstream did), such a purge needs the operator's explicit consent (`resend=true`);
+/// without a purge, the attempt's next retry takes it over and stores its outcome as
+/// unknown. An expired record (a released claim) frees nothing that isn't free.
+pub fn purge_may_resend(record: &Record, now: Millis) -> bool {
+    matches!(record, Record::InProgress { expires_at, .. } if *expires_at > now)
+}
+
 /// The store time before which a purge of `record` must not delete it: its holder's
 /// lease end for an in-progress record (unless `force`), 0 otherwise. A store checks it
 /// on its own clock in the deleting step — [`decide_purge`] ran on the caller's idea of
@@ -255,5 +266,19 @@ mod tests {
             expires_at: 10,
         };
         assert!(!done.in_progress_claimed_before(u64::MAX));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn an_attempt_that_may_have_run_is_flagged_live_or_orphaned() {
+        assert!(purge_may_resend(&in_progress(2_000), 1_000), "running");
+        assert!(purge_may_resend(&in_progress(2_000), 5_000), "orphaned");
+        assert!(!purge_may_resend(&in_progress(2_000), 90_000), "expired");
+        let done = Record::Completed {
+            fingerprint: Fingerprint([1; 32]),
+            token: 1,
+            response: StoredResponse::default(),
+            expires_at: 90_000,
+        };
+        assert!(!purge_may_resend(&done, 1_000));
     }
 }

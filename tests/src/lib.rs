@@ -17,7 +17,9 @@ pub mod redis;
 pub mod scope_vectors;
 pub mod upstream;
 
-pub use origin::{charge_body, client, faketime_lib, post_charge, OriginProcess, TestOrigin};
+pub use origin::{
+    charge_body, client, faketime_lib, post_charge, raw_request, OriginProcess, TestOrigin,
+};
 pub use postgres::{connect, database_url, pg_addr, via, with_search_path, TestDb};
 pub use proxy::Proxy;
 pub use redis::{redis_cluster_urls, redis_store, redis_url, unique_namespace};

@@ -216,3 +216,46 @@ pub fn faketime_lib() -> String {
     }
     panic!("libfaketime is missing: apt-get install faketime (scripts/test installs it)")
 }
+
+/// One HTTP/1.1 request written byte for byte to `addr` — its target exactly as given,
+/// which an HTTP client would normalise (`url` resolves `..` and reads `\` as `/`) —
+/// and its status and body. `Connection: close`; bounded by 10 s.
+pub async fn raw_request(
+    addr: SocketAddr,
+    method: &str,
+    target: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut request = format!(
+            "{method} {target} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-length: {}\r\n",
+            body.len()
+        );
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str("\r\n");
+        conn.write_all(request.as_bytes()).await.unwrap();
+        conn.write_all(body).await.unwrap();
+        let mut answer = Vec::new();
+        let _ = conn.read_to_end(&mut answer).await;
+        answer
+    };
+    let answer = tokio::time::timeout(Duration::from_secs(10), exchange)
+        .await
+        .expect("an answer within 10 s");
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP answer: {text:?}"));
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    (status, body)
+}

@@ -2,7 +2,7 @@
 //! in Python (standard library and SQLite: tests/upstream/payments.py) that knows
 //! nothing about idempotency. Every count is read from the upstream's own database.
 
-use idem_tests::{charge_body, client, report, Payments, TestOrigin};
+use idem_tests::{charge_body, client, raw_request, report, Payments, TestOrigin};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -701,8 +701,8 @@ async fn scopes_follow_the_caller_not_the_token() {
 
 /// A route file gives each path its own rules, through real processes: on
 /// `/v1/charges` a key is required, a retry waits for the first answer instead of
-/// getting 409, and the key belongs to the API key; on `/v1/fail/*` answers live one
-/// second and anonymous callers are scoped; anywhere else the flags hold (no identity,
+/// getting 409, and the key belongs to the API key; on `/v1/fail/*` answers live two
+/// seconds and anonymous callers are scoped; anywhere else the flags hold (no identity,
 /// 401).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_route_file_gives_each_path_its_own_rules() {
@@ -719,7 +719,7 @@ scope_from = "header:x-api-key"
 
 [[route]]
 path = "/v1/fail/*"
-ttl = "1s"
+ttl = "2s"
 lease = "1s"
 anonymous = "scoped"
 "#,
@@ -770,10 +770,10 @@ anonymous = "scoped"
     let first = first.await.unwrap();
     let other_caller = send("/v1/charges", Some("r-1"), Some("key-b"), 0).await;
     let charges = payments.charges_for("r-1");
-    // /v1/fail/*: anonymous is scoped there, and answers expire after a second.
+    // /v1/fail/*: anonymous is scoped there, and answers expire after two seconds.
     let failed = send("/v1/fail/503", Some("r-2"), None, 0).await;
     let replayed = send("/v1/fail/503", Some("r-2"), None, 0).await;
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
     let expired = send("/v1/fail/503", Some("r-2"), None, 0).await;
     let fail_calls = payments.calls_for("r-2");
     // A path the file does not list: the flags' rules, proxy mode's refusal.
@@ -782,7 +782,7 @@ anonymous = "scoped"
     report(
         "upstream",
         &format!(
-            "route file: /v1/charges without a key {no_key:?}; first {first:?}, its retry with no Prefer {waited:?}, another API key {other_caller:?} -> {charges} charges; /v1/fail/* (ttl 1s, anonymous scoped) {failed:?}, {replayed:?}, after 1.5 s {expired:?} -> {fail_calls} calls; /v1/refunds (flags) {elsewhere:?}"
+            "route file: /v1/charges without a key {no_key:?}; first {first:?}, its retry with no Prefer {waited:?}, another API key {other_caller:?} -> {charges} charges; /v1/fail/* (ttl 2s, anonymous scoped) {failed:?}, {replayed:?}, after 2.5 s {expired:?} -> {fail_calls} calls; /v1/refunds (flags) {elsewhere:?}"
         ),
     );
     assert_eq!(no_key.0, 400, "a key is required on /v1/charges");
@@ -800,7 +800,7 @@ anonymous = "scoped"
     assert_eq!(
         (expired.0, expired.1),
         (503, false),
-        "expired after its route's 1 s"
+        "expired after its route's 2 s"
     );
     assert_eq!(fail_calls, 2);
     assert_eq!(
@@ -1084,4 +1084,310 @@ async fn a_client_that_leaves_during_its_claim_leaves_no_orphan_claim() {
         "each retry replays the charge made without its client: {retried:?}"
     );
     assert_eq!(charged_once, LEFT, "each key charged once");
+}
+
+/// A route guards `PUT` on `/v1/payouts/*` and requires a key there; the API behind
+/// routes leniently, as servlet containers and case-insensitive routers do (`;`
+/// parameters dropped, encoded `/` and `\` and a plain `\` read as `/`, dot segments
+/// resolved, case ignored), so each spelling below is a payout to it. One key sent in
+/// every spelling runs once; a keyless `PUT` in another spelling is refused, never run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_spelling_of_a_guarded_path_runs_twice() {
+    let payments = Payments::start().await;
+    let routes = std::env::temp_dir().join(format!("idem-spellings-{}.toml", std::process::id()));
+    std::fs::write(
+        &routes,
+        "[[route]]\npath = \"/v1/payouts/*\"\nmethods = [\"PUT\"]\nrequire_key = true\n",
+    )
+    .unwrap();
+    let origin = proxy(&payments, &["--routes", routes.to_str().unwrap()]).await;
+    let _ = std::fs::remove_file(&routes);
+    let spellings = [
+        "/v1/payouts/7",
+        "/v1/payouts;x/7",
+        "/v1%2Fpayouts/7",
+        "/v1/Payouts/7",
+        "/v1%5cpayouts/7",
+        "/v1\\payouts/7",
+        "/v1/x/../payouts/7",
+        "/v1/payouts/%2e/7",
+        "/V1/PAYOUTS/7/",
+    ];
+    let put = |target: &'static str, key: Option<&'static str>| {
+        let addr = origin.addr;
+        async move {
+            let mut headers = vec![("content-type", "application/json")];
+            if let Some(key) = key {
+                headers.push(("idempotency-key", key));
+            }
+            raw_request(addr, "PUT", target, &headers, br#"{"amount": 5}"#).await
+        }
+    };
+    let mut answers = Vec::new();
+    for spelling in spellings {
+        let (status, body) = put(spelling, Some("po-1")).await;
+        answers.push((spelling, status, problem_kind(&body)));
+    }
+    let mut keyless = Vec::new();
+    for spelling in ["/v1/payouts;y/8", "/v1%2Fpayouts/8", "/V1/Payouts/8"] {
+        let (status, body) = put(spelling, None).await;
+        keyless.push((spelling, status, problem_kind(&body)));
+    }
+    let executions = payments.calls_for("po-1");
+    let keyless_executions =
+        payments.count("SELECT count(*) FROM calls WHERE idempotency_key IS NULL");
+    report(
+        "upstream",
+        &format!(
+            "one key PUT in {} spellings of a guarded path {answers:?} -> {executions} payouts; \
+             keyless {keyless:?} -> {keyless_executions} payouts",
+            spellings.len()
+        ),
+    );
+    assert_eq!(answers[0].1, 201, "{answers:?}");
+    for (spelling, status, kind) in &answers[1..] {
+        assert!(
+            (*status == 400 && kind == "path-ambiguous")
+                || (*status == 422 && kind == "idempotency-key-reused"),
+            "{spelling}: {status} {kind}"
+        );
+    }
+    for (spelling, status, kind) in &keyless {
+        assert_eq!(*status, 400, "{spelling}: {kind}");
+        assert!(
+            kind == "path-ambiguous" || kind == "idempotency-key-missing",
+            "{spelling}: {kind}"
+        );
+    }
+    assert_eq!(executions, 1, "one key, one payout, whatever the spelling");
+    assert_eq!(
+        keyless_executions, 0,
+        "a keyless payout is refused in every spelling"
+    );
+}
+
+/// The last part of a problem's type (`path-ambiguous`), found in a raw body.
+fn problem_kind(body: &str) -> String {
+    body.split("urn:idem:problem:")
+        .nth(1)
+        .map(|rest| rest.split('"').next().unwrap_or("").to_owned())
+        .unwrap_or_default()
+}
+
+/// idem in proxy mode on Postgres (`args`), killed (SIGKILL) once the upstream has each
+/// of `keys`' charges (2 s each) and before it could store an answer: the client lost
+/// its answers, the claims are orphans. Returns when the process is gone.
+async fn kill_mid_request(payments: &Payments, args: &[&str], keys: &[&'static str]) -> Instant {
+    let (mut first, base) = idem_tests::OriginProcess::spawn(args).await;
+    let http = client();
+    let mut sent = Vec::new();
+    for &key in keys {
+        let (http, url) = (http.clone(), format!("{base}/v1/charges"));
+        sent.push(tokio::spawn(async move {
+            http.post(&url)
+                .header("idempotency-key", key)
+                .header("content-type", "application/json")
+                .body(charge_body("c-orphan", 100, 2_000))
+                .send()
+                .await
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while keys.iter().any(|k| payments.calls_for(k) == 0) {
+        assert!(
+            Instant::now() < deadline,
+            "a request never reached the upstream"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = first.kill();
+    let _ = first.wait();
+    let killed = Instant::now();
+    for answer in sent {
+        assert!(answer.await.unwrap().is_err(), "the client lost its answer");
+    }
+    killed
+}
+
+/// A TTL barely above the lease (`--ttl 3s --lease 2s`): idem killed while the upstream
+/// charges, its retry 4 s later — past the claim's lease and past a TTL from its last
+/// heartbeat. The orphan claim must still be there to take over (an outcome nobody
+/// knows, stored as such), not expired into a free key that sends the charge again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphan_claim_outlives_a_short_ttl_and_is_never_resent() {
+    let payments = Payments::start().await;
+    let db = idem_tests::TestDb::new("proxy_short_ttl").await;
+    let upstream = payments.url();
+    let args = [
+        "--upstream",
+        upstream.as_str(),
+        "--store",
+        "postgres",
+        "--database-url",
+        db.url.as_str(),
+        "--ttl",
+        "3s",
+        "--lease",
+        "2s",
+        "--anonymous",
+        "scoped",
+    ];
+    let killed = kill_mid_request(&payments, &args, &["short-ttl-1"]).await;
+    let (mut second, base) = idem_tests::OriginProcess::spawn(&args).await;
+    // The last heartbeat came at most 250 ms before the kill: its lease is over by
+    // kill + 2 s, a TTL past it (the old expiry) by kill + 3 s, lease and TTL past it
+    // (the expiry now) no sooner than kill + 4.75 s.
+    tokio::time::sleep(
+        (killed + Duration::from_millis(4_000)).saturating_duration_since(Instant::now()),
+    )
+    .await;
+    let retried_after = killed.elapsed();
+    let retry = post(
+        &client(),
+        &format!("{base}/v1/charges"),
+        "short-ttl-1",
+        charge_body("c-orphan", 100, 2_000),
+    )
+    .await;
+    let status = retry.status().as_u16();
+    let kind = problem_type(&retry.text().await.unwrap());
+    // Whatever the retry did reaches the upstream within its 2 s.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let calls = payments.calls_for("short-ttl-1");
+    let _ = second.kill();
+    let _ = second.wait();
+    report(
+        "upstream",
+        &format!(
+            "--ttl 3s --lease 2s, idem killed mid-request, the retry {retried_after:?} after: {status} {kind}; the upstream got {calls} calls"
+        ),
+    );
+    assert!(
+        retried_after < Duration::from_millis(4_700),
+        "retried {retried_after:?} after the kill: too late to tell"
+    );
+    assert_eq!(calls, 1, "an orphan past a short TTL was sent again");
+    assert_eq!(status, 502);
+    assert_eq!(kind, "urn:idem:problem:upstream-outcome-unknown");
+}
+
+/// An operator purges orphan claims in proxy mode (their holder killed mid-request,
+/// their leases over): without `resend=true` the purge is refused (409 `may-resend`)
+/// and the retry stores the outcome as unknown, sending nothing; with it, the key is
+/// freed and the retry sends the charge again, as the operator said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purged_orphan_is_resent_only_when_the_operator_says_so() {
+    let payments = Payments::start().await;
+    let db = idem_tests::TestDb::new("proxy_purge_orphan").await;
+    let upstream = payments.url();
+    let tokens = std::env::temp_dir().join(format!("idem-purge-tokens-{}", std::process::id()));
+    std::fs::write(&tokens, "oncall:purge-orphan-token-0123456789\n").unwrap();
+    let mut args = vec![
+        "--upstream",
+        upstream.as_str(),
+        "--store",
+        "postgres",
+        "--database-url",
+        db.url.as_str(),
+        "--lease",
+        "2s",
+        "--anonymous",
+        "scoped",
+    ];
+    let killed = kill_mid_request(&payments, &args, &["orphan-1", "orphan-2"]).await;
+    let admin_addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let token_file = tokens.to_str().unwrap().to_owned();
+    args.extend([
+        "--admin-listen",
+        &admin_addr,
+        "--admin-token-file",
+        &token_file,
+    ]);
+    let (mut second, base) = idem_tests::OriginProcess::spawn(&args).await;
+    tokio::time::sleep(
+        (killed + Duration::from_millis(2_500)).saturating_duration_since(Instant::now()),
+    )
+    .await;
+    let http = client();
+    let admin = |method: reqwest::Method, path: String| {
+        let http = http.clone();
+        let url = format!("http://{admin_addr}{path}");
+        async move {
+            let res = http
+                .request(method, url)
+                .header("authorization", "Bearer purge-orphan-token-0123456789")
+                .send()
+                .await
+                .unwrap();
+            let status = res.status().as_u16();
+            let body: serde_json::Value = res.json().await.unwrap_or_default();
+            (status, body)
+        }
+    };
+    let mut outcomes = Vec::new();
+    for (key, query) in [("orphan-1", ""), ("orphan-2", "?resend=true")] {
+        let (status, found) = admin(
+            reqwest::Method::GET,
+            format!("/admin/v1/records?key={key}&scope=anonymous"),
+        )
+        .await;
+        assert_eq!(status, 200, "{found}");
+        assert_eq!(found["record"]["state"], "in_progress", "{found}");
+        let record_key = found["record"]["record_key"].as_str().unwrap().to_owned();
+        let (purged, body) = admin(
+            reqwest::Method::DELETE,
+            format!("/admin/v1/records/{record_key}{query}"),
+        )
+        .await;
+        let retry = post(
+            &http,
+            &format!("{base}/v1/charges"),
+            key,
+            charge_body("c-orphan", 100, 2_000),
+        )
+        .await;
+        let retried = retry.status().as_u16();
+        let kind = problem_type(&retry.text().await.unwrap());
+        outcomes.push((
+            key,
+            purged,
+            body["type"].as_str().unwrap_or("").to_owned(),
+            retried,
+            kind,
+        ));
+    }
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let calls = (
+        payments.calls_for("orphan-1"),
+        payments.calls_for("orphan-2"),
+    );
+    let _ = second.kill();
+    let _ = second.wait();
+    let _ = std::fs::remove_file(&tokens);
+    report(
+        "upstream",
+        &format!(
+            "orphans purged in proxy mode (lease over), then retried: {outcomes:?}; upstream calls {calls:?}"
+        ),
+    );
+    let (_, purged, kind, retried, retry_kind) = &outcomes[0];
+    assert_eq!(
+        (*purged, kind.as_str()),
+        (409, "urn:idem:problem:admin-may-resend")
+    );
+    assert_eq!(
+        (*retried, retry_kind.as_str()),
+        (502, "urn:idem:problem:upstream-outcome-unknown")
+    );
+    assert_eq!(
+        calls.0, 1,
+        "a purged orphan was sent again without resend=true"
+    );
+    let (_, purged, _, retried, _) = &outcomes[1];
+    assert_eq!((*purged, *retried), (200, 201), "resend=true frees the key");
+    assert_eq!(calls.1, 2, "and the retry sends the charge again, as asked");
 }

@@ -12,6 +12,10 @@ POST /v1/charges   {"customer": str, "amount": int > 0, "currency": str,
 POST /v1/fail/<status>   answers <status> without charging (a crashed or overloaded app)
 POST /v1/nothing         answers 409 with the private release header: nothing happened
 POST /v1/broken          promises a body and hangs up part-way
+PUT  /v1/payouts/<id>    makes a payout -> 201 {"id", "payout"}; the path is routed as
+                         servlet containers and case-insensitive routers route it:
+                         `;` parameters dropped, encoded `/` and `\` and a plain `\` read
+                         as `/`, dot segments resolved, case ignored
 GET  /healthz            -> 200 ok
 GET  /calls              -> the number of POSTs so far, as text
 Every POST is counted in `calls`. Every charge row keeps the Idempotency-Key, the fencing token and the downstream key
@@ -80,6 +84,21 @@ class Payments(BaseHTTPRequestHandler):
         else:
             self.answer(404, {"error": "not found"})
 
+    def do_PUT(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        routed = routed_path(self.path)
+        with self.lock, sqlite3.connect(self.db_path, timeout=30) as db:
+            db.execute(
+                "INSERT INTO calls VALUES (?, ?, ?)",
+                (self.path, self.headers.get("Idempotency-Key"), time.time()),
+            )
+        if not routed.startswith("/v1/payouts/"):
+            self.answer(404, {"error": "not found"})
+            return
+        self.answer(201, {"id": "po_" + uuid.uuid4().hex[:24], "payout": routed.rsplit("/", 1)[1]})
+
     def do_POST(self):
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
@@ -136,6 +155,25 @@ class Payments(BaseHTTPRequestHandler):
             {"id": charge_id, "customer": customer, "amount": amount, "currency": currency},
             [("Location", "/v1/charges/" + charge_id), ("Set-Cookie", "seen=1"), ("Set-Cookie", "lang=en")],
         )
+
+
+def routed_path(raw):
+    """The path as a lenient router takes it: what idem must guard in every spelling."""
+    path = raw.split("?", 1)[0]
+    path = "/".join(segment.split(";", 1)[0] for segment in path.split("/"))
+    for separator in ("%2f", "%2F", "%5c", "%5C", "\\"):
+        path = path.replace(separator, "/")
+    path = path.replace("%2e", ".").replace("%2E", ".")
+    segments = []
+    for segment in path.split("/"):
+        if segment in ("", "."):
+            continue
+        if segment == "..":
+            if segments:
+                segments.pop()
+            continue
+        segments.append(segment)
+    return "/" + "/".join(segments).lower()
 
 
 def main():

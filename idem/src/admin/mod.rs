@@ -11,7 +11,10 @@
 //!   records whose holders claimed them longer ago than `older_than`, a page at a time.
 //! * `DELETE /admin/v1/records/{record_key}[?force=true]` — purges a record, and
 //!   every replica's replay cache forgets it ([`crate::store::cache`] says how fast).
-//!   Refused (409) while an attempt holds the key under a live lease, unless forced.
+//!   Refused (409) while an attempt holds the key under a live lease, unless forced;
+//!   where requests are never sent twice ([`Resends::Never`], proxy mode), an
+//!   in-progress record also needs `resend=true`, lease live or not (its attempt may
+//!   have reached the upstream).
 //!
 //! Every request needs `Authorization: Bearer <token>` of a token in the token file
 //! ([`Tokens`]): none is a 401 problem, a wrong one a 403, and neither changes
@@ -48,6 +51,7 @@ const DEFAULT_PAGE: usize = 100;
 #[derive(Clone)]
 struct Admin {
     store: Arc<dyn Store>,
+    resends: Resends,
     tokens: Arc<Tokens>,
     status: Option<(StatusInputs, Arc<status::History>)>,
 }
@@ -59,11 +63,29 @@ struct Actor {
     peer: String,
 }
 
+/// Whether a retry may run a request again after an operator purged the record of an
+/// attempt that may have run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resends {
+    /// It may: a takeover runs the handler again anyway (a library or the demo, whose
+    /// handlers fence their effects with the claim's token).
+    Allowed,
+    /// Never unless the operator says so (`resend=true`): proxy mode, which never sends
+    /// an upstream a request that may have reached it. Without a purge, the attempt's
+    /// next retry stores its outcome as unknown.
+    Never,
+}
+
 /// The admin API over `store`, for the operators of `tokens`; with `status`, the
 /// status page too (`/admin/status`, and its numbers at `/admin/v1/status`). Serve it
 /// with `into_make_service_with_connect_info::<SocketAddr>()` so that logs name the
 /// peer. Call it within a Tokio runtime when `status` is given (it samples a history).
-pub fn router(store: Arc<dyn Store>, tokens: Tokens, status: Option<StatusInputs>) -> Router {
+pub fn router(
+    store: Arc<dyn Store>,
+    tokens: Tokens,
+    status: Option<StatusInputs>,
+    resends: Resends,
+) -> Router {
     let status = status.map(|inputs| {
         let history = Arc::new(status::History::default());
         status::start_sampling(inputs.clone(), Arc::downgrade(&history));
@@ -72,6 +94,7 @@ pub fn router(store: Arc<dyn Store>, tokens: Tokens, status: Option<StatusInputs
     let has_status = status.is_some();
     let admin = Admin {
         store,
+        resends,
         tokens: Arc::new(tokens),
         status,
     };
@@ -502,15 +525,15 @@ async fn purge(
     Path(key): Path<String>,
     query: Params,
 ) -> Response {
-    let params = match params(query, &["force", "token", "state"]) {
+    let params = match params(query, &["force", "resend", "token", "state"]) {
         Ok(p) => p,
         Err(refused) => return refused,
     };
-    let force = match flag(&params, "force") {
-        Ok(f) => f,
-        Err(refused) => return refused,
+    let (force, resend) = match (flag(&params, "force"), flag(&params, "resend")) {
+        (Ok(f), Ok(r)) => (f, r),
+        (Err(refused), _) | (_, Err(refused)) => return refused,
     };
-    let expected = match purge_target(&params) {
+    let mut expected = match purge_target(&params) {
         Ok(t) => t,
         Err(refused) => return refused,
     };
@@ -519,6 +542,35 @@ async fn purge(
         Err(refused) => return refused,
     };
     let now = admin.store.now();
+    if admin.resends == Resends::Never && !resend {
+        // Decided on this read, and the purge below deletes only what was read: an
+        // attempt that lands meanwhile is another record, never purged unseen.
+        let record = match admin.store.get(&key).await {
+            Ok(record) => record,
+            Err(e) => return unavailable(&e),
+        };
+        if let Some(record) = record
+            .as_ref()
+            .filter(|r| idem_core::purge_may_resend(r, now))
+        {
+            tracing::info!(target: "idem::admin", operator = %actor.operator, peer = %actor.peer, action = "purge", record_key = key.as_str(), force, resend, state = "in_progress", outcome = "refused-may-resend");
+            return problem_with(
+                StatusCode::CONFLICT,
+                "may-resend",
+                "this attempt may have reached the upstream (its holder may still be running, or died mid-request): after a purge, a retry would send the request again. Without a purge, the key's next retry stores its outcome as unknown (502 upstream-outcome-unknown) and never sends it. Purge with resend=true only if the upstream is known not to have acted on it, or dedups by the downstream key it was sent",
+                json!({ "record": view::record(&key, record, now, false) }),
+            );
+        }
+        // None read: no attempt is purged either (token 0 is no attempt's).
+        let seen = record.as_ref().map_or(
+            PurgeTarget {
+                token: 0,
+                completed: true,
+            },
+            PurgeTarget::of,
+        );
+        expected = expected.or(Some(seen));
+    }
     let purged =
         crate::store::StoreExt::purge_expecting(&*admin.store, &key, now, force, expected).await;
     let outcome = match &purged {

@@ -109,7 +109,7 @@ type ConfigureFn = dyn Fn(IdempotencyLayer) -> IdempotencyLayer + Send + Sync;
 /// settings ([`IdempotencyLayer::route`]).
 #[derive(Clone)]
 pub(crate) struct RouteSettings {
-    pattern: String,
+    pattern: contract::PathPattern,
     configure: Arc<ConfigureFn>,
 }
 
@@ -128,6 +128,8 @@ pub(crate) struct Config {
     pub(crate) max_execution: Option<Duration>,
     pub(crate) executions: Executions,
     pub(crate) max_stored_body_bytes: usize,
+    /// Whether a route's pattern matches paths only in the same case.
+    pub(crate) case_sensitive: bool,
     /// Per-path settings, first match wins; resolved when the layer wraps a service.
     pub(crate) routes: Vec<RouteSettings>,
     /// Where handlers commit their effects with their answer, when enabled.
@@ -163,6 +165,7 @@ impl IdempotencyLayer {
                 max_execution: None,
                 executions: Executions::default(),
                 max_stored_body_bytes: 1024 * 1024,
+                case_sensitive: false,
                 routes: Vec::new(),
                 #[cfg(feature = "postgres")]
                 authority: None,
@@ -238,20 +241,36 @@ impl IdempotencyLayer {
     ///             .require_key_when(|_| true)
     ///     });
     /// ```
+    ///
+    /// # Panics
+    ///
+    /// When `pattern` is not one [`contract::check_pattern`] accepts (as axum's router
+    /// panics on a malformed route): a pattern not in normal form could never match,
+    /// or not where it seems to.
     pub fn route(
         self,
-        pattern: impl Into<String>,
+        pattern: impl AsRef<str>,
         configure: impl Fn(IdempotencyLayer) -> IdempotencyLayer + Send + Sync + 'static,
     ) -> Self {
+        let pattern = contract::PathPattern::new(pattern.as_ref())
+            .unwrap_or_else(|e| panic!("IdempotencyLayer::route: the path {e}"));
         let route = RouteSettings {
-            pattern: pattern.into(),
+            pattern,
             configure: Arc::new(configure),
         };
         self.with(|c| c.routes.push(route))
     }
 
+    /// Whether route patterns match paths only in the same case (`/V1/Payouts` is then
+    /// not `/v1/payouts/*`'s). Off by default: most frameworks route without regard to
+    /// case, and a request the API routes to a guarded handler must be guarded here
+    /// too. Set on a route's layer, it applies to that route's pattern.
+    pub fn case_sensitive_paths(self, yes: bool) -> Self {
+        self.with(|c| c.case_sensitive = yes)
+    }
+
     /// The settings of each route, made from this layer's.
-    fn resolved_routes(&self) -> Vec<(String, Arc<Config>)> {
+    fn resolved_routes(&self) -> Vec<(contract::PathPattern, Arc<Config>)> {
         let mut base = (*self.config).clone();
         base.routes.clear();
         let base = IdempotencyLayer {
@@ -263,7 +282,10 @@ impl IdempotencyLayer {
             .map(|r| {
                 let mut config = (r.configure)(base.clone()).config;
                 Arc::make_mut(&mut config).routes.clear();
-                (r.pattern.clone(), config)
+                (
+                    r.pattern.clone().case_sensitive(config.case_sensitive),
+                    config,
+                )
             })
             .collect()
     }

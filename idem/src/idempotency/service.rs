@@ -31,25 +31,35 @@ use tracing::Instrument;
 pub struct IdempotencyService<S> {
     inner: S,
     config: Arc<Config>,
-    /// Path patterns with their own settings, first match wins.
-    routes: Arc<[(String, Arc<Config>)]>,
+    /// Path patterns, first match wins, and their settings.
+    patterns: Arc<[contract::PathPattern]>,
+    routes: Arc<[Arc<Config>]>,
 }
 
 impl<S> IdempotencyService<S> {
-    pub(crate) fn new(inner: S, config: Arc<Config>, routes: Vec<(String, Arc<Config>)>) -> Self {
+    pub(crate) fn new(
+        inner: S,
+        config: Arc<Config>,
+        routes: Vec<(contract::PathPattern, Arc<Config>)>,
+    ) -> Self {
+        let (patterns, routes): (Vec<_>, Vec<_>) = routes.into_iter().unzip();
         IdempotencyService {
             inner,
             config,
+            patterns: patterns.into(),
             routes: routes.into(),
         }
     }
 
-    /// The settings for a request to `path`.
-    fn config_for(&self, path: &str) -> Arc<Config> {
-        self.routes
-            .iter()
-            .find(|(pattern, _)| contract::listed(std::slice::from_ref(pattern), path))
-            .map_or_else(|| self.config.clone(), |(_, config)| config.clone())
+    /// The settings for a request, or `None` when its path is spelled so that servers
+    /// may read it differently and one reading of it is guarded.
+    fn config_for(&self, method: &http::Method, path: &str) -> Option<Arc<Config>> {
+        let settings = |route: Option<usize>| route.map_or(&self.config, |i| &self.routes[i]);
+        let guarded = |route| contract::guards(&settings(route).methods, method.as_str());
+        match contract::choose_route(&self.patterns, path, guarded) {
+            contract::PathChoice::Route(route) => Some(settings(route).clone()),
+            contract::PathChoice::Ambiguous => None,
+        }
     }
 }
 
@@ -75,7 +85,9 @@ where
         // Take the service that was driven to readiness; leave a fresh clone behind.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let config = self.config_for(req.uri().path());
+        let Some(config) = self.config_for(req.method(), req.uri().path()) else {
+            return Box::pin(async { Ok(invalid(&Rejection::new(Problem::PathAmbiguous))) });
+        };
         Box::pin(async move { Ok(handle(config, inner, req).await) })
     }
 }

@@ -1,6 +1,7 @@
 //! The HTTP contract on plain values: every decision the edge and the origin both
 //! make about a request and its answer, so that they make it once, here.
 //!
+//! * [`path`] — which route a path selects, however it is spelled.
 //! * [`request`] — which requests are guarded, the key, the body limit, the fingerprint.
 //! * [`wait`] — `Prefer: wait` and the schedule of polls while another attempt runs.
 //! * [`answer`] — what is stored of an answer, what a replay carries, and the origin's
@@ -14,6 +15,7 @@
 
 pub mod answer;
 pub mod jwt;
+pub mod path;
 pub mod problem;
 pub mod request;
 pub mod scope;
@@ -26,11 +28,11 @@ pub use answer::{
     stored_headers, stored_headers_of, visible_headers, OriginDisposition,
 };
 pub use jwt::{JwtKeys, JwtVerifier};
-pub use problem::{Problem, Rejection};
-pub use request::{
-    ambiguous_path, check_declared_length, check_pattern, fingerprint, fingerprint_message, guards,
-    listed, normal_path, route, Route,
+pub use path::{
+    ambiguous_path, check_pattern, choose_route, listed, normal_path, PathChoice, PathPattern,
 };
+pub use problem::{Problem, Rejection};
+pub use request::{check_declared_length, fingerprint, fingerprint_message, guards, route, Route};
 pub use scope::{Anonymous, ScopeRule, ScopeSource};
 pub use wait::{prefer_wait, wait_ms, wait_ms_or, Waiting};
 
