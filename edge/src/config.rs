@@ -35,8 +35,9 @@ fn scope_rule(var: &impl Fn(&str) -> Option<String>) -> Result<ScopeRule, String
         }
     }
     let anonymous = match var("ANONYMOUS").as_deref().map(str::trim) {
-        None | Some("scoped") => Anonymous::Scoped,
-        Some("refused") => Anonymous::Refused,
+        // Strangers share no scope unless the deployment says so.
+        Some("scoped") => Anonymous::Scoped,
+        None | Some("refused") => Anonymous::Refused,
         Some(other) => {
             return Err(format!(
                 "ANONYMOUS must be scoped or refused, got {other:?}"
@@ -224,6 +225,23 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test;
 
     #[wasm_bindgen_test(unsupported = test)]
+    fn strangers_share_no_scope_unless_the_deployment_says_so() {
+        let anonymous = |value: Option<&str>| {
+            EdgeConfig::from_vars(|n| match n {
+                "ORIGIN_URL" => Some("http://o".into()),
+                "ANONYMOUS" => value.map(Into::into),
+                _ => None,
+            })
+            .unwrap()
+            .scope
+            .anonymous
+        };
+        assert_eq!(anonymous(None), Anonymous::Refused);
+        assert_eq!(anonymous(Some("refused")), Anonymous::Refused);
+        assert_eq!(anonymous(Some("scoped")), Anonymous::Scoped);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
     fn reads_vars() {
         let c = EdgeConfig::from_vars(|n| match n {
             "ORIGIN_URL" => Some("http://o:1/".into()),
@@ -317,11 +335,16 @@ mod tests {
         assert!(lease_past_ttl
             .unwrap_err()
             .contains("the TTL must be longer than the lease"));
+        let lease_equal_to_ttl = EdgeConfig::from_vars(|n| match n {
+            "ORIGIN_URL" => Some("http://o".into()),
+            "LEASE_MS" | "TTL_MS" => Some("5000".into()),
+            _ => None,
+        });
         assert!(
-            with("TTL_MS", "30000")
+            lease_equal_to_ttl
                 .unwrap_err()
                 .contains("the TTL must be longer than the lease"),
-            "a TTL equal to the default lease"
+            "a TTL equal to the lease"
         );
         assert!(with("TTL_MS", "86400000").is_ok());
         let listed = with("REQUIRE_KEY_PATHS", "[\"/v1/charges\", \"/v2/*\"]").unwrap();

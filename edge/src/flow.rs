@@ -5,8 +5,8 @@
 use crate::config::EdgeConfig;
 use crate::records::{EdgeRecords, Op, Reply, WireResponse, MAX_TTL_MS};
 use idem_core::contract::{
-    self, OriginDisposition, Problem, Rejection, Route, Waiting, DEFAULT_METHODS, IDEMPOTENCY_KEY,
-    ORIGIN_DISPOSITION, STORED_HEADERS,
+    self, NotKept, OriginDisposition, Problem, Rejection, Route, Waiting, DEFAULT_METHODS,
+    IDEMPOTENCY_KEY, ORIGIN_DISPOSITION, STORED_HEADERS,
 };
 use idem_core::{Fingerprint, Millis, RecordKey, StoredResponse};
 
@@ -122,6 +122,9 @@ pub enum Handled {
     Degraded,
     /// Refused with one of idem's problems.
     Refused,
+    /// Claimed and forwarded; the origin stored its answer under another record than
+    /// the edge's (their scope rules differ), so the edge kept nothing.
+    OtherRecord,
 }
 
 impl Handled {
@@ -133,6 +136,7 @@ impl Handled {
             Handled::Passed => "passed",
             Handled::Degraded => "degraded",
             Handled::Refused => "refused",
+            Handled::OtherRecord => "forwarded; other-record",
         }
     }
 }
@@ -278,14 +282,38 @@ async fn guarded<R: EdgeRuntime>(
     };
     // Keep the answer, or free the key: a claim left behind would answer 409 until
     // its lease ran out, for a key whose answer the origin has.
-    let kept = match keep(runtime.now(), config, &answer, fingerprint, token) {
-        Some(complete) => write(runtime, &records, &complete).await,
-        None => false,
+    let origin_said = answer
+        .header(ORIGIN_DISPOSITION)
+        .and_then(OriginDisposition::parse);
+    let mut handled = Handled::Forwarded;
+    let kept = match contract::edge_keeps(origin_said, &record_key) {
+        Ok(expires_at) => match keep(
+            runtime.now(),
+            config,
+            &answer,
+            expires_at,
+            fingerprint,
+            token,
+        ) {
+            Some(complete) => write(runtime, &records, &complete).await,
+            None => false,
+        },
+        Err(NotKept::OtherRecord) => {
+            runtime.warn(&format!(
+                "the origin stored this answer under another record than the edge's {}: \
+                 the edge's SCOPE_FROM names callers otherwise than the origin's scope \
+                 rule; nothing is kept at the edge for such requests",
+                record_key.as_str()
+            ));
+            handled = Handled::OtherRecord;
+            false
+        }
+        Err(NotKept::NotStored) => false,
     };
     if !kept {
         write(runtime, &records, &release).await;
     }
-    relay(&head.method, answer, Handled::Forwarded)
+    relay(&head.method, answer, handled)
 }
 
 /// A request the edge does not guard, streamed both ways.
@@ -304,8 +332,11 @@ async fn pass<R: EdgeRuntime>(
 
 /// The core's routing, on the edge's request.
 pub fn route(config: &EdgeConfig, head: &Head) -> Route {
+    let overrides = contract::METHOD_OVERRIDE_HEADERS
+        .iter()
+        .flat_map(|name| head.values(name));
     contract::route(
-        contract::guards(&DEFAULT_METHODS, &head.method),
+        contract::guards_request(&DEFAULT_METHODS, &head.method, overrides),
         head.path(),
         head.values(IDEMPOTENCY_KEY),
         || contract::listed(&config.require_key_paths, head.path()),
@@ -377,24 +408,20 @@ async fn claim<R: EdgeRuntime>(
     }
 }
 
-/// The completion that keeps the origin's answer at the edge — only an answer the
-/// origin stored, until its record there expires, not over the size limit, and of a
+/// The completion that keeps the origin's answer at the edge — an answer the origin
+/// stored under the edge's record until `expires_at` ([`contract::edge_keeps`]), kept
+/// until then, not over the size limit, and of a
 /// status the edge can send —
 /// or `None`: keep nothing (the key is released; the origin answers retries).
 fn keep(
     now: Millis,
     config: &EdgeConfig,
     answer: &Answer,
+    expires_at: Millis,
     fingerprint: String,
     token: u64,
 ) -> Option<Op> {
-    let origin_said = answer
-        .header(ORIGIN_DISPOSITION)
-        .and_then(OriginDisposition::parse);
-    contract::edge_ttl_ms(origin_said, now, MAX_TTL_MS)?;
-    let Some(OriginDisposition::Stored { expires_at }) = origin_said else {
-        return None;
-    };
+    contract::edge_ttl_ms(Some(expires_at), now, MAX_TTL_MS)?;
     if !contract::fetch_can_send_status(answer.status) {
         return None;
     }

@@ -2,7 +2,7 @@
 //! Object protocol, and [`apply`], the pure function the Durable Object executes —
 //! the core decides, the object only stores the result.
 
-use idem_core::contract::{self, OriginDisposition};
+use idem_core::contract;
 use idem_core::{
     complete, decide_at_edge, release, Decision, Fingerprint, Holder, Millis, Policy, Record,
     StoredResponse,
@@ -224,10 +224,7 @@ pub fn apply(
                 fingerprint: fingerprint(fp)?,
                 token: *token,
             };
-            let stored_until = OriginDisposition::Stored {
-                expires_at: *expires_at,
-            };
-            let Some(ttl_ms) = contract::edge_ttl_ms(Some(stored_until), now, MAX_TTL_MS) else {
+            let Some(ttl_ms) = contract::edge_ttl_ms(Some(*expires_at), now, MAX_TTL_MS) else {
                 let reason = "the origin's record has expired".to_owned();
                 return Ok((Reply::Refused { reason }, None));
             };

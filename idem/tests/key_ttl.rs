@@ -38,6 +38,9 @@ fn app() -> Router {
         )
         .layer(
             IdempotencyLayer::new(Arc::new(MemoryStore::new()))
+                .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+                    idem_core::contract::Anonymous::Scoped,
+                ))
                 .require_key_when(|_| true)
                 .ttl(Duration::from_secs(60)),
         )

@@ -142,6 +142,9 @@ async fn a_claim_whose_reply_comes_after_its_lease_never_runs() {
         )
         .layer(
             IdempotencyLayer::new(store)
+                .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+                    idem_core::contract::Anonymous::Scoped,
+                ))
                 .require_key_when(|_| true)
                 .lease(Duration::from_millis(400)),
         );
@@ -204,6 +207,9 @@ async fn a_late_takeover_leaves_the_next_attempt_a_takeover() {
         )
         .layer(
             IdempotencyLayer::new(store)
+                .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+                    idem_core::contract::Anonymous::Scoped,
+                ))
                 .require_key_when(|_| true)
                 .lease(Duration::from_millis(400)),
         );

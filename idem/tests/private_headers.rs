@@ -12,7 +12,10 @@ use std::sync::Arc;
 use tower::ServiceExt;
 
 const FORGED: [(&str, &str); 2] = [
-    ("idem-disposition", "stored; expires=99999999999999"),
+    (
+        "idem-disposition",
+        "stored; expires=99999999999999; record=0123456789abcdef0123456789abcdef",
+    ),
     ("idem-stored-headers", "set-cookie"),
 ];
 
@@ -27,7 +30,13 @@ fn app() -> Router {
     Router::new()
         .route("/read", get(forging))
         .route("/charge", post(forging))
-        .layer(IdempotencyLayer::new(Arc::new(MemoryStore::new())).require_key_on(["/charge"]))
+        .layer(
+            IdempotencyLayer::new(Arc::new(MemoryStore::new()))
+                .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+                    idem_core::contract::Anonymous::Scoped,
+                ))
+                .require_key_on(["/charge"]),
+        )
 }
 
 async fn forged_headers_seen(req: Request<Body>) -> Vec<String> {

@@ -52,6 +52,9 @@ async fn send(app: &Router, method: &str, path: &str, headers: &[(&str, &str)]) 
 async fn each_route_has_its_own_settings_and_the_rest_the_layer_s() {
     let calls = Arc::new(AtomicUsize::new(0));
     let layer = IdempotencyLayer::new(Arc::new(MemoryStore::new()))
+        .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+            idem_core::contract::Anonymous::Scoped,
+        ))
         .route("/strict/*", |strict| {
             strict
                 .require_key_when(|_| true)
@@ -121,9 +124,13 @@ async fn each_route_has_its_own_settings_and_the_rest_the_layer_s() {
 #[tokio::test]
 async fn a_route_s_default_wait_turns_a_409_into_the_first_answer() {
     let calls = Arc::new(AtomicUsize::new(0));
-    let layer = IdempotencyLayer::new(Arc::new(MemoryStore::new())).route("/patient", |patient| {
-        patient.default_wait(Duration::from_secs(5))
-    });
+    let layer = IdempotencyLayer::new(Arc::new(MemoryStore::new()))
+        .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+            idem_core::contract::Anonymous::Scoped,
+        ))
+        .route("/patient", |patient| {
+            patient.default_wait(Duration::from_secs(5))
+        });
     let app = app(layer, calls.clone(), Duration::from_millis(300));
     let race = |path: &'static str, key: &'static str, prefer: Option<&'static str>| {
         let app = app.clone();
@@ -166,15 +173,19 @@ async fn a_route_s_default_wait_turns_a_409_into_the_first_answer() {
 #[tokio::test]
 async fn a_retry_on_another_spelling_of_a_route_s_path_does_not_run_again() {
     let calls = Arc::new(AtomicUsize::new(0));
-    let layer = IdempotencyLayer::new(Arc::new(MemoryStore::new())).route("/v1/charges", |r| {
-        r.scope(|parts| {
-            let tenant = parts
-                .headers
-                .get("x-tenant")
-                .map_or(&b""[..], |v| v.as_bytes());
-            Scope::from_header("x-tenant", tenant)
-        })
-    });
+    let layer = IdempotencyLayer::new(Arc::new(MemoryStore::new()))
+        .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+            idem_core::contract::Anonymous::Scoped,
+        ))
+        .route("/v1/charges", |r| {
+            r.scope(|parts| {
+                let tenant = parts
+                    .headers
+                    .get("x-tenant")
+                    .map_or(&b""[..], |v| v.as_bytes());
+                Scope::from_header("x-tenant", tenant)
+            })
+        });
     let app = app(layer, calls.clone(), Duration::ZERO);
     let headers = [
         ("idempotency-key", "spelled-1"),

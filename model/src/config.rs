@@ -167,4 +167,8 @@ pub enum Bug {
     /// answered. The read may then predate a write-behind that lands, and a loss of
     /// Redis' records, before the claim reaches Redis.
     ColdReadWithTheClaim,
+    /// Before issue 35: in tiered async, a holder's write refused as missing in Redis,
+    /// and allowed by Postgres, counted as written whether its copy landed in Redis or
+    /// Redis refused it for a newer record (a retry's claim since the loss).
+    RefusedCopyCounted,
 }

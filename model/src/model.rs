@@ -65,9 +65,13 @@ impl ProtocolModel {
     fn holders_timely(&self, state: &State) -> bool {
         let next = state.main.now(state.now + TICK);
         state.attempts.iter().all(|a| match (&a.pc, a.lease) {
-            (Pc::Running { .. } | Pc::Finishing { .. } | Pc::ColdRead { .. }, Some(lease)) => {
-                lease > next
-            }
+            (
+                Pc::Running { .. }
+                | Pc::Finishing { .. }
+                | Pc::Copying { .. }
+                | Pc::ColdRead { .. },
+                Some(lease),
+            ) => lease > next,
             _ => true,
         })
     }
@@ -171,14 +175,17 @@ impl Model for ProtocolModel {
             if live && c.faults.lost_replies && self.writes(a) {
                 actions.push(Action::LoseReply(i));
             }
-            if matches!(a.pc, Pc::Running { .. } | Pc::Finishing { .. }) {
+            if matches!(
+                a.pc,
+                Pc::Running { .. } | Pc::Finishing { .. } | Pc::Copying { .. }
+            ) {
                 actions.push(Action::Heartbeat(i));
             }
             // A crash between the effect and the completion is a holder that never comes
             // back after its effect: the pause class.
             let crashable = match a.pc {
                 Pc::Idle | Pc::Answered(_) | Pc::Crashed => false,
-                Pc::Finishing { .. } => c.faults.pause,
+                Pc::Finishing { .. } | Pc::Copying { .. } => c.faults.pause,
                 _ => true,
             };
             if crashable && c.faults.crash {

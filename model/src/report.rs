@@ -143,6 +143,12 @@ fn pc(pc: &Pc) -> String {
         Pc::Finishing { token: t, response } => {
             format!("effect #{response} done, completing token{}", token(*t))
         }
+        Pc::Copying { token: t, .. } => {
+            format!(
+                "token{} read Postgres, copying its completion into Redis",
+                token(*t)
+            )
+        }
         Pc::Recovering { .. } => "reading its commit".to_owned(),
         Pc::Answered(a) => match a {
             Answer::Executed { response, stored } => {

@@ -44,6 +44,14 @@ pub enum Pc {
     /// The handler's effect committed and produced `response`; the completion is
     /// written next, again until it is written or refused.
     Finishing { token: u64, response: u8 },
+    /// Tiered async: Redis refused the completion `record` as missing, Postgres still
+    /// gives the holder the key; the copy into Redis is sent next — written only if it
+    /// lands, else the completion is written again.
+    Copying {
+        token: u64,
+        response: u8,
+        record: Vec<u8>,
+    },
     /// Transactional: the commit's reply was lost; the holder reads what it committed.
     Recovering { token: u64 },
     /// The client has its answer.

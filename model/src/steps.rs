@@ -6,10 +6,10 @@ use crate::model::{fingerprint, ProtocolModel};
 use crate::state::{Answer, Pc, State};
 use crate::stores::{Insert, Slot, Swap, Written};
 use crate::POLICY;
-use idem_core::contract::{edge_ttl_ms, OriginDisposition};
+use idem_core::contract::edge_ttl_ms;
 use idem_core::{
-    complete, decide, decide_at_edge, release, Decision, Holder, Millis, Policy, Record, Stamp,
-    StoredResponse, Transition,
+    complete, decide, decide_at_edge, release, Decision, Holder, Millis, OverLostFront, Policy,
+    Record, Stamp, StoredResponse, Transition,
 };
 
 /// Response `n` of the handler (each execution answers differently, so that a second
@@ -177,6 +177,23 @@ impl ProtocolModel {
                         state.attempts[i].pc = Pc::Answered(answer);
                     }
                     None => {}
+                }
+            }
+            Pc::Copying {
+                token,
+                response: n,
+                record,
+            } => {
+                let record = decode(&record);
+                if state.main.mirror(&record) || self.copy_counted() {
+                    self.after_write(state, i, &record);
+                    state.attempts[i].pc = Pc::Answered(Answer::Executed {
+                        response: n,
+                        stored: true,
+                    });
+                } else {
+                    // A newer record in Redis: the completion is written again.
+                    state.attempts[i].pc = Pc::Finishing { token, response: n };
                 }
             }
             Pc::Recovering { token } => {
@@ -490,18 +507,41 @@ impl ProtocolModel {
                     // Redis lost the record: the authority decides whether this holder
                     // still owns the key.
                     let authority = state.other.record();
-                    if holder.already_wrote(authority.as_ref(), change, at.now)
-                        || holder.check(authority.as_ref(), at.now).is_ok()
-                    {
-                        state.main.mirror(&next);
-                        self.after_write(state, i, &next);
-                        return Some(Ok(()));
+                    match holder.over_lost_front(authority.as_ref(), change, at.now) {
+                        OverLostFront::Landed => {
+                            state.main.mirror(&next);
+                            self.after_write(state, i, &next);
+                            return Some(Ok(()));
+                        }
+                        OverLostFront::CopyIn => {
+                            // The copy into Redis is a step of its own: a retry's claim
+                            // may land in Redis between the read and the copy.
+                            if let Pc::Finishing { response: n, .. } = state.attempts[i].pc {
+                                state.attempts[i].pc = Pc::Copying {
+                                    token,
+                                    response: n,
+                                    record: next.encode(),
+                                };
+                                return None;
+                            }
+                            if state.main.mirror(&next) || self.copy_counted() {
+                                self.after_write(state, i, &next);
+                                return Some(Ok(()));
+                            }
+                            return None; // written again: Redis' refusal decides
+                        }
+                        OverLostFront::Refused(_) => return Some(Err(authority)),
                     }
-                    return Some(Err(authority));
                 }
                 Some(Err(current))
             }
         }
+    }
+
+    /// Whether this is tiered async as it was before a copy Redis refused made a holder
+    /// write again ([`crate::config::Bug::RefusedCopyCounted`]).
+    fn copy_counted(&self) -> bool {
+        self.config.bug == Some(crate::config::Bug::RefusedCopyCounted)
     }
 
     /// Whether this is tiered async as it was before a holder fenced by a provisional
@@ -526,7 +566,9 @@ impl ProtocolModel {
 
     pub(crate) fn heartbeat(&self, state: &mut State, i: usize) {
         let token = match state.attempts[i].pc {
-            Pc::Running { token } | Pc::Finishing { token, .. } => token,
+            Pc::Running { token } | Pc::Finishing { token, .. } | Pc::Copying { token, .. } => {
+                token
+            }
             _ => return,
         };
         // A refused heartbeat only tells the handler its lease is lost, and stops.
@@ -589,8 +631,7 @@ impl ProtocolModel {
                     Some(origin @ Record::Completed { .. }) => origin.expires_at(),
                     _ => origin_now + POLICY.ttl_ms,
                 };
-                let said = OriginDisposition::Stored { expires_at };
-                edge_ttl_ms(Some(said), now, u64::MAX).and_then(|ttl_ms| {
+                edge_ttl_ms(Some(expires_at), now, u64::MAX).and_then(|ttl_ms| {
                     let policy = Policy { ttl_ms, ..POLICY };
                     complete(stored.as_ref(), &holder, response(n), now, &policy).ok()
                 })

@@ -237,6 +237,22 @@ fn limits() -> Vec<Case> {
             .with_bug(Bug::FencedByProvisionalClaim),
             &[AT_MOST_ONCE, ONE_ANSWER],
         ),
+        // Issue 35: a holder's completion refused as missing in Redis, allowed by
+        // Postgres, and copied into Redis in a step of its own: a retry's claim lands in
+        // Redis first, the copy is refused, and the holder counted it written all the
+        // same. Redis then holds a claim nobody renews, and a later retry takes it over.
+        case(
+            Config::new(
+                "tiered async, Redis losing its records, a refused copy counted (before the fix)",
+                Deployment::TieredAsync,
+            )
+            .faults(Faults {
+                redis_loss: true,
+                ..SURVIVED
+            })
+            .with_bug(Bug::RefusedCopyCounted),
+            &[AT_MOST_ONCE, ONE_ANSWER],
+        ),
         // The cold read sent with the claim (a speed-up, not kept): it read Postgres before
         // the holder's claim was written behind; Redis then lost its records, and the
         // retry's claim, finding Redis empty, trusted the older read and ran again.

@@ -277,10 +277,18 @@ pub struct Config {
     #[arg(long, env = "IDEM_JWT_AUDIENCE")]
     pub jwt_audience: Option<String>,
 
-    /// A guarded request that says nowhere who it is. Without it: scoped for the demo,
-    /// refused in proxy mode (idem can't tell an upstream's callers apart by itself).
+    /// A guarded request that says nowhere who it is. Without it: refused in proxy mode
+    /// (idem can't tell an upstream's callers apart by itself, and callers sharing a
+    /// scope replay each other's answers); scoped only for the demo's own API.
     #[arg(long, env = "IDEM_ANONYMOUS", value_enum)]
     pub anonymous: Option<AnonymousCallers>,
+
+    /// A proxy or load balancer in front of idem sets the forwarding headers
+    /// (X-Forwarded-*, X-Real-IP, Forwarded, True-Client-IP…) itself and drops the
+    /// client's: only then may --scope-from, or a route's scope_from, name one of them.
+    /// Without it such a scope is refused at start-up: any client could name another's.
+    #[arg(long, env = "IDEM_TRUSTED_PROXY")]
+    pub trusted_proxy: bool,
 
     /// A TOML file of per-path settings (TTL, lease, waits, guarded methods, key
     /// required, scope), tried in order before these flags' (README: "The route
@@ -336,10 +344,31 @@ impl Config {
         let source = ScopeSource::parse(&self.scope_from, self.jwt_verifier()?).map_err(|e| {
             format!("--scope-from: {e} (--jwt-secret-file or --jwks-file gives it)")
         })?;
+        self.check_scope_header(&source)
+            .map_err(|e| format!("--scope-from: {e}"))?;
         Ok(ScopeRule {
             source,
             anonymous: self.anonymous_default(),
         })
+    }
+
+    /// Refuses a scope by a header any client can set to anything — one proxies set
+    /// (`X-Forwarded-For`, `X-Real-IP`, `Forwarded`…) — unless --trusted-proxy says a
+    /// proxy in front sets it and drops the client's.
+    pub fn check_scope_header(&self, source: &ScopeSource) -> Result<(), String> {
+        match source {
+            ScopeSource::Header(name)
+                if idem_core::contract::forgeable(name) && !self.trusted_proxy =>
+            {
+                Err(format!(
+                    "header:{name} is one proxies set, and a client can set it to anything: \
+                     scoped by it, a caller names another's scope. Scope by the credential \
+                     your clients authenticate with, or pass --trusted-proxy if a proxy in \
+                     front of idem sets {name} and drops the client's"
+                ))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// The keys of --jwt-secret-file or --jwks-file, if one is given.
@@ -658,6 +687,35 @@ impl ClaimStrategy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scope_any_client_can_forge_is_refused_unless_a_proxy_sets_it() {
+        for header in [
+            "x-forwarded-for",
+            "X-Real-IP",
+            "forwarded",
+            "x-forwarded-host",
+            "true-client-ip",
+        ] {
+            let spec = format!("header:{header}");
+            let config = Config::try_parse_from(["idem-origin", "--scope-from", &spec]).unwrap();
+            let error = config.scope_rule().unwrap_err();
+            assert!(
+                error.starts_with("--scope-from: header:") && error.contains("--trusted-proxy"),
+                "{header}: {error}"
+            );
+            let trusted =
+                Config::try_parse_from(["idem-origin", "--scope-from", &spec, "--trusted-proxy"])
+                    .unwrap();
+            assert!(
+                trusted.scope_rule().is_ok(),
+                "{header} behind a trusted proxy"
+            );
+        }
+        let api_key =
+            Config::try_parse_from(["idem-origin", "--scope-from", "header:x-api-key"]).unwrap();
+        assert!(api_key.scope_rule().is_ok());
+    }
 
     #[test]
     fn parses_durations() {

@@ -138,6 +138,15 @@ impl Inner {
             );
             return res;
         }
+        if !self.base_path.is_empty() && contract::ambiguous_path(req.uri().path()) {
+            // Under a base path, a `..` the upstream resolves climbs out of it (to a path
+            // no route of idem's guards, or outside the API): nothing of the kind is
+            // sent, whatever the method.
+            return release(problem(
+                Problem::PathAmbiguous,
+                "the upstream is reached under a base path, and this path could climb out of it",
+            ));
+        }
         if let Some(ctx) = req.extensions().get::<IdempotencyContext>() {
             if ctx.took_over && self.options.unknown_outcome == UnknownOutcome::Store {
                 // The previous holder of this claim is gone (crashed, or paused past its

@@ -333,13 +333,16 @@ fn scope(entry: &RouteEntry, dir: &Path, flags: &Config) -> Result<Option<ScopeR
         let file = entry.jwt_secret_file.as_ref().or(entry.jwks_file.as_ref());
         let span = match (&entry.scope_from, file) {
             (None, Some(file)) => file.span(),
-            _ => span,
+            _ => span.clone(),
         };
         (
             span,
             format!("scope_from: {e} (jwt_secret_file or jwks_file gives it)"),
         )
     })?;
+    flags
+        .check_scope_header(&source)
+        .map_err(|e| (span, format!("scope_from: {e}")))?;
     let anonymous = match &entry.anonymous {
         None => flags.anonymous_default(),
         Some(a) => match a.get_ref().as_str() {
@@ -474,6 +477,8 @@ jwt_audience = "payments"
             ("[[route]]\npath = \"/a\"\nscope_from = \"cookie:x\"\n", "routes.toml:3:14: scope_from: \"cookie:x\""),
             ("[[route]]\npath = \"/a\"\nscope_from = \"jwt:sub\"\n", "routes.toml:3:14: scope_from: jwt:<claim> needs the HS256 secret"),
             ("[[route]]\npath = \"/a\"\njwt_secret_file = \"/nonexistent/jwt\"\n", "routes.toml:3:19: jwt_secret_file: /nonexistent/jwt: cannot read it"),
+            ("[[route]]\npath = \"/a\"\nscope_from = \"header:X-Forwarded-For\"\n", "routes.toml:3:14: scope_from: header:x-forwarded-for is one proxies set"),
+            ("[[route]]\npath = \"/a\"\nscope_from = \"header:x-real-ip\"\n", "routes.toml:3:14: scope_from: header:x-real-ip is one proxies set"),
             ("[[route]]\npath = \"/a\"\nanonymous = \"maybe\"\n", "routes.toml:3:13: anonymous: \"maybe\" is not scoped or refused"),
             ("[[route]]\npath = \"/a\"\nscope_from = \"jwt:sub\"\njwks_file = \"/etc/hostname\"\n", "routes.toml:4:13: jwt_secret_file, jwks_file: the JWKS: not JSON"),
             ("[[route]]\npath = \"/a\"\njwt_secret_file = \"/etc/hostname\"\njwks_file = \"/etc/hostname\"\n", "routes.toml:4:13: jwt_secret_file, jwks_file: give the HS256 secret or the JWKS, not both"),

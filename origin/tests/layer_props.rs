@@ -41,7 +41,8 @@ proptest! {
         rt.block_on(async {
             let store = Arc::new(MemoryStore::new());
             let ledger = Arc::new(MemoryLedger::default());
-            let layer = IdempotencyLayer::new(store.clone()).require_key_on(["/v1/charges"]).max_body_bytes(150);
+            let layer = IdempotencyLayer::new(store.clone())
+        .scope_rule(idem_core::contract::ScopeRule::by_authorization(idem_core::contract::Anonymous::Scoped)).require_key_on(["/v1/charges"]).max_body_bytes(150);
             let app = idem_origin::app::router(layer, store.clone(), idem_origin::charges::Demo::new(ledger.clone()));
             let mut req = Request::builder()
                 .method(["POST", "PATCH", "PUT"][method])

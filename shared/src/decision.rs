@@ -49,8 +49,10 @@ impl Policy {
     /// is never executed again within a TTL of its last sign of life, whatever the TTL
     /// and the lease.
     pub fn claim_expires_at(&self, now: Millis) -> Millis {
+        // At least a millisecond past the lease: only a released claim has its expiry
+        // at its lease's end (`Record::is_released`).
         now.saturating_add(self.lease_ms)
-            .saturating_add(self.ttl_ms)
+            .saturating_add(self.ttl_ms.max(1))
     }
 
     /// Whether a claim whose round trip took `round_trip_ms` may still run its handler.
@@ -146,8 +148,10 @@ pub fn decide(
     let Some(record) = existing else {
         return Decision::Execute(new_claim(None, fingerprint, now, policy));
     };
-    if now >= record.expires_at() {
-        // Expired (completed past its TTL, or abandoned past its retention): the key is free.
+    if now >= record.expires_at() || record.is_released() {
+        // Expired (completed past its TTL, or abandoned past its retention), or released
+        // (its expiry may lie a clock tolerance ahead of `now`: released is released):
+        // the key is free.
         return Decision::Execute(new_claim(Some(record), fingerprint, now, policy));
     }
     if record.fingerprint() != fingerprint {
@@ -277,6 +281,9 @@ impl Holder {
             None => Err(Refusal::Missing),
             Some(r) if r.token() != self.token => Err(Refusal::Fenced { current: r.token() }),
             Some(Record::Completed { .. }) => Err(Refusal::AlreadyCompleted),
+            // Released is released, whatever the stamps: a heartbeat stamped before its
+            // holder's release must not renew the freed key when it lands after it.
+            Some(r) if r.is_released() => Err(Refusal::Missing),
             Some(Record::InProgress { expires_at, .. }) if now >= *expires_at => {
                 Err(Refusal::Missing)
             }
@@ -292,13 +299,13 @@ impl Holder {
     /// written by the handler's own transaction (the origin's transactional
     /// completion): that one is the answer, see [`Holder::own_completion`].
     ///
-    /// Likewise a release sent again at `now`: this holder's claim, released (its lease
-    /// and its expiry one instant) and expired by now, is what the first one left.
+    /// Likewise a release sent again: this holder's claim, released (its lease and its
+    /// expiry one instant), is what the first one left — whatever the time now.
     pub fn already_wrote(
         &self,
         existing: Option<&Record>,
         change: &Transition,
-        now: Millis,
+        _now: Millis,
     ) -> bool {
         match (existing, change) {
             (
@@ -307,15 +314,9 @@ impl Holder {
                 }),
                 Transition::Complete(ours),
             ) => *token == self.token && response == ours,
-            (
-                Some(Record::InProgress {
-                    token,
-                    lease_until,
-                    expires_at,
-                    ..
-                }),
-                Transition::Release,
-            ) => *token == self.token && lease_until == expires_at && now >= *expires_at,
+            (Some(r @ Record::InProgress { token, .. }), Transition::Release) => {
+                *token == self.token && r.is_released()
+            }
             _ => false,
         }
     }
@@ -329,6 +330,29 @@ impl Holder {
                 token, response, ..
             }) if *token == self.token => Some(response),
             _ => None,
+        }
+    }
+
+    /// What this holder's write does when the front (tiered async's Redis) refused it
+    /// as [`Refusal::Missing`] — the front lost the record — judged on the authority's
+    /// record: [`OverLostFront::Landed`] when the authority has the write already (a
+    /// completion its transaction committed; copying it into the front is best
+    /// effort), [`OverLostFront::CopyIn`] when the authority still gives this holder
+    /// the key — the write counts only once its copy is in the front, which may hold a
+    /// newer record by then (a retry's claim, made after the loss: a record nobody
+    /// renews, that a later retry takes over and runs again) — else the refusal.
+    pub fn over_lost_front(
+        &self,
+        authority: Option<&Record>,
+        change: &Transition,
+        now: Millis,
+    ) -> OverLostFront {
+        if self.already_wrote(authority, change, now) {
+            return OverLostFront::Landed;
+        }
+        match self.check(authority, now) {
+            Ok(()) => OverLostFront::CopyIn,
+            Err(refusal) => OverLostFront::Refused(refusal),
         }
     }
 
@@ -404,6 +428,19 @@ impl Holder {
             expires_at: now.saturating_add(policy.ttl_ms),
         }
     }
+}
+
+/// What a holder's write does after the front refused it as missing
+/// ([`Holder::over_lost_front`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OverLostFront {
+    /// The authority has it already: written (its copy into the front is best effort).
+    Landed,
+    /// Written only if its copy lands in the front; if the front holds a newer record,
+    /// write again (the front's refusal as fenced then decides).
+    CopyIn,
+    /// Refused, as the authority's record says.
+    Refused(Refusal),
 }
 
 /// A holder's write: what it does to its in-progress record.

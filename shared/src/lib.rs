@@ -32,8 +32,8 @@ mod scope;
 mod stamp;
 
 pub use decision::{
-    complete, decide, decide_at_edge, heartbeat, release, Claim, Decision, Holder, Policy, Refusal,
-    Transition,
+    complete, decide, decide_at_edge, heartbeat, release, Claim, Decision, Holder, OverLostFront,
+    Policy, Refusal, Transition,
 };
 pub use fingerprint::{Fingerprint, RequestParts};
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
@@ -42,7 +42,7 @@ pub use purge::{
     PurgeTarget,
 };
 pub use record::{DecodeError, Record, StoredResponse, EXPIRY_GRACE_MS, TOKENS_PER_MS};
-pub use scope::{RecordKey, Scope};
+pub use scope::{RecordKey, RecordTag, Scope};
 pub use stamp::Stamp;
 
 /// Milliseconds since the Unix epoch. The core never reads a clock; callers pass this in.

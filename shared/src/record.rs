@@ -109,11 +109,31 @@ impl Record {
         matches!(self, Record::Completed { .. })
     }
 
+    /// Whether this is a released claim: its holder freed the key (nothing happened),
+    /// its lease and its expiry one instant. Claims and renewals expire a TTL — at
+    /// least a millisecond — after their lease ([`crate::Policy::claim_expires_at`]),
+    /// so no other record looks so. A released claim is its token's last record: no
+    /// write of its holder's (a heartbeat landing late) comes after it.
+    pub fn is_released(&self) -> bool {
+        matches!(self, Record::InProgress { lease_until, expires_at, .. } if lease_until == expires_at)
+    }
+
+    /// Where the record stands in its token's life: claimed (0), released (1),
+    /// completed (2). A token's records only move forward.
+    fn phase(&self) -> u8 {
+        match self {
+            Record::Completed { .. } => 2,
+            r if r.is_released() => 1,
+            Record::InProgress { .. } => 0,
+        }
+    }
+
     /// Whether this record may replace `current` when a copy of the authority's state
     /// is written to a cache or written behind: it never moves a key backwards — not to
-    /// an older token, nor from completed back to in-progress under the same token.
+    /// an older token, nor under the same token from completed or released back to a
+    /// live claim (a heartbeat queued or mirrored after its holder's release).
     pub fn supersedes(&self, current: &Record) -> bool {
-        (self.token(), self.state_code()) >= (current.token(), current.state_code())
+        (self.token(), self.phase()) >= (current.token(), current.phase())
     }
 
     /// Whether this record, written behind into the authority (the tiered async
@@ -136,9 +156,10 @@ impl Record {
     }
 
     /// Whether this record is strictly further along than `other`: a higher token, or
-    /// the same token completed where `other` is still in progress.
+    /// the same token released or completed where `other` is a live claim (or completed
+    /// where `other` is released).
     pub fn is_newer_than(&self, other: &Record) -> bool {
-        (self.token(), self.state_code()) > (other.token(), other.state_code())
+        (self.token(), self.phase()) > (other.token(), other.phase())
     }
 
     /// The state as a small integer, for stores that index or filter on it
@@ -377,6 +398,19 @@ mod tests {
             "a later claim (after expiry) wins"
         );
         assert!(!ip(41).supersedes(&ip(42)));
+        let released = Record::InProgress {
+            fingerprint: Fingerprint([1; 32]),
+            token: 42,
+            lease_until: 7,
+            expires_at: 7,
+        };
+        assert!(released.is_released() && !ip(42).is_released());
+        assert!(released.supersedes(&ip(42)), "a release follows its claim");
+        assert!(
+            !ip(42).supersedes(&released),
+            "a heartbeat never follows its holder's release"
+        );
+        assert!(done.supersedes(&released) && !released.supersedes(&done));
         assert!(
             ip(42).supersedes(&ip(42)),
             "the same holder's newer write (a heartbeat) passes"

@@ -104,10 +104,45 @@ impl RecordKey {
         out
     }
 
+    /// The tag that names this record where its key must not appear: the origin's
+    /// disposition header ([`crate::contract::OriginDisposition`]), by which a cache in
+    /// front checks that it keeps an answer under the record the origin stored it in.
+    pub fn tag(&self) -> RecordTag {
+        let digest = tagged_hash(b"idem/record-tag/v1", &[self.0.as_bytes()]);
+        let mut tag = [0; 16];
+        tag.copy_from_slice(&digest[..16]);
+        RecordTag(tag)
+    }
+
     /// Rebuilds a key read back from storage; `None` unless it is 64 lower-case hex digits.
     pub fn from_stored(s: &str) -> Option<Self> {
         let ok = s.len() == 64 && s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
         ok.then(|| RecordKey(s.into()))
+    }
+}
+
+/// 128 bits of a hash of a [`RecordKey`] ([`RecordKey::tag`]): 32 lower-case hex
+/// characters in a header.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct RecordTag(pub [u8; 16]);
+
+impl RecordTag {
+    /// The tag as 32 lower-case hex characters.
+    pub fn to_hex(&self) -> String {
+        crate::hex(&self.0)
+    }
+
+    /// Parses 32 hex characters (either case); `None` for anything else.
+    pub fn parse(text: &[u8]) -> Option<RecordTag> {
+        if text.len() != 32 {
+            return None;
+        }
+        let nibble = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+        let mut tag = [0; 16];
+        for (i, pair) in text.chunks(2).enumerate() {
+            tag[i] = nibble(pair[0])? << 4 | nibble(pair[1])?;
+        }
+        Some(RecordTag(tag))
     }
 }
 

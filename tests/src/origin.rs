@@ -60,8 +60,26 @@ impl TestOrigin {
         store: Arc<dyn idem::store::Store>,
     ) -> (TestOrigin, Arc<idem_origin::charges::MemoryLedger>) {
         let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
-        let layer =
-            idem::idempotency::IdempotencyLayer::new(store.clone()).require_key_on(["/v1/charges"]);
+        let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
+            .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+                idem_core::contract::Anonymous::Scoped,
+            ))
+            .require_key_on(["/v1/charges"]);
+        let demo = idem_origin::charges::Demo::new(ledger.clone());
+        let router = idem_origin::app::router(layer, store.clone(), demo);
+        (Self::serve_router(router, store).await, ledger)
+    }
+
+    /// [`TestOrigin::demo_on`] with its keys scoped by `rule` — as an edge in front
+    /// must scope them too, or it keeps none of the origin's answers.
+    pub async fn demo_scoped(
+        store: Arc<dyn idem::store::Store>,
+        rule: idem_core::contract::ScopeRule,
+    ) -> (TestOrigin, Arc<idem_origin::charges::MemoryLedger>) {
+        let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
+        let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
+            .scope_rule(rule)
+            .require_key_on(["/v1/charges"]);
         let demo = idem_origin::charges::Demo::new(ledger.clone());
         let router = idem_origin::app::router(layer, store.clone(), demo);
         (Self::serve_router(router, store).await, ledger)

@@ -192,6 +192,26 @@ pub const TABLES: &[Table] = &[
                 &["Postgres writes blocked, outbox capacity 4", "tiered async"],
                 &["—"],
             ),
+            row(
+                "path-spellings",
+                &["one key `PUT` in 9 spellings of a route guarding `PUT /v1/payouts/*` (`;x`, `%2F`, `%5c`, `\\`, `..`, `%2e`, case), then 3 keyless; a lenient upstream", "proxy"],
+                &["7 payouts for one key, 3 keyless payouts"],
+            ),
+            row(
+                "short-ttl-orphan",
+                &["`--ttl 3s --lease 2s`, idem killed mid-request, retry 4 s after", "proxy, postgres"],
+                &["201, 2 upstream calls"],
+            ),
+            row(
+                "purged-orphan",
+                &["an orphan (lease over) purged through the admin API, then retried; another with `resend=true`", "proxy, postgres"],
+                &["purge 200, retry 201, 2 upstream calls"],
+            ),
+            row(
+                "edge-other-scope",
+                &["edge `SCOPE_FROM=authorization` before an origin `--scope-from header:x-api-key`; tenants a and b, one key and body", "edge, proxy"],
+                &["tenant b replayed tenant a's charge, 1 charge"],
+            ),
         ],
     },
     Table {

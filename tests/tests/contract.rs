@@ -309,6 +309,9 @@ async fn a_handler_that_blocks_its_thread_keeps_its_lease() {
     let runs = Arc::new(AtomicUsize::new(0));
     let r = runs.clone();
     let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
+        .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+            idem_core::contract::Anonymous::Scoped,
+        ))
         .require_key_on(["/v1/charges"])
         .lease(Duration::from_secs(1));
     let app = axum::Router::new()

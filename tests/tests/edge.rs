@@ -904,6 +904,9 @@ async fn the_edge_scopes_by_the_headers_the_origin_gets() {
         anonymous: Anonymous::Scoped,
     };
     let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
+        .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+            idem_core::contract::Anonymous::Scoped,
+        ))
         .require_key_on(["/v1/charges"])
         .scope_rule(rule);
     let app = axum::Router::new()
@@ -947,7 +950,9 @@ async fn the_edge_scopes_by_the_headers_the_origin_gets() {
 /// A scope rule naming a header the runtime sets and the edge does not forward
 /// (`CF-Connecting-IP`: keys per client address) reads it as the edge got it. (Reading
 /// every header as the origin gets it made it absent: with anonymous callers refused,
-/// every guarded request was a 401.)
+/// every guarded request was a 401.) The origin, which never gets the header, names
+/// its records otherwise: the edge claims and forwards, and keeps none of the origin's
+/// answers (before record tags, it kept them under its own per-address record).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_edge_scopes_by_a_header_its_runtime_sets() {
     let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
@@ -986,8 +991,11 @@ async fn the_edge_scopes_by_a_header_its_runtime_sets() {
             ledger.len()
         ),
     );
-    assert_eq!(seen, ["201 forwarded", "201 replayed"]);
-    assert_eq!(ledger.len(), 1);
+    assert_eq!(
+        seen,
+        ["201 forwarded; other-record", "201 forwarded; other-record"]
+    );
+    assert_eq!(ledger.len(), 1, "the origin replayed the retry");
 }
 
 /// The origin learns who asked from the edge, not from the client: the client's
@@ -1290,6 +1298,9 @@ async fn origin_storing_at_most(
     let r = runs.clone();
     let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
     let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
+        .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+            idem_core::contract::Anonymous::Scoped,
+        ))
         .require_key_on(["/v1/charges"])
         .ttl(ttl);
     let layer = match max_stored {
@@ -1855,6 +1866,7 @@ async fn the_edge_replays_the_headers_the_origin_stored() {
 /// refused there, and never forwarded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_edge_scopes_by_an_identity_provider_s_tokens() {
+    use idem_core::contract::{Anonymous, JwtKeys, JwtVerifier, ScopeRule, ScopeSource};
     use idem_tests::scope_vectors::{authorization as token, document};
     let vectors = document();
     // JSON as a TOML inline table.
@@ -1875,7 +1887,15 @@ async fn the_edge_scopes_by_an_identity_provider_s_tokens() {
     }
     let jwks = format!("{UNQUOTED}{}", inline(&vectors["jwks"]));
     let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
-    let (origin, ledger) = TestOrigin::demo_on(store).await;
+    let keys = JwtKeys::either(None, Some(vectors["jwks"].to_string().as_bytes()))
+        .unwrap()
+        .unwrap();
+    let jwt = JwtVerifier::new(keys, Some("https://id.example"), Some("payments")).unwrap();
+    let rule = ScopeRule {
+        source: ScopeSource::parse("jwt:sub", Some(jwt)).unwrap(),
+        anonymous: Anonymous::Refused,
+    };
+    let (origin, ledger) = TestOrigin::demo_scoped(store, rule).await;
     let edge = Edge::start(
         &origin.url(""),
         &[
@@ -1930,9 +1950,17 @@ async fn the_edge_scopes_by_an_identity_provider_s_tokens() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_edge_scopes_by_a_verified_jwt_claim() {
     use idem_core::contract::scope::sign_hs256;
+    use idem_core::contract::{Anonymous, JwtKeys, JwtVerifier, ScopeRule, ScopeSource};
     const SECRET: &str = "the gateway's HS256 secret";
     let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
-    let (origin, ledger) = TestOrigin::demo_on(store).await;
+    // The origin scopes as the edge does: else it names other records, and the edge
+    // keeps none of its answers.
+    let jwt = JwtVerifier::new(JwtKeys::Hs256(SECRET.as_bytes().to_vec()), None, None).unwrap();
+    let rule = ScopeRule {
+        source: ScopeSource::parse("jwt:sub", Some(jwt)).unwrap(),
+        anonymous: Anonymous::Refused,
+    };
+    let (origin, ledger) = TestOrigin::demo_scoped(store, rule).await;
     let edge = Edge::start(
         &origin.url(""),
         &[
@@ -1999,8 +2027,11 @@ async fn origin_answering_without_a_body(
     let runs = Arc::new(AtomicUsize::new(0));
     let r = runs.clone();
     let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
-    let layer =
-        idem::idempotency::IdempotencyLayer::new(store.clone()).require_key_on(["/v1/charges"]);
+    let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
+        .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+            idem_core::contract::Anonymous::Scoped,
+        ))
+        .require_key_on(["/v1/charges"]);
     let app = axum::Router::new()
         .route(
             "/v1/charges",
@@ -2110,4 +2141,76 @@ async fn the_edge_answers_an_origin_status_it_cannot_send_with_a_problem() {
         );
         assert_eq!(*runs, 2, "one execution per key: {seen:?}");
     }
+}
+
+/// An edge scoped otherwise than its origin: `idem-origin --upstream … --scope-from
+/// header:x-api-key` (README's proxy quick start) behind the repository's wrangler.toml
+/// (`SCOPE_FROM = "authorization"`, anonymous callers scoped). Tenants `a` and `b` send
+/// the same key and body with their own API key and no `Authorization`: the edge puts
+/// both in one record, the origin in two. The origin names the record it stored each
+/// answer in, so the edge keeps neither, and tenant `b` is charged on its own — never
+/// replayed tenant `a`'s charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_scoped_otherwise_than_its_origin_never_replays_another_tenant_s_answer() {
+    let (payments, origin) = proxy_to_payments(&["--scope-from", "header:x-api-key"]).await;
+    let edge = Edge::start(&origin.url(""), &[]).await;
+    let http = client();
+    let charge = |tenant: &'static str| {
+        let req = http
+            .post(format!("{}/v1/charges", edge.base))
+            .header("idempotency-key", "tenants-1")
+            .header("content-type", "application/json")
+            .header("x-api-key", tenant)
+            .body(charge_body("cus-t", 100, 0));
+        async move {
+            let res = req.send().await.expect("the edge answers");
+            let handled = handled_by(&res);
+            let replayed = res.headers().contains_key("idempotent-replayed");
+            let status = res.status().as_u16();
+            let body: serde_json::Value = res.json().await.unwrap_or_default();
+            (
+                status,
+                replayed,
+                handled,
+                body["id"].as_str().unwrap_or("").to_owned(),
+            )
+        }
+    };
+    let a = charge("tenant-a").await;
+    let a_again = charge("tenant-a").await;
+    let b = charge("tenant-b").await;
+    let b_again = charge("tenant-b").await;
+    let charges = payments.charges_for("tenants-1");
+    report(
+        "edge",
+        &format!(
+            "edge SCOPE_FROM=authorization, origin --scope-from header:x-api-key, one key and body from tenants a and b: \
+             a {a:?}, a again {a_again:?}, b {b:?}, b again {b_again:?}; the upstream made {charges} charges"
+        ),
+    );
+    assert_eq!((a.0, a.1), (201, false), "{a:?}");
+    assert_eq!(
+        (b.0, b.1),
+        (201, false),
+        "tenant b was answered with tenant a's charge: {b:?}"
+    );
+    assert_ne!(b.3, a.3, "tenant b got tenant a's charge");
+    assert_eq!(charges, 2, "one charge per tenant");
+    assert_eq!(
+        a.2, "forwarded; other-record",
+        "the edge kept nothing: {a:?}"
+    );
+    for (again, first) in [(&a_again, &a), (&b_again, &b)] {
+        assert_eq!(
+            (again.0, again.1, &again.3),
+            (201, true, &first.3),
+            "each tenant's retry replays its own charge, from the origin"
+        );
+        assert_eq!(again.2, "forwarded; other-record", "{again:?}");
+    }
+    proof::record(
+        "faults",
+        "edge-other-scope",
+        &[&format!("each tenant charged once ({charges} charges), each replayed its own from the origin; the edge kept neither (`forwarded; other-record`)")],
+    );
 }

@@ -745,6 +745,9 @@ async fn lost_replies_whose_writes_landed_charge_once() {
         };
         let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
         let layer = IdempotencyLayer::new(store.clone())
+            .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+                idem_core::contract::Anonymous::Scoped,
+            ))
             .require_key_on(["/v1/charges"])
             .lease(Duration::from_secs(2));
         let router = idem_origin::app::router(

@@ -43,6 +43,9 @@ async fn demo_on_postgres(
     );
     let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
     let layer = IdempotencyLayer::new(store.clone())
+        .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+            idem_core::contract::Anonymous::Scoped,
+        ))
         .require_key_on(["/v1/charges"])
         .lease(lease);
     let router = idem_origin::app::router(
@@ -584,7 +587,13 @@ async fn a_panic_inside_the_body_is_stored_and_never_pins_the_key() {
                 }
             }),
         )
-        .layer(IdempotencyLayer::new(store.clone()).lease(Duration::from_millis(300)));
+        .layer(
+            IdempotencyLayer::new(store.clone())
+                .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+                    idem_core::contract::Anonymous::Scoped,
+                ))
+                .lease(Duration::from_millis(300)),
+        );
     let origin = TestOrigin::serve_router(router, store).await;
     let send = || {
         client()
@@ -635,6 +644,9 @@ async fn a_handler_past_max_execution_is_stored_as_a_problem() {
         )
         .layer(
             IdempotencyLayer::new(store.clone())
+                .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+                    idem_core::contract::Anonymous::Scoped,
+                ))
                 .lease(Duration::from_millis(300))
                 .max_execution(Duration::from_millis(500)),
         );
@@ -687,7 +699,13 @@ async fn a_fenced_holder_is_told_through_its_context() {
                 },
             ),
         )
-        .layer(IdempotencyLayer::new(store.clone()).lease(Duration::from_millis(300)));
+        .layer(
+            IdempotencyLayer::new(store.clone())
+                .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+                    idem_core::contract::Anonymous::Scoped,
+                ))
+                .lease(Duration::from_millis(300)),
+        );
     let origin = TestOrigin::serve_router(router, store.clone()).await;
     let running = tokio::spawn({
         let url = origin.url("/op");
@@ -897,6 +915,9 @@ async fn tiered_async_a_live_holder_outlasts_a_retry_s_provisional_claim() {
     let lease = Duration::from_millis(1_500);
     let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
     let layer = IdempotencyLayer::new(store.clone())
+        .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+            idem_core::contract::Anonymous::Scoped,
+        ))
         .require_key_on(["/v1/charges"])
         .lease(lease);
     let demo = idem_origin::charges::Demo::new(ledger.clone());
@@ -1065,7 +1086,13 @@ async fn an_answer_too_large_to_store_is_delivered_and_replayed_as_a_problem() {
                 }
             }),
         )
-        .layer(IdempotencyLayer::new(store.clone()).max_stored_body_bytes(1024 * 1024));
+        .layer(
+            IdempotencyLayer::new(store.clone())
+                .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+                    idem_core::contract::Anonymous::Scoped,
+                ))
+                .max_stored_body_bytes(1024 * 1024),
+        );
     let origin = TestOrigin::serve_router(router, store).await;
     let send = || {
         client()
@@ -1204,6 +1231,9 @@ async fn a_claim_holding_the_pool_does_not_starve_a_holder_s_heartbeats() {
                 .unwrap(),
             );
             let layer = IdempotencyLayer::new(store.clone())
+                .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+                    idem_core::contract::Anonymous::Scoped,
+                ))
                 .require_key_on(["/v1/charges"])
                 .lease(Duration::from_millis(600));
             let router = idem_origin::app::router(

@@ -65,6 +65,9 @@ impl Api {
     /// The API behind the layer, configured as the edge is.
     fn guarded(&self) -> Router {
         let layer = IdempotencyLayer::new(Arc::new(MemoryStore::new()))
+            .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+                idem_core::contract::Anonymous::Scoped,
+            ))
             .require_key_on(["/v1/charges"])
             .max_wait(MAX_WAIT)
             .max_body_bytes(MAX_BODY);
@@ -266,6 +269,10 @@ impl EdgeChain {
             origin_url: "http://origin.test".into(),
             max_wait_ms: MAX_WAIT.as_millis() as u64,
             max_body_bytes: MAX_BODY,
+            // The origin's rule (`Api::guarded`): anonymous callers scoped on purpose.
+            scope: idem_core::contract::ScopeRule::by_authorization(
+                idem_core::contract::Anonymous::Scoped,
+            ),
             ..EdgeConfig::default()
         };
         assert_eq!(config.require_key_paths, ["/v1/charges"]);

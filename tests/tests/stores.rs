@@ -10,7 +10,7 @@ use idem::store::postgres::{IdColumn, PgOptions};
 use idem::store::tiered::outbox::OutboxOptions;
 use idem::store::{Durability, PostgresStore, RedisStore, ReplayCache, Store, TieredStore};
 use idem::store::{HolderWrite, StoreError, StoreExt};
-use idem_core::{Decision, RecordKey};
+use idem_core::{Decision, Record, RecordKey};
 use idem_tests::{redis_cluster_urls, redis_url, TestDb};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -297,8 +297,8 @@ async fn tiered_sync() {
         OutboxOptions::default(),
     );
     conformance(&store).await;
-    // Postgres holds the authority's copy of both records.
-    assert_eq!(db.count("SELECT count(*) FROM idem_records").await, 2);
+    // Postgres holds the authority's copy of the suite's three records.
+    assert_eq!(db.count("SELECT count(*) FROM idem_records").await, 3);
     purges_and_listing(&store).await;
 }
 
@@ -1710,4 +1710,125 @@ async fn a_purge_of_what_the_listing_showed_refuses_what_completed_since() {
     // Unnamed, the operator asked for the key whatever it holds: deleted, and it runs again.
     assert!(matches!(outcomes[1].1, Purged::Deleted(_)));
     assert_eq!(outcomes[1].3, 2);
+}
+
+/// Tiered async, Redis lost a claim written behind. The holder's completion is
+/// refused in Redis as missing; while it reads Postgres (held there by a lock), a
+/// retry's claim lands in Redis (planted: a later token, a live lease), so the
+/// holder's copy into Redis is refused. The completion must not count as written until
+/// its copy is in Redis: counted so (before the fix), Redis kept the retry's claim,
+/// which nobody renews, and with the outbox behind a later retry took it over once its
+/// lease ran out — a second execution.
+#[tokio::test]
+async fn tiered_async_a_completion_redis_refused_is_not_reported_written() {
+    let db = TestDb::new("refused_copy").await;
+    let app = format!("refused-copy-{}", std::process::id());
+    let namespace = idem_tests::unique_namespace("refused-copy");
+    let redis = RedisStore::connect(
+        &redis_url(),
+        idem::store::RedisOptions {
+            namespace: namespace.clone(),
+            ..idem::store::RedisOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    let pg = PostgresStore::connect(&db.url_named(&app), PgOptions::default())
+        .await
+        .unwrap();
+    let store = Arc::new(TieredStore::new(
+        redis,
+        Arc::new(pg),
+        Durability::Async,
+        OutboxOptions::default(),
+    ));
+    let k = key(&format!("refused-copy-{}", store.now()));
+    let first = claimed_and_written_behind(&db, &store, &k).await;
+    let mut executions = 1;
+    let mut raw = Raw::connect(&redis_url(), false).await;
+    let name = format!("{namespace}:{{{}}}", k.as_str());
+    raw.query::<()>(redis::cmd("DEL").arg(&name)).await;
+    // Reads of Postgres wait: the holder's read of the authority is held between
+    // Redis' refusal and its copy into Redis.
+    let reads_held = db.client().await;
+    reads_held
+        .batch_execute("BEGIN; LOCK TABLE idem_records IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let completing = tokio::spawn({
+        let (store, k, holder) = (store.clone(), k.clone(), first.holder());
+        async move {
+            store
+                .complete(&k, &holder, response("first"), store.now(), &P)
+                .await
+        }
+    });
+    let waiting = |name: String| {
+        format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = '{name}' \
+             AND wait_event_type = 'Lock'"
+        )
+    };
+    until_counted(&db, &waiting(app.clone()), "the holder never read Postgres").await;
+    // A retry's claim lands in Redis meanwhile.
+    let now = store.now();
+    let retry_claim = Record::InProgress {
+        fingerprint: FP,
+        token: first.token + 100 * idem_core::TOKENS_PER_MS,
+        lease_until: now + P.lease_ms,
+        expires_at: P.claim_expires_at(now),
+    };
+    raw.put_hash(&name, &retry_claim).await;
+    // The outbox stays behind from here on: writes wait on a lock queued now.
+    let writes = idem_tests::connect(&db.url_named(&format!("{app}-writes"))).await;
+    let writes_held = tokio::spawn(async move {
+        writes
+            .batch_execute("BEGIN; LOCK TABLE idem_records IN EXCLUSIVE MODE")
+            .await
+            .unwrap();
+        writes
+    });
+    until_counted(
+        &db,
+        &waiting(format!("{app}-writes")),
+        "the writes' lock was never queued",
+    )
+    .await;
+    reads_held.batch_execute("COMMIT").await.unwrap();
+    let mut outcomes = vec![format!("{:?}", completing.await.unwrap())];
+    // The layer writes again on contention; so does this test.
+    while outcomes.last().is_some_and(|o| o.contains("Contention")) && outcomes.len() < 6 {
+        let again = store
+            .complete(&k, &first.holder(), response("first"), store.now(), &P)
+            .await;
+        outcomes.push(format!("{again:?}"));
+    }
+    let writes = writes_held.await.unwrap();
+    let in_redis = store.get(&k).await.unwrap();
+    // Past the lease of whatever Redis holds, Postgres still behind.
+    sleep_ms(P.lease_ms + 200).await;
+    let later = store.claim(&k, &FP, store.now(), &P).await.unwrap();
+    if matches!(later, Decision::Execute(_) | Decision::TakeOver(_)) {
+        executions += 1;
+    }
+    writes.batch_execute("COMMIT").await.unwrap();
+    idem_tests::report(
+        "stores",
+        &format!(
+            "tiered async, a completion whose copy Redis refused: writes {outcomes:?}, Redis then holds a completion: {}; a retry past the lease: {}; {executions} executions",
+            in_redis.as_ref().is_some_and(Record::is_completed),
+            match &later {
+                Decision::Replay { .. } => "replayed",
+                Decision::TakeOver(_) => "took over",
+                Decision::Execute(_) => "executed",
+                _ => "other",
+            }
+        ),
+    );
+    assert_eq!(executions, 1, "a retry ran the handler again: {later:?}");
+    assert!(
+        in_redis.as_ref().is_some_and(Record::is_completed),
+        "the holder's completion is in Redis: {in_redis:?}"
+    );
+    assert_eq!(later.replayed(), Some(&response("first")));
 }

@@ -2,7 +2,7 @@
 //! in Python (standard library and SQLite: tests/upstream/payments.py) that knows
 //! nothing about idempotency. Every count is read from the upstream's own database.
 
-use idem_tests::{charge_body, client, raw_request, report, Payments, TestOrigin};
+use idem_tests::{charge_body, client, proof, raw_request, report, Payments, TestOrigin};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -1164,6 +1164,16 @@ async fn no_spelling_of_a_guarded_path_runs_twice() {
         keyless_executions, 0,
         "a keyless payout is refused in every spelling"
     );
+    let refused = answers[1..].iter().filter(|a| a.1 == 400).count();
+    proof::record(
+        "faults",
+        "path-spellings",
+        &[&format!(
+            "{executions} payout for the key (201, then 400 path-ambiguous × {refused}, 422 × {}), {keyless_executions} keyless payouts (400 × {})",
+            answers.len() - 1 - refused,
+            keyless.len()
+        )],
+    );
 }
 
 /// The last part of a problem's type (`path-ambiguous`), found in a raw body.
@@ -1269,6 +1279,13 @@ async fn an_orphan_claim_outlives_a_short_ttl_and_is_never_resent() {
     assert_eq!(calls, 1, "an orphan past a short TTL was sent again");
     assert_eq!(status, 502);
     assert_eq!(kind, "urn:idem:problem:upstream-outcome-unknown");
+    proof::record(
+        "faults",
+        "short-ttl-orphan",
+        &[&format!(
+            "{status} upstream-outcome-unknown, {calls} upstream call"
+        )],
+    );
 }
 
 /// An operator purges orphan claims in proxy mode (their holder killed mid-request,
@@ -1390,4 +1407,62 @@ async fn a_purged_orphan_is_resent_only_when_the_operator_says_so() {
     let (_, purged, _, retried, _) = &outcomes[1];
     assert_eq!((*purged, *retried), (200, 201), "resend=true frees the key");
     assert_eq!(calls.1, 2, "and the retry sends the charge again, as asked");
+    proof::record(
+        "faults",
+        "purged-orphan",
+        &[&format!(
+            "purge 409 admin-may-resend, retry 502, {} upstream call; with resend=true purge 200, retry 201, {} calls",
+            calls.0, calls.1
+        )],
+    );
+}
+
+/// Proxy mode under a base path (`--upstream http://…/base`): a `..` the upstream
+/// resolves would climb out of it — to a path no route of idem's guards, or outside the
+/// API — so no such path is sent, whatever the method (here a keyless `PUT` a route
+/// requires a key for, in the spelling that escapes the base and comes back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_that_climbs_out_of_the_upstream_s_base_is_not_sent() {
+    let payments = Payments::start().await;
+    let routes = std::env::temp_dir().join(format!("idem-base-{}.toml", std::process::id()));
+    std::fs::write(
+        &routes,
+        "[[route]]\npath = \"/v1/payouts/*\"\nmethods = [\"PUT\"]\nrequire_key = true\n",
+    )
+    .unwrap();
+    let upstream = format!("{}/base", payments.url());
+    let origin = TestOrigin::start(&[
+        "--upstream",
+        &upstream,
+        "--anonymous",
+        "scoped",
+        "--routes",
+        routes.to_str().unwrap(),
+    ])
+    .await;
+    let _ = std::fs::remove_file(&routes);
+    let mut answers = Vec::new();
+    for target in [
+        "/../base/v1/payouts/7",
+        "/v1/../../base/v1/payouts/8",
+        "/%2e%2e/x",
+    ] {
+        for method in ["PUT", "GET"] {
+            let (status, body) = raw_request(origin.addr, method, target, &[], b"").await;
+            answers.push((method, target, status, problem_kind(&body)));
+        }
+    }
+    let calls = payments.count("SELECT count(*) FROM calls");
+    report(
+        "upstream",
+        &format!("under a base path, paths that climb out of it: {answers:?}; the upstream got {calls} calls"),
+    );
+    for (method, target, status, kind) in &answers {
+        assert_eq!(
+            (*status, kind.as_str()),
+            (400, "path-ambiguous"),
+            "{method} {target}"
+        );
+    }
+    assert_eq!(calls, 0, "nothing climbed out of the base path");
 }

@@ -450,8 +450,8 @@ where
     parts.headers.remove(contract::ORIGIN_DISPOSITION);
     parts.headers.remove(contract::STORED_HEADERS);
     match to_edge {
-        Some(OriginDisposition::Stored { expires_at }) => {
-            super::response::tell_edge_stored(&mut parts.headers, expires_at, &stored_headers)
+        Some(OriginDisposition::Stored { expires_at, .. }) => {
+            super::response::tell_edge_stored(&mut parts.headers, &key, expires_at, &stored_headers)
         }
         Some(d) => {
             if let Ok(v) = HeaderValue::from_str(&d.header_value()) {
@@ -462,7 +462,7 @@ where
     }
     // Only an answer whose record is stored binds the key; never the handler's own claim.
     parts.headers.remove(contract::KEY_TTL);
-    if let Some(OriginDisposition::Stored { expires_at }) = disposition {
+    if let Some(OriginDisposition::Stored { expires_at, .. }) = disposition {
         let ttl = contract::key_ttl(expires_at, config.store.now());
         if let Some(v) = ttl.and_then(|v| HeaderValue::from_str(&v).ok()) {
             parts.headers.insert(contract::KEY_TTL, v);
@@ -476,7 +476,7 @@ where
         Some(Final::Committed(stored, expires_at)) => {
             let names = stored.headers.clone();
             let mut res = stored_answer(stored);
-            super::response::tell_edge_stored(res.headers_mut(), expires_at, &names);
+            super::response::tell_edge_stored(res.headers_mut(), &key, expires_at, &names);
             super::response::advertise_ttl(&mut res, expires_at, config.store.now());
             res
         }
@@ -561,6 +561,7 @@ impl ClaimGuard {
                 }
                 Final::Written(OriginDisposition::Stored {
                     expires_at: record.expires_at(),
+                    record: key.tag(),
                 })
             }
             None => {
@@ -685,6 +686,7 @@ async fn write_final(
                     // time bounds it from below, so the edge never outlives it.
                     _ => OriginDisposition::Stored {
                         expires_at: holder.claimed_at().saturating_add(config.policy.ttl_ms),
+                        record: key.tag(),
                     },
                 });
             }

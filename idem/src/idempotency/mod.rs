@@ -146,7 +146,11 @@ pub struct IdempotencyLayer {
 impl IdempotencyLayer {
     /// A layer over `store` with the defaults: POST and PATCH guarded, key optional,
     /// 24 h TTL, 30 s lease, `Prefer: wait` capped at 10 s, scope from the bearer
-    /// token, 1 MiB body limit, and [`contract::DEFAULT_CACHED_HEADERS`] replayed.
+    /// token — a guarded request without one refused (401), since callers idem can't
+    /// tell apart must not share answers (choose otherwise with
+    /// [`scope_rule`](Self::scope_rule) or [`scope`](Self::scope)) — 1 MiB body limit,
+    /// and [`contract::DEFAULT_CACHED_HEADERS`] replayed. Route patterns match without
+    /// regard to case ([`case_sensitive_paths`](Self::case_sensitive_paths)).
     pub fn new(store: Arc<dyn Store>) -> Self {
         IdempotencyLayer {
             config: Arc::new(Config {

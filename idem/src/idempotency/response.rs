@@ -21,6 +21,7 @@ pub(crate) fn refusal(rejection: &Rejection) -> Response<Body> {
 /// the client is told, at `now`).
 pub(crate) fn replay(
     stored: StoredResponse,
+    record: &idem_core::RecordKey,
     expires_at: idem_core::Millis,
     now: idem_core::Millis,
 ) -> Response<Body> {
@@ -30,19 +31,24 @@ pub(crate) fn replay(
         body,
     } = stored;
     let mut res = build(status, contract::replay_headers(&headers), body);
-    tell_edge_stored(res.headers_mut(), expires_at, &headers);
+    tell_edge_stored(res.headers_mut(), record, expires_at, &headers);
     advertise_ttl(&mut res, expires_at, now);
     res
 }
 
-/// Tells an edge in front that this answer is stored until `expires_at`, with these
-/// headers: the edge keeps a copy as long, with the same ones.
+/// Tells an edge in front that this answer is stored in `record` until `expires_at`,
+/// with these headers: the edge keeps a copy as long, with the same ones — if it
+/// claimed the request under the same record.
 pub(crate) fn tell_edge_stored(
     headers: &mut http::HeaderMap,
+    record: &idem_core::RecordKey,
     expires_at: idem_core::Millis,
     stored: &[(String, Vec<u8>)],
 ) {
-    let disposition = contract::OriginDisposition::Stored { expires_at };
+    let disposition = contract::OriginDisposition::Stored {
+        expires_at,
+        record: record.tag(),
+    };
     if let Ok(v) = HeaderValue::from_str(&disposition.header_value()) {
         headers.insert(contract::ORIGIN_DISPOSITION, v);
     }

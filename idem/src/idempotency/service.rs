@@ -11,7 +11,7 @@ use crate::store::{StoreError, StoreExt};
 use axum::body::Body;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use http::{header, request::Parts, Request, Response};
+use http::{header, request::Parts, HeaderMap, Request, Response};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use idem_core::contract::{self, Problem, Rejection, Route, Waiting, IDEMPOTENCY_KEY};
 use idem_core::{Decision, RecordKey};
@@ -53,9 +53,14 @@ impl<S> IdempotencyService<S> {
 
     /// The settings for a request, or `None` when its path is spelled so that servers
     /// may read it differently and one reading of it is guarded.
-    fn config_for(&self, method: &http::Method, path: &str) -> Option<Arc<Config>> {
+    fn config_for(
+        &self,
+        method: &http::Method,
+        path: &str,
+        headers: &HeaderMap,
+    ) -> Option<Arc<Config>> {
         let settings = |route: Option<usize>| route.map_or(&self.config, |i| &self.routes[i]);
-        let guarded = |route| contract::guards(&settings(route).methods, method.as_str());
+        let guarded = |route| is_guarded(&settings(route).methods, method, headers);
         match contract::choose_route(&self.patterns, path, guarded) {
             contract::PathChoice::Route(route) => Some(settings(route).clone()),
             contract::PathChoice::Ambiguous => None,
@@ -85,7 +90,7 @@ where
         // Take the service that was driven to readiness; leave a fresh clone behind.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let Some(config) = self.config_for(req.method(), req.uri().path()) else {
+        let Some(config) = self.config_for(req.method(), req.uri().path(), req.headers()) else {
             return Box::pin(async { Ok(invalid(&Rejection::new(Problem::PathAmbiguous))) });
         };
         Box::pin(async move { Ok(handle(config, inner, req).await) })
@@ -99,12 +104,21 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    if !contract::guards(&config.methods, req.method().as_str()) {
+    if !is_guarded(&config.methods, req.method(), req.headers()) {
         return pass_through(inner, req).await;
     }
     let (parts, body) = req.into_parts();
     let span = trace::request_span(&parts);
     guarded(config, inner, parts, body).instrument(span).await
+}
+
+/// Whether `methods` guard a request of `method`, or one its headers ask the API to take
+/// for another method ([`contract::guards_request`]).
+fn is_guarded(methods: &[http::Method], method: &http::Method, headers: &HeaderMap) -> bool {
+    let overrides = contract::METHOD_OVERRIDE_HEADERS
+        .iter()
+        .flat_map(|name| headers.get_all(*name).iter().map(|v| v.as_bytes()));
+    contract::guards_request(methods, method.as_str(), overrides)
 }
 
 /// A request of a guarded method, within its span.
@@ -227,7 +241,7 @@ where
             }) => {
                 metrics::outcome(Outcome::Replayed);
                 trace::record_replay(&response.headers);
-                return replay(response, expires_at, store.now());
+                return replay(response, &record_key, expires_at, store.now());
             }
             Ok(Decision::Mismatch) => {
                 metrics::outcome(Outcome::Mismatch);

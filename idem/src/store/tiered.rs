@@ -24,7 +24,8 @@ use super::{
 };
 use async_trait::async_trait;
 use idem_core::{
-    decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, Refusal, Transition,
+    decide, Decision, Fingerprint, Holder, Millis, OverLostFront, Policy, Record, RecordKey,
+    Refusal, Transition,
 };
 use outbox::{Outbox, OutboxOptions};
 use std::sync::Arc;
@@ -322,17 +323,29 @@ impl TieredStore {
                     // refusal as fenced is final: the newer claim may be a legitimate one
                     // not yet written behind, which Postgres can't tell from a stale one.)
                     let authority = self.pg.get_record(key).await?;
-                    written = match holder.check(authority.as_ref(), now) {
-                        _ if holder.already_wrote(authority.as_ref(), change, now) => {
+                    written = match holder.over_lost_front(authority.as_ref(), change, now) {
+                        OverLostFront::Refused(refusal) => HolderWrite::Refused(refusal),
+                        OverLostFront::Landed => {
+                            metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
+                            self.redis.mirror(key, &next).await?;
                             HolderWrite::Written
                         }
-                        Ok(()) => HolderWrite::Written,
-                        Err(refusal) => HolderWrite::Refused(refusal),
+                        OverLostFront::CopyIn => {
+                            metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
+                            if !self.redis.mirror(key, &next).await? {
+                                // A newer record in Redis (a retry's claim since the
+                                // loss): counted as written, this holder's record would
+                                // be in the outbox only, and Redis would keep a claim
+                                // nobody renews — a later retry takes it over and runs
+                                // again. Write again: Redis' refusal as fenced decides.
+                                if let (true, Some(slot)) = (change.is_final(), slot) {
+                                    outbox.park(key.clone(), holder.token, slot, crate::now());
+                                }
+                                return Err(StoreError::Contention);
+                            }
+                            HolderWrite::Written
+                        }
                     };
-                    if written.is_written() {
-                        metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
-                        self.redis.mirror(key, &next).await?;
-                    }
                 }
                 let slot = match (releasing, &written, slot) {
                     // Refused in Redis, which holds another claim (the next attempt's,

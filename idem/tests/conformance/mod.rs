@@ -180,6 +180,42 @@ pub async fn conformance(store: &dyn Store) {
             current: again.token
         })
     );
+
+    // A heartbeat stamped before its holder's release — its clock read first, its write
+    // landing after, as a renewal already sent when the handler said "nothing
+    // happened" does — renews nothing either: a released claim is its token's last
+    // record, whatever the stamps say. (Before, the heartbeat's earlier stamp was
+    // within the released claim's expiry: it renewed the freed key, and the corrected
+    // request got 422 for a lease and a TTL.)
+    let q = key(&format!("conf-late-beat-{}-{}", store.name(), now()));
+    let Decision::Execute(held) = store.claim(&q, &FP, now(), &P).await.unwrap() else {
+        panic!()
+    };
+    let stamp = now();
+    assert_eq!(
+        store
+            .release(&q, &held.holder(), stamp + 60, &P)
+            .await
+            .unwrap(),
+        HolderWrite::Written
+    );
+    assert_eq!(
+        store
+            .heartbeat(&q, &held.holder(), stamp, &P)
+            .await
+            .unwrap(),
+        HolderWrite::Refused(Refusal::Missing),
+        "{}: a heartbeat stamped before the release, landing after it",
+        store.name()
+    );
+    assert!(
+        matches!(
+            store.claim(&q, &OTHER, now(), &P).await.unwrap(),
+            Decision::Execute(_)
+        ),
+        "{}: the corrected request runs",
+        store.name()
+    );
     store.ping().await.unwrap();
 }
 

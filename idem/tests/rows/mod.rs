@@ -191,6 +191,9 @@ impl Script {
 /// The layer on `store`, with a key required on `/op`.
 pub fn layer(store: &Arc<dyn Store>) -> IdempotencyLayer {
     IdempotencyLayer::new(store.clone())
+        .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+            idem_core::contract::Anonymous::Scoped,
+        ))
         .require_key_on(["/op"])
         .max_body_bytes(1024)
 }

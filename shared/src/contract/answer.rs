@@ -135,8 +135,11 @@ fn connection_named(headers: &[(String, String)]) -> Vec<String> {
 
 /// Request headers a client could send to pass for the CDN or a proxy in front of the
 /// origin: they are dropped, and the edge sets its own. (Other `cf-*` headers — Access
-/// tokens, Turnstile responses — are the client's and pass.)
-fn forgeable(name: &str) -> bool {
+/// tokens, Turnstile responses — are the client's and pass.) Scoped by one of them, a
+/// client names any scope it likes — another tenant's — unless a proxy in front sets
+/// the header and drops the client's: the origin refuses them as scope headers unless
+/// told one does (`--trusted-proxy`).
+pub fn forgeable(name: &str) -> bool {
     // Every X-Forwarded-* (-For, -Host, -Proto, -Port, -Prefix, -Server…); by bytes,
     // so a name that is not ASCII can't split a character.
     let prefix = b"x-forwarded-";
@@ -296,10 +299,13 @@ pub fn edge_kept_headers(value: Option<&[u8]>) -> Option<Vec<String>> {
 /// What the origin said about an answer, read from [`ORIGIN_DISPOSITION`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OriginDisposition {
-    /// The answer is stored at the origin until this instant.
+    /// The answer is stored at the origin, in the record `record` names, until
+    /// `expires_at`.
     Stored {
         /// When the origin's record expires.
         expires_at: crate::Millis,
+        /// Which record holds it ([`crate::RecordKey::tag`]).
+        record: crate::RecordTag,
     },
     /// The origin freed the key; nothing is stored.
     Released,
@@ -311,14 +317,17 @@ impl OriginDisposition {
     /// The header value.
     pub fn header_value(self) -> alloc::string::String {
         match self {
-            OriginDisposition::Stored { expires_at } => format!("stored; expires={expires_at}"),
+            OriginDisposition::Stored { expires_at, record } => {
+                format!("stored; expires={expires_at}; record={}", record.to_hex())
+            }
             OriginDisposition::Released => "released".into(),
             OriginDisposition::Pending => "pending".into(),
         }
     }
 
     /// Parses a header value; `None` for anything else (an answer that did not come
-    /// from an idem origin, or a damaged value: the edge then stores nothing).
+    /// from an idem origin, an older origin's `stored` that names no record, or a
+    /// damaged value: the edge then stores nothing).
     pub fn parse(value: &[u8]) -> Option<OriginDisposition> {
         let value = trim_ows(value);
         match value {
@@ -326,26 +335,58 @@ impl OriginDisposition {
             b"pending" => return Some(OriginDisposition::Pending),
             _ => {}
         }
-        let rest = value.strip_prefix(b"stored;")?;
-        let digits = trim_ows(rest).strip_prefix(b"expires=")?;
+        let mut params = value.strip_prefix(b"stored;")?.split(|b| *b == b';');
+        let digits = trim_ows(params.next()?).strip_prefix(b"expires=")?;
         let expires_at = super::parse_digits(digits, 20)?;
-        Some(OriginDisposition::Stored { expires_at })
+        let tag = trim_ows(params.next()?).strip_prefix(b"record=")?;
+        let record = crate::RecordTag::parse(tag)?;
+        if params.next().is_some() {
+            return None;
+        }
+        Some(OriginDisposition::Stored { expires_at, record })
     }
 }
 
-/// How long the edge keeps an answer, given what the origin said about it and the
-/// clock of whoever writes the copy: only an answer the origin stored, only until the
-/// origin's record expires (a refill from a late replay never outlives it), and never
-/// longer than `max_ttl_ms`. `None`: keep nothing.
-pub fn edge_ttl_ms(
+/// Why a cache in front of the origin keeps nothing of an answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NotKept {
+    /// The origin did not say it stored the answer (released, pending, not an idem
+    /// origin's answer).
+    NotStored,
+    /// The origin stored it under another record than the cache's own: the two name
+    /// callers differently (their scope rules differ). Kept, the answer would be
+    /// replayed to whoever the cache puts in the same record — another tenant,
+    /// perhaps; not kept, the cache is only slower.
+    OtherRecord,
+}
+
+/// Until when a cache in front of the origin (the edge) may keep an answer it claimed
+/// under `own`: only one the origin stored, in the same record
+/// ([`OriginDisposition::Stored`]'s `record`), until the origin's record expires.
+pub fn edge_keeps(
     origin: Option<OriginDisposition>,
+    own: &crate::RecordKey,
+) -> Result<crate::Millis, NotKept> {
+    match origin {
+        Some(OriginDisposition::Stored { expires_at, record }) if record == own.tag() => {
+            Ok(expires_at)
+        }
+        Some(OriginDisposition::Stored { .. }) => Err(NotKept::OtherRecord),
+        _ => Err(NotKept::NotStored),
+    }
+}
+
+/// How long the edge keeps an answer the origin stored until `stored_until`, given the
+/// clock of whoever writes the copy: only until the origin's record expires (a refill
+/// from a late replay never outlives it), and never longer than `max_ttl_ms`. `None`:
+/// keep nothing.
+pub fn edge_ttl_ms(
+    stored_until: Option<crate::Millis>,
     now: crate::Millis,
     max_ttl_ms: u64,
 ) -> Option<u64> {
-    match origin? {
-        OriginDisposition::Stored { expires_at } if expires_at > now => {
-            Some((expires_at - now).min(max_ttl_ms))
-        }
+    match stored_until? {
+        expires_at if expires_at > now => Some((expires_at - now).min(max_ttl_ms)),
         _ => None,
     }
 }
@@ -551,38 +592,65 @@ mod tests {
 
     #[wasm_bindgen_test(unsupported = test)]
     fn the_edge_keeps_only_what_the_origin_stored_until_it_expires() {
-        let stored = |expires_at| Some(OriginDisposition::Stored { expires_at });
         const MAX: u64 = 10_000;
-        assert_eq!(edge_ttl_ms(stored(1_500), 1_000, MAX), Some(500));
+        assert_eq!(edge_ttl_ms(Some(1_500), 1_000, MAX), Some(500));
         assert_eq!(
-            edge_ttl_ms(stored(1_000), 1_000, MAX),
+            edge_ttl_ms(Some(1_000), 1_000, MAX),
             None,
             "expired at the edge"
         );
-        assert_eq!(edge_ttl_ms(stored(900), 1_000, MAX), None);
+        assert_eq!(edge_ttl_ms(Some(900), 1_000, MAX), None);
         assert_eq!(
-            edge_ttl_ms(stored(u64::MAX), 1_000, MAX),
+            edge_ttl_ms(Some(u64::MAX), 1_000, MAX),
             Some(MAX),
             "never past the edge's own bound"
         );
-        assert_eq!(edge_ttl_ms(Some(OriginDisposition::Released), 0, MAX), None);
-        assert_eq!(edge_ttl_ms(Some(OriginDisposition::Pending), 0, MAX), None);
+        assert_eq!(edge_ttl_ms(None, 0, MAX), None);
+    }
+
+    fn record_key(scope: &[u8]) -> crate::RecordKey {
+        let key = crate::IdempotencyKey::parse(b"k1").unwrap();
+        crate::RecordKey::new(&crate::Scope::from_credential(scope), &key)
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn the_edge_keeps_only_what_the_origin_stored_in_the_same_record() {
+        let (tenant_a, tenant_b) = (record_key(b"a"), record_key(b"b"));
+        let stored = Some(OriginDisposition::Stored {
+            expires_at: 5_000,
+            record: tenant_a.tag(),
+        });
+        assert_eq!(edge_keeps(stored, &tenant_a), Ok(5_000));
         assert_eq!(
-            edge_ttl_ms(None, 0, MAX),
-            None,
-            "not an idem origin's answer"
+            edge_keeps(stored, &tenant_b),
+            Err(NotKept::OtherRecord),
+            "an edge that scopes otherwise than the origin keeps nothing"
         );
+        for said in [
+            Some(OriginDisposition::Released),
+            Some(OriginDisposition::Pending),
+            None,
+        ] {
+            assert_eq!(edge_keeps(said, &tenant_a), Err(NotKept::NotStored));
+        }
+        assert_ne!(tenant_a.tag(), tenant_b.tag());
     }
 
     #[wasm_bindgen_test(unsupported = test)]
     fn origin_disposition_round_trips_and_refuses_junk() {
+        let record = record_key(b"a").tag();
         for d in [
-            OriginDisposition::Stored { expires_at: 0 },
+            OriginDisposition::Stored {
+                expires_at: 0,
+                record,
+            },
             OriginDisposition::Stored {
                 expires_at: 1_764_000_000_123,
+                record,
             },
             OriginDisposition::Stored {
                 expires_at: u64::MAX,
+                record,
             },
             OriginDisposition::Released,
             OriginDisposition::Pending,
@@ -592,19 +660,37 @@ mod tests {
                 Some(d)
             );
         }
+        let tag = record.to_hex();
         assert_eq!(
-            OriginDisposition::parse(b" stored;expires=5 "),
-            Some(OriginDisposition::Stored { expires_at: 5 })
+            OriginDisposition::parse(format!(" stored;expires=5;record={tag} ").as_bytes()),
+            Some(OriginDisposition::Stored {
+                expires_at: 5,
+                record
+            })
         );
+        let upper = format!("stored; expires=5; record={}", tag.to_ascii_uppercase());
+        assert_eq!(
+            OriginDisposition::parse(upper.as_bytes()),
+            Some(OriginDisposition::Stored {
+                expires_at: 5,
+                record
+            })
+        );
+        let short = format!("stored; expires=5; record={}", &tag[1..]);
+        let extra = format!("stored; expires=5; record={tag}; x=1");
         for junk in [
             &b""[..],
             b"stored",
             b"stored; expires=",
-            b"stored; expires=-1",
+            b"stored; expires=5",
+            b"stored; expires=-1; record=00000000000000000000000000000000",
             b"stored; expires=18446744073709551616",
             b"stored; expires=1e9",
             b"Stored; expires=1",
             b"no-store",
+            b"stored; expires=5; record=zz000000000000000000000000000000",
+            short.as_bytes(),
+            extra.as_bytes(),
         ] {
             assert_eq!(OriginDisposition::parse(junk), None, "{junk:?}");
         }

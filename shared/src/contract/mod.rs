@@ -22,17 +22,21 @@ pub mod scope;
 pub mod wait;
 
 pub use answer::{
-    edge_kept_headers, edge_may_scope_by_header, edge_sends_request_header, edge_ttl_ms,
-    execution_trace, fetch_can_send_status, forwarded_headers, forwarded_request_header, key_ttl,
-    relayed_answer_header, relayed_answer_headers, replay_headers, stored_header_names,
-    stored_headers, stored_headers_of, visible_headers, OriginDisposition,
+    edge_keeps, edge_kept_headers, edge_may_scope_by_header, edge_sends_request_header,
+    edge_ttl_ms, execution_trace, fetch_can_send_status, forgeable, forwarded_headers,
+    forwarded_request_header, key_ttl, relayed_answer_header, relayed_answer_headers,
+    replay_headers, stored_header_names, stored_headers, stored_headers_of, visible_headers,
+    NotKept, OriginDisposition,
 };
 pub use jwt::{JwtKeys, JwtVerifier};
 pub use path::{
     ambiguous_path, check_pattern, choose_route, listed, normal_path, PathChoice, PathPattern,
 };
 pub use problem::{Problem, Rejection};
-pub use request::{check_declared_length, fingerprint, fingerprint_message, guards, route, Route};
+pub use request::{
+    check_declared_length, fingerprint, fingerprint_message, guards, guards_request, route, Route,
+    METHOD_OVERRIDE_HEADERS,
+};
 pub use scope::{Anonymous, ScopeRule, ScopeSource};
 pub use wait::{prefer_wait, wait_ms, wait_ms_or, Waiting};
 

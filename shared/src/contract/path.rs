@@ -94,24 +94,30 @@ pub fn choose_route(
 }
 
 /// The paths servers may take `path` for, in normal form: with and without its `;`
-/// parameters, with encoded `/` and `\` (and a plain `\`) read as separators or not, and
-/// its `.` and `..` segments resolved or routed as written.
+/// parameters, with encoded `/`, `\` and `;` (and a plain `\`) read as such or not —
+/// decoded before the parameters are dropped or after — with Unicode letters that
+/// case-fold to ASCII ones (`ſ`, `K`, `ı`, `İ`) read as those or not, and its `.` and
+/// `..` segments resolved or routed as written.
 pub fn readings(path: &str) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for params in [false, true] {
-        for separators in [false, true] {
-            let mut read = Cow::Borrowed(path);
-            if params {
-                read = Cow::Owned(strip_params(&read));
-            }
-            if separators {
-                read = Cow::Owned(decode_separators(&read));
-            }
-            for resolve_dots in [true, false] {
-                let normal = normalize(&read, resolve_dots).into_owned();
-                if !out.contains(&normal) {
-                    out.push(normal);
+    let transforms: [fn(&str) -> String; 3] = [strip_params, decode_separators, fold_confusables];
+    let mut spellings: Vec<String> = alloc::vec![path.into()];
+    // Every transform after every other, in either order: two rounds.
+    for _ in 0..2 {
+        for i in 0..spellings.len() {
+            for transform in transforms {
+                let read = transform(&spellings[i]);
+                if !spellings.contains(&read) {
+                    spellings.push(read);
                 }
+            }
+        }
+    }
+    let mut out: Vec<String> = Vec::new();
+    for read in &spellings {
+        for resolve_dots in [true, false] {
+            let normal = normalize(read, resolve_dots).into_owned();
+            if !out.contains(&normal) {
+                out.push(normal);
             }
         }
     }
@@ -131,19 +137,83 @@ fn strip_params(path: &str) -> String {
     out
 }
 
-/// `path` with `%2F`, `%5C` and `\` read as `/`, as Go, WSGI and IIS may route it.
+/// `path` with `%2F`, `%5C` and `\` read as `/`, `%3B` as `;`, and the escapes of
+/// legacy decoders (`%u002e`, overlong `%C0%AE`) as what they spell, as Go, WSGI, IIS,
+/// old servlet containers or nginx decoding in front of one may route it.
 fn decode_separators(path: &str) -> String {
     let mut out = String::with_capacity(path.len());
     let mut rest = path;
     while let Some(c) = rest.chars().next() {
         let escape = rest.get(..3).map(str::to_ascii_lowercase);
-        if matches!(escape.as_deref(), Some("%2f" | "%5c")) {
-            out.push('/');
-            rest = &rest[3..];
-        } else {
-            out.push(if c == '\\' { '/' } else { c });
-            rest = &rest[c.len_utf8()..];
+        // Legacy decoders: IIS' `%uXXXX`, overlong UTF-8 (`%C0%AE` is `.`).
+        if let Some((byte, len)) = legacy_escape(rest) {
+            out.push(if byte == b'\\' { '/' } else { char::from(byte) });
+            rest = &rest[len..];
+            continue;
         }
+        match escape.as_deref() {
+            Some("%2f" | "%5c") => {
+                out.push('/');
+                rest = &rest[3..];
+            }
+            Some("%3b") => {
+                out.push(';');
+                rest = &rest[3..];
+            }
+            _ => {
+                out.push(if c == '\\' { '/' } else { c });
+                rest = &rest[c.len_utf8()..];
+            }
+        }
+    }
+    out
+}
+
+/// The ASCII byte a legacy decoder reads at the start of `rest`, and the escape's
+/// length: IIS' `%u00XX`, or overlong UTF-8 `%C0%XX` / `%C1%XX`.
+fn legacy_escape(rest: &str) -> Option<(u8, usize)> {
+    let hex =
+        |at: core::ops::Range<usize>| rest.get(at).and_then(|h| u8::from_str_radix(h, 16).ok());
+    let lead = rest.get(..3)?.to_ascii_lowercase();
+    let byte = if rest.get(..2)?.eq_ignore_ascii_case("%u") {
+        (rest.get(2..4)? == "00").then_some(())?;
+        (hex(4..6)?, 6)
+    } else if (lead == "%c0" || lead == "%c1") && rest.get(3..4)? == "%" {
+        let high = hex(1..3)?;
+        (((high & 0x1f) << 6) | (hex(4..6)? & 0x3f), 6)
+    } else {
+        return None;
+    };
+    byte.0.is_ascii_graphic().then_some(byte)
+}
+
+/// Letters outside ASCII that Unicode case folding (Go's `EqualFold`, Java's
+/// `equalsIgnoreCase`) takes for ASCII ones, raw or percent-encoded, with the ASCII
+/// letter they fold to.
+const CONFUSABLES: [(&str, &str, char); 4] = [
+    ("\u{17f}", "%c5%bf", 's'),
+    ("\u{212a}", "%e2%84%aa", 'k'),
+    ("\u{131}", "%c4%b1", 'i'),
+    ("\u{130}", "%c4%b0", 'i'),
+];
+
+/// `path` with [`CONFUSABLES`] read as the ASCII letters they fold to.
+fn fold_confusables(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    let mut rest = path;
+    'next: while let Some(c) = rest.chars().next() {
+        for (raw, encoded, ascii) in CONFUSABLES {
+            let escaped = rest
+                .get(..encoded.len())
+                .is_some_and(|e| e.eq_ignore_ascii_case(encoded));
+            if rest.starts_with(raw) || escaped {
+                out.push(ascii);
+                rest = &rest[if escaped { encoded.len() } else { raw.len() }..];
+                continue 'next;
+            }
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
     }
     out
 }
@@ -173,14 +243,25 @@ fn matches_normal(pattern: &str, path: &str, case_sensitive: bool) -> bool {
     };
     let path = path.as_bytes();
     let starts = |prefix: &[u8]| path.len() >= prefix.len() && same(&path[..prefix.len()], prefix);
+    // `base` itself, or `base.<format>` (`/v1/charges.json`), which Rails' `(.:format)`
+    // and Spring's suffix matching route to `base`'s handler.
+    let itself = |base: &[u8]| {
+        same(path, base)
+            || (starts(base)
+                && path.get(base.len()) == Some(&b'.')
+                && path[base.len() + 1..]
+                    .iter()
+                    .all(|b| b.is_ascii_alphanumeric())
+                && path.len() > base.len() + 1)
+    };
     if let Some(base) = pattern.strip_suffix("/*") {
         let base = normal_path(base);
         let base = base.trim_end_matches('/').as_bytes();
-        same(path, base) || (starts(base) && path.get(base.len()) == Some(&b'/'))
+        itself(base) || (starts(base) && path.get(base.len()) == Some(&b'/'))
     } else if let Some(prefix) = pattern.strip_suffix('*') {
         starts(prefix.as_bytes())
     } else {
-        same(normal_path(pattern).as_bytes(), path)
+        itself(normal_path(pattern).as_bytes())
     }
 }
 
@@ -223,23 +304,38 @@ pub fn check_pattern(pattern: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether servers disagree on what `path` names: it holds an encoded `/` or `\` (Go
-/// and WSGI decode them, others don't), a plain `\` (IIS reads it as `/`), a `;`
-/// parameter (Tomcat drops it), or a `.` or `..` segment, plain or encoded (some resolve
-/// them, some route them as written).
+/// Whether servers disagree on what `path` names: it holds an encoded `/`, `\` or `;`
+/// (Go and WSGI decode them, others don't), a plain `\` (IIS reads it as `/`), a `;`
+/// parameter (Tomcat drops it), a `.` or `..` segment, plain, encoded or with
+/// parameters (some resolve them, some route them as written), a letter that case-folds
+/// to ASCII ([`CONFUSABLES`]), or an escape some decoder reads otherwise (`%00`, `%u…`,
+/// overlong UTF-8 `%C0`/`%C1`).
 pub fn ambiguous_path(path: &str) -> bool {
     let lower = |i: usize| path.as_bytes().get(i).map(u8::to_ascii_lowercase);
-    let encoded_separator = path.match_indices('%').any(|(i, _)| {
-        lower(i + 1) == Some(b'2') && lower(i + 2) == Some(b'f')
-            || lower(i + 1) == Some(b'5') && lower(i + 2) == Some(b'c')
+    let odd_escape = path.match_indices('%').any(|(i, _)| {
+        let pair = (lower(i + 1), lower(i + 2));
+        matches!(
+            pair,
+            (Some(b'2'), Some(b'f'))
+                | (Some(b'5'), Some(b'c'))
+                | (Some(b'3'), Some(b'b'))
+                | (Some(b'0'), Some(b'0'))
+                | (Some(b'c'), Some(b'0' | b'1'))
+                | (Some(b'u'), _)
+        )
     });
     let dot_segment = |segment: &str| {
         let decoded = segment.to_ascii_lowercase().replace("%2e", ".");
-        decoded == "." || decoded == ".."
+        let bare = decoded.split(';').next().unwrap_or("");
+        bare == "." || bare == ".."
     };
-    encoded_separator
+    let confusable = CONFUSABLES
+        .iter()
+        .any(|(raw, encoded, _)| path.contains(raw) || path.to_ascii_lowercase().contains(encoded));
+    odd_escape
         || path.contains(';')
         || path.contains('\\')
+        || confusable
         || path.split('/').any(dot_segment)
 }
 
@@ -253,11 +349,12 @@ pub fn normal_path(path: &str) -> Cow<'_, str> {
 
 /// [`normal_path`], with its `.` and `..` segments kept as written unless `resolve_dots`.
 fn normalize(path: &str, resolve_dots: bool) -> Cow<'_, str> {
+    let dots_to_resolve = resolve_dots && path.split('/').any(|s| s == "." || s == "..");
     let plain = path.starts_with('/')
         && !path.contains("//")
         && !path.contains('%')
         && (path.len() == 1 || !path.ends_with('/'))
-        && !(resolve_dots && path.split('/').any(|s| s == "." || s == ".."));
+        && !dots_to_resolve;
     if plain {
         return Cow::Borrowed(path);
     }
@@ -427,6 +524,14 @@ mod tests {
             "/v1/other/%2e%2e/payouts/7",
             "/v1/payouts/../../v1/payouts/7",
             "/V1;a/PAYOUTS/7",
+            "/v1;x%2Fpayouts/7",
+            "/v1/payouts%3Bx/7",
+            "/v1/x/..;/payouts/7",
+            "/v1/payout%C5%BF/7",
+            "/v1/payout\u{17f}/7",
+            "/v1/payouts/..%00/x",
+            "/v1/x/%u002e%u002e/payouts/7",
+            "/v1/x/%c0%ae%c0%ae/payouts/7",
         ] {
             assert_eq!(choose("PUT", spelling), PathChoice::Ambiguous, "{spelling}");
             assert!(
@@ -456,6 +561,20 @@ mod tests {
             PathChoice::Route(None),
             "no reading is under a route that guards PUT"
         );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_format_suffix_names_the_route_s_resource() {
+        for spelling in ["/v1/payouts.json", "/v1/payouts/7.json", "/v1/exact.xml"] {
+            assert!(
+                matches!(choose("PUT", spelling), PathChoice::Route(Some(_))),
+                "{spelling}"
+            );
+        }
+        assert_eq!(choose("PUT", "/v1/exact.xml"), PathChoice::Route(Some(1)));
+        assert_eq!(choose("PUT", "/v1/exact.x/y"), PathChoice::Route(None));
+        assert_eq!(choose("PUT", "/v1/exactly"), PathChoice::Route(None));
+        assert_eq!(choose("PUT", "/v1/exact."), PathChoice::Route(None));
     }
 
     #[wasm_bindgen_test(unsupported = test)]

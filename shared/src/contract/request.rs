@@ -51,10 +51,37 @@ pub fn route<'a>(
     }
 }
 
-/// Whether `method` is one of `methods` (compared as written: HTTP methods are
-/// case-sensitive).
+/// Whether `method` is one of `methods`, compared without regard to ASCII case: HTTP
+/// methods are case-sensitive, but Django, Werkzeug and ASP.NET take `put` for `PUT`,
+/// and a request they run as a `PUT` must be guarded as one.
 pub fn guards(methods: &[impl AsRef<str>], method: &str) -> bool {
-    methods.iter().any(|m| m.as_ref() == method)
+    methods
+        .iter()
+        .any(|m| m.as_ref().eq_ignore_ascii_case(method))
+}
+
+/// Request headers by which a client asks the server to take a request for another
+/// method, as Rails (Rack::MethodOverride), Express (method-override), Spring
+/// (HiddenHttpMethodFilter) and ASP.NET (UseHttpMethodOverride) may be set up to.
+pub const METHOD_OVERRIDE_HEADERS: [&str; 3] = [
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+];
+
+/// Whether a request is guarded by `methods`: its own method ([`guards`]), or one that a
+/// [`METHOD_OVERRIDE_HEADERS`] value (`overrides`, every value of every such header)
+/// asks the server to take it for. (A method override in a form body, `_method`, is
+/// the API's to refuse: idem reads no body before deciding.)
+pub fn guards_request<'a>(
+    methods: &[impl AsRef<str>],
+    method: &str,
+    overrides: impl IntoIterator<Item = &'a [u8]>,
+) -> bool {
+    guards(methods, method)
+        || overrides
+            .into_iter()
+            .any(|value| core::str::from_utf8(value).is_ok_and(|v| guards(methods, v.trim())))
 }
 
 /// Refuses a guarded request whose declared `Content-Length` is over `limit`
@@ -164,7 +191,11 @@ mod tests {
     fn routes() {
         assert_eq!(r("GET", "/v1/charges", &[]), Route::PassThrough);
         assert_eq!(r("PUT", "/v1/charges", &[b"bad key"]), Route::PassThrough);
-        assert_eq!(r("post", "/v1/charges", &[]), Route::PassThrough);
+        assert_eq!(
+            problem(r("post", "/v1/charges", &[])),
+            Some(Problem::KeyMissing),
+            "a method spelled in lower case is guarded, as lenient servers run it"
+        );
         assert_eq!(
             problem(r("POST", "/v1/charges", &[])),
             Some(Problem::KeyMissing)
@@ -270,5 +301,16 @@ mod tests {
         ] {
             assert!(!ambiguous_path(path), "{path}");
         }
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_method_override_is_guarded_as_the_method_it_asks_for() {
+        let put = ["PUT"];
+        let none: [&[u8]; 0] = [];
+        assert!(guards_request(&put, "PUT", none));
+        assert!(guards_request(&put, "put", none));
+        assert!(!guards_request(&put, "POST", none));
+        assert!(guards_request(&put, "POST", [&b" put "[..]]));
+        assert!(!guards_request(&put, "POST", [&b"DELETE"[..], &[0xff][..]]));
     }
 }

@@ -69,11 +69,22 @@ pub struct ScopeRule {
 }
 
 impl Default for ScopeRule {
-    /// Today's: the `Authorization` value, anonymous callers sharing one scope.
+    /// The `Authorization` value; a request without one refused (401). Sharing one
+    /// `anonymous` scope between callers idem can't tell apart — an app that
+    /// authenticates by cookie or mTLS — would replay one caller's answer to another:
+    /// that is chosen on purpose ([`ScopeRule::by_authorization`] with
+    /// [`Anonymous::Scoped`]), never a default.
     fn default() -> Self {
+        ScopeRule::by_authorization(Anonymous::Refused)
+    }
+}
+
+impl ScopeRule {
+    /// The `Authorization` value, and `anonymous` for a request without one.
+    pub fn by_authorization(anonymous: Anonymous) -> Self {
         ScopeRule {
             source: ScopeSource::Authorization,
-            anonymous: Anonymous::Scoped,
+            anonymous,
         }
     }
 }
@@ -633,9 +644,16 @@ mod tests {
         );
         let open = rule(ScopeSource::Header("x-api-key".into()), Anonymous::Scoped);
         assert_eq!(open.scope(with(&[]), 0), Ok(Scope::anonymous()));
+        let refused = ScopeRule::default().scope(with(&[]), 0).unwrap_err();
         assert_eq!(
-            ScopeRule::default().scope(with(&[]), 0),
-            Ok(Scope::anonymous())
+            refused.problem,
+            Problem::IdentityMissing,
+            "no default puts strangers in one scope"
+        );
+        assert_eq!(
+            ScopeRule::by_authorization(Anonymous::Scoped).scope(with(&[]), 0),
+            Ok(Scope::anonymous()),
+            "unless chosen on purpose"
         );
     }
 

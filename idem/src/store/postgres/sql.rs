@@ -95,6 +95,10 @@ pub(super) const UPSERT: &str = "INSERT INTO idem_records (id, token, state, exp
         expires_at = EXCLUDED.expires_at, record = EXCLUDED.record";
 /// A holder's write under [`idem_core::Holder::check`]'s precondition and the clock
 /// check; returns whether it wrote, the clock, and the row as it was (to say why not).
+/// A released claim (lease and expiry one instant: bytes 43-50 and 51-58 of the
+/// record) takes no write: READ COMMITTED rechecks that on the row a concurrent
+/// release left, where the clock, read once at the statement's start, would let a
+/// heartbeat that waited on the release's lock through.
 pub(super) const HOLDER_WRITE: &str = concat!(
     "WITH clock AS MATERIALIZED (SELECT ",
     clock_ms!(),
@@ -102,6 +106,7 @@ pub(super) const HOLDER_WRITE: &str = concat!(
     upd AS (
         UPDATE idem_records SET state = $3, expires_at = $4, record = $5
         WHERE id = {id} AND token = $2 AND state = 0
+          AND substring(record FROM 43 FOR 8) <> substring(record FROM 51 FOR 8)
           AND expires_at > (SELECT now FROM clock)
           AND (SELECT abs(now - $6::int8) <= $7::int8 FROM clock)
         RETURNING 1)
@@ -109,7 +114,8 @@ pub(super) const HOLDER_WRITE: &str = concat!(
            (SELECT record FROM idem_records WHERE id = {id}) AS current"
 );
 /// The write-behind upsert: many records in one statement, each applied only if it
-/// supersedes the stored row — `Record::supersedes` in SQL — and never over a
+/// supersedes the stored row — `Record::supersedes` in SQL: (token, phase), a released
+/// claim (lease = expiry) past a live one — and never over a
 /// completed row that had not expired when the written record's attempt claimed the
 /// key (its token ÷ `TOKENS_PER_MS`, 1024): a stale claim must not bury an answer, nor
 /// may a holder's later completion replace the one its handler's transaction committed
@@ -122,7 +128,12 @@ pub(super) const UPSERT_SUPERSEDING: &str =
         AS u(id, token, state, expires_at, record)
     ON CONFLICT (id) DO UPDATE SET token = EXCLUDED.token, state = EXCLUDED.state,
         expires_at = EXCLUDED.expires_at, record = EXCLUDED.record
-    WHERE (EXCLUDED.token, EXCLUDED.state) >= (idem_records.token, idem_records.state)
+    WHERE (EXCLUDED.token, CASE WHEN EXCLUDED.state = 1 THEN 2
+              WHEN substring(EXCLUDED.record FROM 43 FOR 8) = substring(EXCLUDED.record FROM 51 FOR 8) THEN 1
+              ELSE 0 END)
+        >= (idem_records.token, CASE WHEN idem_records.state = 1 THEN 2
+              WHEN substring(idem_records.record FROM 43 FOR 8) = substring(idem_records.record FROM 51 FOR 8) THEN 1
+              ELSE 0 END)
       AND NOT (idem_records.state = 1 AND idem_records.expires_at > EXCLUDED.token / 1024)";
 // The statement above divides by it.
 const _: () = assert!(idem_core::TOKENS_PER_MS == 1024);

@@ -62,8 +62,22 @@ local function write_record(key, record, pexpireat)
   end
   redis.call('PEXPIREAT', key, pexpireat)
 end
--- Whether record a's (token, state) is below record b's, byte by byte: no floats, and
--- no locale (Lua's own < on strings collates).
+-- Whether an in-progress record is a released claim: its lease (bytes 43-50) and its
+-- expiry (51-58) one instant (idem_core::Record::is_released).
+local function released(record)
+  return state_of(record) == 0 and string.sub(record, 43, 50) == string.sub(record, 51, 58)
+end
+-- Claimed (0), released (1), completed (2): a token's records only move forward.
+local function phase_of(record)
+  if state_of(record) == 1 then
+    return 2
+  elseif released(record) then
+    return 1
+  end
+  return 0
+end
+-- Whether record a's (token, phase) is below record b's, byte by byte: no floats, and
+-- no locale (Lua's own < on strings collates). idem_core::Record::supersedes.
 local function older(a, b)
   local ta, tb = token_of(a), token_of(b)
   for i = 1, 8 do
@@ -72,5 +86,5 @@ local function older(a, b)
       return x < y
     end
   end
-  return state_of(a) < state_of(b)
+  return phase_of(a) < phase_of(b)
 end

@@ -1,5 +1,5 @@
 -- Copy the authority's record into Redis unless Redis already holds a newer one:
--- idem_core::Record::supersedes — (token, state) never moves backwards.
+-- idem_core::Record::supersedes — (token, phase) never moves backwards.
 -- Returns 1 if written, else 0.
 -- KEYS[1] idem:{<record key>}   ARGV: record, pexpireat
 local cur = read_record(KEYS[1])
