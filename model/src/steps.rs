@@ -516,7 +516,11 @@ impl ProtocolModel {
                         OverLostFront::CopyIn => {
                             // The copy into Redis is a step of its own: a retry's claim
                             // may land in Redis between the read and the copy.
-                            if let Pc::Finishing { response: n, .. } = state.attempts[i].pc {
+                            let completing = matches!(change, Transition::Complete(_));
+                            if let (true, Pc::Finishing { response: n, .. }) =
+                                (completing, &state.attempts[i].pc)
+                            {
+                                let n = *n;
                                 state.attempts[i].pc = Pc::Copying {
                                     token,
                                     response: n,

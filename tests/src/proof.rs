@@ -208,6 +208,16 @@ pub const TABLES: &[Table] = &[
                 &["purge 200, retry 201, 2 upstream calls"],
             ),
             row(
+                "late-heartbeat",
+                &["a heartbeat stamped before its holder's release lands after it (the conformance suite)", "every store"],
+                &["Written: the freed key renewed, the corrected request 422"],
+            ),
+            row(
+                "refused-copy",
+                &["Redis lost a claim; the holder's completion reads Postgres while a retry's claim lands in Redis, its copy refused", "tiered async"],
+                &["Ok(Written), Redis kept the retry's claim, a retry past the lease took over: 2 executions"],
+            ),
+            row(
                 "edge-other-scope",
                 &["edge `SCOPE_FROM=authorization` before an origin `--scope-from header:x-api-key`; tenants a and b, one key and body", "edge, proxy"],
                 &["tenant b replayed tenant a's charge, 1 charge"],

