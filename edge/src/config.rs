@@ -16,10 +16,20 @@ fn scope_rule(var: &impl Fn(&str) -> Option<String>) -> Result<ScopeRule, String
             .map_err(|e| format!("JWT_SECRET, JWKS: {e}"))?,
     };
     let (issuer, audience) = (var("JWT_ISSUER"), var("JWT_AUDIENCE"));
+    let exp_optional = match var("JWT_REQUIRE_EXP").as_deref().map(str::trim) {
+        None | Some("true") => false,
+        Some("false") => true,
+        Some(other) => {
+            return Err(format!(
+                "JWT_REQUIRE_EXP must be true or false, got {other:?}"
+            ))
+        }
+    };
     let jwt = keys
         .map(|keys| JwtVerifier::new(keys, issuer.as_deref(), audience.as_deref()))
         .transpose()
-        .map_err(|e| format!("JWT_ISSUER, JWT_AUDIENCE: {e}"))?;
+        .map_err(|e| format!("JWT_SECRET, JWT_ISSUER, JWT_AUDIENCE: {e}"))?
+        .map(|jwt| jwt.exp_optional(exp_optional));
     let source = match var("SCOPE_FROM") {
         None => ScopeSource::Authorization,
         Some(spec) => ScopeSource::parse(&spec, jwt)
@@ -400,9 +410,16 @@ mod tests {
         );
         let no_audience = with(&[("JWKS", jwks.clone()), ("JWT_ISSUER", "i".into())]).unwrap_err();
         assert!(
-            no_audience.starts_with("JWT_ISSUER, JWT_AUDIENCE: a JWKS's keys"),
+            no_audience.starts_with("JWT_SECRET, JWT_ISSUER, JWT_AUDIENCE: a JWKS's keys"),
             "{no_audience}"
         );
+        let short = with(&[("JWT_SECRET", "s3cret".into())]).unwrap_err();
+        assert!(short.contains("the HS256 secret is 6 bytes"), "{short}");
+        let never_expiring = with(&[
+            ("JWT_SECRET", "x".repeat(32)),
+            ("JWT_REQUIRE_EXP", "maybe".into()),
+        ]);
+        assert!(never_expiring.unwrap_err().starts_with("JWT_REQUIRE_EXP"));
         let neither = with(&[]).unwrap_err();
         assert!(neither.contains("JWT_SECRET or JWKS"), "{neither}");
     }

@@ -277,6 +277,11 @@ pub struct Config {
     #[arg(long, env = "IDEM_JWT_AUDIENCE")]
     pub jwt_audience: Option<String>,
 
+    /// Whether a JWT must carry `exp`: a token that never expires names its principal
+    /// for ever, to whoever holds it. `--jwt-require-exp false` accepts such tokens.
+    #[arg(long, env = "IDEM_JWT_REQUIRE_EXP", default_value_t = true, action = clap::ArgAction::Set)]
+    pub jwt_require_exp: bool,
+
     /// A guarded request that says nowhere who it is. Without it: refused in proxy mode
     /// (idem can't tell an upstream's callers apart by itself, and callers sharing a
     /// scope replay each other's answers); scoped only for the demo's own API.
@@ -396,6 +401,7 @@ impl Config {
             self.jwt_keys()?,
             self.jwt_issuer.as_deref(),
             self.jwt_audience.as_deref(),
+            self.jwt_require_exp,
         )
         .map_err(|e| format!("--jwt-issuer, --jwt-audience: {e}"))
     }
@@ -503,6 +509,9 @@ impl Config {
                 "--lease must be at least 250ms: a claim must come back within two thirds of it, less the clock tolerance (50 ms at least)".into(),
             );
         }
+        if self.lease.as_millis() > u128::from(idem_core::Policy::MAX_LEASE_MS) {
+            return Err("--lease must be at most a year (365d)".into());
+        }
         if self.ttl <= self.lease {
             return Err(format!(
                 "--ttl ({:?}) must be longer than --lease ({:?}): answers must outlive the claims that make them",
@@ -570,9 +579,12 @@ pub fn jwt_verifier(
     keys: Option<JwtKeys>,
     issuer: Option<&str>,
     audience: Option<&str>,
+    require_exp: bool,
 ) -> Result<Option<JwtVerifier>, String> {
-    keys.map(|keys| JwtVerifier::new(keys, issuer, audience))
-        .transpose()
+    keys.map(|keys| {
+        JwtVerifier::new(keys, issuer, audience).map(|jwt| jwt.exp_optional(!require_exp))
+    })
+    .transpose()
 }
 
 /// The bytes of `path`; the error starts with the path.

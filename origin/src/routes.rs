@@ -320,15 +320,17 @@ fn scope(entry: &RouteEntry, dir: &Path, flags: &Config) -> Result<Option<ScopeR
     }
     let issuer = text(&entry.jwt_issuer).or(flags.jwt_issuer.as_deref());
     let audience = text(&entry.jwt_audience).or(flags.jwt_audience.as_deref());
-    let jwt = crate::config::jwt_verifier(keys, issuer, audience).map_err(|e| {
-        let at = entry
-            .jwks_file
-            .as_ref()
-            .or(entry.jwt_issuer.as_ref())
-            .or(entry.jwt_audience.as_ref())
-            .map_or(entry.path.span(), Spanned::span);
-        (at, format!("jwt_issuer, jwt_audience: {e}"))
-    })?;
+    let jwt = crate::config::jwt_verifier(keys, issuer, audience, flags.jwt_require_exp).map_err(
+        |e| {
+            let at = entry
+                .jwks_file
+                .as_ref()
+                .or(entry.jwt_issuer.as_ref())
+                .or(entry.jwt_audience.as_ref())
+                .map_or(entry.path.span(), Spanned::span);
+            (at, format!("jwt_issuer, jwt_audience: {e}"))
+        },
+    )?;
     let source = ScopeSource::parse(spec, jwt).map_err(|e| {
         let file = entry.jwt_secret_file.as_ref().or(entry.jwks_file.as_ref());
         let span = match (&entry.scope_from, file) {
@@ -386,7 +388,7 @@ mod tests {
     fn reads_every_key() {
         let dir = std::env::temp_dir().join(format!("idem-routes-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("jwt"), "s3cret\n").unwrap();
+        std::fs::write(dir.join("jwt"), "s3cret-of-at-least-32-bytes-long\n").unwrap();
         let vectors: serde_json::Value =
             serde_json::from_str(include_str!("../../shared/testdata/scope-vectors.json")).unwrap();
         std::fs::write(dir.join("jwks.json"), vectors["jwks"].to_string()).unwrap();
@@ -434,7 +436,12 @@ jwt_audience = "payments"
             scope.source,
             ScopeSource::JwtClaim {
                 claim: "sub".into(),
-                jwt: JwtVerifier::new(JwtKeys::Hs256(b"s3cret".to_vec()), None, None).unwrap()
+                jwt: JwtVerifier::new(
+                    JwtKeys::Hs256(b"s3cret-of-at-least-32-bytes-long".to_vec()),
+                    None,
+                    None
+                )
+                .unwrap()
             }
         );
         assert_eq!(scope.anonymous, Anonymous::Scoped);

@@ -29,12 +29,18 @@ impl Policy {
     /// least 50 ms, within two thirds of the lease).
     pub const MIN_LEASE_MS: u64 = 250;
 
+    /// The longest lease: a year. (Longer, a claim's lease and expiry could both reach
+    /// the end of time and read as a released claim.)
+    pub const MAX_LEASE_MS: u64 = 365 * 24 * 60 * 60 * 1000;
+
     /// Why these timings can't be run under, if they can't: a lease below
     /// [`Self::MIN_LEASE_MS`], or a TTL not longer than the lease (a setting that says
     /// "answers live no longer than a claim" is a mistake: the answer to a request still
     /// running could be forgotten before its retries stop).
     pub fn refusal(&self) -> Option<&'static str> {
-        if self.lease_ms < Self::MIN_LEASE_MS {
+        if self.lease_ms > Self::MAX_LEASE_MS {
+            Some("the lease must be at most a year: a claim is renewed every eighth of it, and one that outlives that is never taken over")
+        } else if self.lease_ms < Self::MIN_LEASE_MS {
             Some("the lease must be at least 250ms: a claim must come back within two thirds of it, less the clock tolerance (50 ms at least)")
         } else if self.ttl_ms <= self.lease_ms {
             Some("the TTL must be longer than the lease: answers must outlive the claims that make them")
@@ -148,9 +154,15 @@ pub fn decide(
     let Some(record) = existing else {
         return Decision::Execute(new_claim(None, fingerprint, now, policy));
     };
-    if now >= record.expires_at() || record.is_released() {
-        // Expired (completed past its TTL, or abandoned past its retention), or released
-        // (its expiry may lie a clock tolerance ahead of `now`: released is released):
+    // A release is stamped within the clock tolerance of the store's time, so its
+    // expiry may lie that far ahead of `now`: released is released. A record whose lease
+    // and expiry are one instant further ahead is no release of this version's — a
+    // claim written by an older idem configured with a TTL equal to its lease — and is
+    // judged as a claim.
+    let released = record.is_released()
+        && record.expires_at() <= now.saturating_add(crate::Stamp::new(now, policy).tolerance);
+    if now >= record.expires_at() || released {
+        // Expired (completed past its TTL, or abandoned past its retention), or released:
         // the key is free.
         return Decision::Execute(new_claim(Some(record), fingerprint, now, policy));
     }
@@ -774,7 +786,39 @@ mod tests {
     }
 
     #[wasm_bindgen_test(unsupported = test)]
+    fn a_claim_of_an_older_idem_with_its_expiry_at_its_lease_s_end_is_no_release() {
+        // Written before claims expired a TTL past their lease, with TTL = lease.
+        let old = Record::InProgress {
+            fingerprint: FP,
+            token: 5_000 * crate::record::TOKENS_PER_MS,
+            lease_until: 6_000,
+            expires_at: 6_000,
+        };
+        assert!(old.is_released(), "it reads as one");
+        assert!(
+            matches!(
+                decide(Some(&old), &FP, 5_100, &P),
+                Decision::InFlight { .. }
+            ),
+            "a live claim, not a free key"
+        );
+        assert_eq!(decide(Some(&old), &OTHER, 5_100, &P), Decision::Mismatch);
+        // A release stamped a tolerance ahead of the deciding clock is one.
+        let h = claim(decide(None, &FP, 5_000, &P)).holder();
+        let released = h.released(5_150);
+        assert!(matches!(
+            decide(Some(&released), &OTHER, 5_100, &P),
+            Decision::Execute(_)
+        ));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
     fn timings_that_cannot_be_run_under_are_refused() {
+        let endless = Policy {
+            lease_ms: u64::MAX,
+            ttl_ms: u64::MAX,
+        };
+        assert!(endless.refusal().unwrap().contains("at most a year"));
         assert_eq!(P.refusal(), None);
         let equal = Policy {
             ttl_ms: 1_000,

@@ -14,7 +14,8 @@ scope = SHA-256( u64be(len(tag)) tag, then for each part u64be(len) part ), with
                  other scheme with parameters is refused (identity-invalid);
   header:<name>: tag "idem/scope/header/v1", parts: the lower-case name, the value;
   jwt:<claim>:   tag "idem/scope/jwt-claim/v1", parts: the claim, the canonical JSON of
-                 its value in the payload of a JWT whose signature, exp and nbf hold:
+                 its value in the payload of a JWT whose signature, exp and nbf hold
+                 (exp required, unless the vector's keys say "hs256-exp-optional"):
                  HS256 with the secret, or RS256 / ES256 with a key of the JWKS (its
                  kid's, or the only one of its type; jws.py verifies them), the
                  token then naming the JWKS's issuer (iss) and audience (aud);
@@ -32,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fingerprints import RawNumber, canonical_json  # noqa: E402  the same canonical JSON
 import jws  # noqa: E402
 
-SECRET = b"a secret of the gateway"
+SECRET = b"a secret of the gateway, of 32 bytes at least"
 # The IANA HTTP Authentication Scheme Registry: one of these alone is a scheme sent
 # without its credential, not a credential.
 REGISTERED_SCHEMES = (b"basic", b"bearer", b"concealed", b"digest", b"dpop", b"gnap", b"hoba", b"mutual",
@@ -162,7 +163,7 @@ def names_issuer_and_audience(payload):
     return is_text(aud) and aud == AUDIENCE
 
 
-def claim_value(token, claim, keys):
+def claim_value(token, claim, keys, exp_optional=False):
     """The canonical bytes of the claim, or None when the token is not accepted."""
     try:
         head, body, sig = token.split(".")
@@ -174,6 +175,9 @@ def claim_value(token, claim, keys):
     except ValueError:
         return None
     if not isinstance(payload, dict):
+        return None
+    # A token that never expires is refused, unless the verifier says exp is optional.
+    if "exp" not in payload and not exp_optional:
         return None
     for name, late in (("exp", False), ("nbf", True)):
         if name in payload:
@@ -197,7 +201,7 @@ def claim_value(token, claim, keys):
     return canonical_json(json.dumps(v).encode())
 
 
-def scope(source, anonymous, headers, keys=("hs256", SECRET)):
+def scope(source, anonymous, headers, keys=("hs256", SECRET), exp_optional=False):
     """The scope's hex, or the problem: identity-missing | identity-invalid."""
     def missing():
         return tagged(b"idem/scope/anonymous/v1", []) if anonymous == "scoped" else "identity-missing"
@@ -244,7 +248,7 @@ def scope(source, anonymous, headers, keys=("hs256", SECRET)):
         return missing()
     if v[:7].lower() != "bearer ":
         return "identity-invalid"
-    value = claim_value(v[7:].strip(), claim, keys)
+    value = claim_value(v[7:].strip(), claim, keys, exp_optional)
     if value is None:
         return "identity-invalid"
     return tagged(b"idem/scope/jwt-claim/v1", [claim.encode(), value])
@@ -286,6 +290,13 @@ def cases():
         ("jwt fractional sub", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":1.50}')}),
         ("jwt string 42", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"42"}')}),
         ("jwt number 42", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":42}')}),
+        # exp is required unless the verifier says otherwise (--jwt-require-exp false).
+        ("jwt string 42, exp optional", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"42"}')},
+         "hs256-exp-optional"),
+        ("jwt number 42, exp optional", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":42}')},
+         "hs256-exp-optional"),
+        ("jwt without exp, exp optional, expired nbf rules", "jwt:sub", "scoped",
+         {"authorization": "Bearer " + sign('{"sub":"u","nbf":1800000001}')}, "hs256-exp-optional"),
         ("jwt escaped sub", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"\\u0063us_1","exp":1900000000}')}),
         ("jwt duplicate sub", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"a","sub":"b"}')}),
         ("jwt exp with exponent", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"u","exp":1e10}')}),
@@ -360,7 +371,8 @@ def vectors():
             "anonymous": anonymous,
             "keys": keys,
             "headers": headers,
-            "expect": scope(source, anonymous, headers, ("jwks", JWKS) if keys == "jwks" else ("hs256", SECRET)),
+            "expect": scope(source, anonymous, headers, ("jwks", JWKS) if keys == "jwks" else ("hs256", SECRET),
+                            exp_optional=keys == "hs256-exp-optional"),
         }
         for name, source, anonymous, headers, keys in (c if len(c) == 5 else (*c, "hs256") for c in cases())
     ]

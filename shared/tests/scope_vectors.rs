@@ -32,6 +32,7 @@ fn scopes_match_the_shared_vectors() {
                 v["scope_from"].as_str().unwrap(),
                 Some(match v["keys"].as_str().unwrap() {
                     "jwks" => jwks.clone(),
+                    "hs256-exp-optional" => hs256.clone().exp_optional(true),
                     _ => hs256.clone(),
                 }),
             )

@@ -1951,7 +1951,7 @@ async fn the_edge_scopes_by_an_identity_provider_s_tokens() {
 async fn the_edge_scopes_by_a_verified_jwt_claim() {
     use idem_core::contract::scope::sign_hs256;
     use idem_core::contract::{Anonymous, JwtKeys, JwtVerifier, ScopeRule, ScopeSource};
-    const SECRET: &str = "the gateway's HS256 secret";
+    const SECRET: &str = "the gateway's HS256 secret, 32 bytes or more";
     let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
     // The origin scopes as the edge does: else it names other records, and the edge
     // keeps none of its answers.

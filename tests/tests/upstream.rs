@@ -558,7 +558,7 @@ async fn a_takeover_after_idem_died_mid_request_does_not_send_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scopes_follow_the_caller_not_the_token() {
     use idem_core::contract::scope::sign_hs256;
-    const SECRET: &str = "the gateway's HS256 secret";
+    const SECRET: &str = "the gateway's HS256 secret, 32 bytes or more";
     let payments = Payments::start().await;
     let secret_file = std::env::temp_dir().join(format!("idem-jwt-{}", std::process::id()));
     std::fs::write(&secret_file, format!("{SECRET}\n")).unwrap();

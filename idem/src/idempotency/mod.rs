@@ -210,7 +210,8 @@ impl IdempotencyLayer {
 
     /// How long a claim lives without a heartbeat (heartbeats come every eighth of it).
     pub fn lease(self, lease: Duration) -> Self {
-        self.with(|c| c.policy.lease_ms = millis(lease).max(3))
+        // Within a year: longer, a claim's lease and expiry could both saturate.
+        self.with(|c| c.policy.lease_ms = millis(lease).clamp(3, Policy::MAX_LEASE_MS))
     }
 
     /// The longest a request with `Prefer: wait=N` waits for an in-flight attempt.

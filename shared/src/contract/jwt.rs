@@ -68,6 +68,9 @@ impl core::fmt::Debug for JwtKeys {
     }
 }
 
+/// RFC 7518 §3.2: an HS256 key is at least as long as the hash's output, 32 bytes.
+pub const MIN_HS256_SECRET: usize = 32;
+
 /// RFC 7518 §3.3: an RS256 key is at least 2048 bits; the verifier takes at most 4096.
 const RSA_BITS: core::ops::RangeInclusive<usize> = 2048..=4096;
 
@@ -80,6 +83,8 @@ pub struct JwtVerifier {
     issuer: Option<Vec<u8>>,
     /// `aud` must be this, or an array holding it (canonical JSON).
     audience: Option<Vec<u8>>,
+    /// Whether a token without `exp` is accepted (never, unless said so).
+    exp_optional: bool,
 }
 
 impl JwtVerifier {
@@ -106,11 +111,32 @@ impl JwtVerifier {
         if matches!(keys, JwtKeys::Jwks(_)) && (issuer.is_none() || audience.is_none()) {
             return Err("a JWKS's keys sign tokens for every application of their issuer: give the issuer (iss) and the audience (aud) the tokens must name".into());
         }
+        if let JwtKeys::Hs256(secret) = &keys {
+            if secret.len() < MIN_HS256_SECRET {
+                return Err(format!(
+                    "the HS256 secret is {} bytes: give at least {MIN_HS256_SECRET} (RFC 7518 §3.2: a key as long as the hash), e.g. `openssl rand -base64 32`",
+                    secret.len()
+                ));
+            }
+        }
         Ok(JwtVerifier {
             keys,
             issuer,
             audience,
+            exp_optional: false,
         })
+    }
+
+    /// Accepts tokens without `exp` (`--jwt-require-exp false`): such a token never
+    /// expires, and whoever holds it is its principal for ever. Off by default.
+    pub fn exp_optional(mut self, yes: bool) -> Self {
+        self.exp_optional = yes;
+        self
+    }
+
+    /// Whether tokens without `exp` are accepted.
+    pub fn is_exp_optional(&self) -> bool {
+        self.exp_optional
     }
 
     /// The keys.
@@ -467,10 +493,17 @@ mod tests {
         assert!(err.contains("issuer (iss) and the audience (aud)"), "{err}");
         assert!(JwtVerifier::new(keys.clone(), None, Some("payments")).is_err());
         assert!(JwtVerifier::new(keys, Some("https://id.example"), Some("payments")).is_ok());
-        let secret = JwtKeys::Hs256(b"s".to_vec());
+        let secret = JwtKeys::Hs256([7; MIN_HS256_SECRET].to_vec());
         assert!(
             JwtVerifier::new(secret.clone(), None, None).is_ok(),
             "optional with a secret"
+        );
+        let short = JwtVerifier::new(JwtKeys::Hs256(b"s3cret".to_vec()), None, None);
+        assert!(
+            short
+                .unwrap_err()
+                .contains("the HS256 secret is 6 bytes: give at least 32"),
+            "a guessable secret is refused"
         );
         assert!(JwtVerifier::new(secret, Some(""), None)
             .unwrap_err()

@@ -331,7 +331,11 @@ pub fn verify_jwt(token: &[u8], jwt: &JwtVerifier, now_secs: u64) -> Result<Vec<
         .and_then(|p| json::canonicalize(&p).ok())
         .filter(|p| p.first() == Some(&b'{'))
         .ok_or("its payload is not a JSON object")?;
-    if let Some(exp) = member(&payload, "exp") {
+    let exp = member(&payload, "exp");
+    if exp.is_none() && !jwt.is_exp_optional() {
+        return Err("it has no exp: a token that never expires is refused (--jwt-require-exp false, JWT_REQUIRE_EXP=false, accepts it)");
+    }
+    if let Some(exp) = exp {
         if seconds(exp).ok_or("its exp is not a number")? <= now_secs {
             return Err("it has expired");
         }
@@ -509,7 +513,7 @@ mod tests {
     use alloc::vec;
     use wasm_bindgen_test::wasm_bindgen_test;
 
-    const SECRET: &[u8] = b"a secret of the gateway";
+    const SECRET: &[u8] = b"a secret of the gateway, of 32 bytes at least";
 
     fn rule(source: ScopeSource, anonymous: Anonymous) -> ScopeRule {
         ScopeRule { source, anonymous }
@@ -668,8 +672,9 @@ mod tests {
             Ok(ScopeSource::Header("x-api-key".into()))
         );
         let hs256 = |s: &[u8]| JwtVerifier::new(JwtKeys::Hs256(s.to_vec()), None, None).unwrap();
-        let jwt = ScopeSource::parse("jwt:sub", Some(hs256(b"s3cret"))).unwrap();
-        assert!(ScopeSource::parse("jwt:a\"b", Some(hs256(b"s")))
+        let jwt = ScopeSource::parse("jwt:sub", Some(hs256(b"s3cret, s3cret, s3cret, s3cret!!")))
+            .unwrap();
+        assert!(ScopeSource::parse("jwt:a\"b", Some(hs256(&[1; 32])))
             .unwrap_err()
             .contains("no quote"));
         assert!(!format!("{jwt:?}").contains("s3cret"));
@@ -749,25 +754,47 @@ mod tests {
                 .map_err(|e| e.problem)
         };
         for bad in [
-            r#"{"sub":""}"#,
-            r#"{"sub":false}"#,
-            r#"{"sub":{}}"#,
-            r#"{"sub":[]}"#,
-            r#"{"sub":1.5}"#,
-            r#"{"sub":1e2}"#,
-            r#"{"sub":"u","nbf":1.9e9}"#,
+            r#"{"sub":"","exp":2000}"#,
+            r#"{"sub":false,"exp":2000}"#,
+            r#"{"sub":{},"exp":2000}"#,
+            r#"{"sub":[],"exp":2000}"#,
+            r#"{"sub":1.5,"exp":2000}"#,
+            r#"{"sub":1e2,"exp":2000}"#,
+            r#"{"sub":"u","nbf":1.9e9,"exp":2000}"#,
             r#"{"sub":"u","exp":1e10}"#,
             r#"{"sub":"u","exp":-1}"#,
             r#"{"sub":"u","exp":true}"#,
             r#"{"sub":"u","exp":99999999999999999999}"#,
-            r#"{"sub":"a","sub":"b"}"#,
+            r#"{"sub":"a","sub":"b","exp":2000}"#,
+            // A token that never expires.
+            r#"{"sub":"u"}"#,
         ] {
             assert_eq!(scope(bad), Err(Problem::IdentityInvalid), "{bad}");
         }
-        assert_ne!(scope(r#"{"sub":"42"}"#), scope(r#"{"sub":42}"#));
+        let lenient = rule(
+            ScopeSource::JwtClaim {
+                claim: "sub".into(),
+                jwt: JwtVerifier::new(JwtKeys::Hs256(SECRET.to_vec()), None, None)
+                    .unwrap()
+                    .exp_optional(true),
+            },
+            Anonymous::Scoped,
+        );
+        let auth = format!("Bearer {}", sign_hs256(r#"{"sub":"u"}"#, SECRET));
+        assert!(
+            lenient
+                .scope(with(&[("authorization", &auth)]), 1_000)
+                .is_ok(),
+            "exp optional on purpose (--jwt-require-exp false)"
+        );
+        assert_ne!(
+            scope(r#"{"sub":"42","exp":2000}"#),
+            scope(r#"{"sub":42,"exp":2000}"#)
+        );
+        assert!(scope(r#"{"sub":"42","exp":2000}"#).is_ok());
         assert_eq!(
-            scope(r#"{"sub":"\u0063us_1"}"#),
-            scope(r#"{"sub":"cus_1"}"#)
+            scope(r#"{"sub":"\u0063us_1","exp":2000}"#),
+            scope(r#"{"sub":"cus_1","exp":2000}"#)
         );
         assert!(
             scope(r#"{"sub":-7,"exp":1000.5}"#).is_err(),
