@@ -40,6 +40,20 @@ impl Scope {
         ))
     }
 
+    /// The scope of a verified JWT's `claim` in a token of `issuer` (the canonical JSON
+    /// of its `iss`), where the verifier pins no issuer and tokens of several may be
+    /// accepted: two issuers' `sub = 42` are two callers. `None` (no `iss`, or an issuer
+    /// the verifier pins, the same for every token it accepts) is [`Scope::from_claim`].
+    pub fn from_issued_claim(issuer: Option<&[u8]>, claim: &str, canonical_value: &[u8]) -> Self {
+        match issuer {
+            None => Scope::from_claim(claim, canonical_value),
+            Some(issuer) => Scope(tagged_hash(
+                b"idem/scope/jwt-issuer-claim/v1",
+                &[issuer, claim.as_bytes(), canonical_value],
+            )),
+        }
+    }
+
     /// The shared scope of unauthenticated callers.
     pub fn anonymous() -> Self {
         Scope(tagged_hash(b"idem/scope/anonymous/v1", &[]))

@@ -15,7 +15,10 @@ scope = SHA-256( u64be(len(tag)) tag, then for each part u64be(len) part ), with
   header:<name>: tag "idem/scope/header/v1", parts: the lower-case name, the value;
   jwt:<claim>:   tag "idem/scope/jwt-claim/v1", parts: the claim, the canonical JSON of
                  its value in the payload of a JWT whose signature, exp and nbf hold
-                 (exp required, unless the vector's keys say "hs256-exp-optional"):
+                 (exp required, unless the vector's keys say "hs256-exp-optional");
+                 when the verifier pins no issuer (HS256 here) and the token has an
+                 iss: tag "idem/scope/jwt-issuer-claim/v1", parts: the canonical JSON
+                 of iss, the claim, the value:
                  HS256 with the secret, or RS256 / ES256 with a key of the JWKS (its
                  kid's, or the only one of its type; jws.py verifies them), the
                  token then naming the JWKS's issuer (iss) and audience (aud);
@@ -196,9 +199,14 @@ def claim_value(token, claim, keys, exp_optional=False):
         isinstance(v, RawNumber) and v.lstrip("-").isdigit())
     if not names_someone:
         return None
-    if isinstance(v, RawNumber):
-        return v.encode()
-    return canonical_json(json.dumps(v).encode())
+    value = v.encode() if isinstance(v, RawNumber) else canonical_json(json.dumps(v).encode())
+    # Unless the verifier pins an issuer (a JWKS's does), the token's iss is part of the
+    # scope: two issuers' sub 42 are two callers.
+    iss = payload.get("iss")
+    if keys[0] == "jwks" or iss is None:
+        return (None, value)
+    issuer = iss.encode() if isinstance(iss, RawNumber) else canonical_json(json.dumps(iss).encode())
+    return (issuer, value)
 
 
 def scope(source, anonymous, headers, keys=("hs256", SECRET), exp_optional=False):
@@ -248,10 +256,13 @@ def scope(source, anonymous, headers, keys=("hs256", SECRET), exp_optional=False
         return missing()
     if v[:7].lower() != "bearer ":
         return "identity-invalid"
-    value = claim_value(v[7:].strip(), claim, keys, exp_optional)
-    if value is None:
+    found = claim_value(v[7:].strip(), claim, keys, exp_optional)
+    if found is None:
         return "identity-invalid"
-    return tagged(b"idem/scope/jwt-claim/v1", [claim.encode(), value])
+    issuer, value = found
+    if issuer is None:
+        return tagged(b"idem/scope/jwt-claim/v1", [claim.encode(), value])
+    return tagged(b"idem/scope/jwt-issuer-claim/v1", [issuer, claim.encode(), value])
 
 
 def cases():
@@ -297,6 +308,11 @@ def cases():
          "hs256-exp-optional"),
         ("jwt without exp, exp optional, expired nbf rules", "jwt:sub", "scoped",
          {"authorization": "Bearer " + sign('{"sub":"u","nbf":1800000001}')}, "hs256-exp-optional"),
+        # Without a pinned issuer, the token's iss is part of the scope.
+        ("jwt sub of issuer a", "jwt:sub", "refused",
+         {"authorization": "Bearer " + sign('{"sub":"cus_1","iss":"https://a.example","exp":1900000000}')}),
+        ("jwt sub of issuer b", "jwt:sub", "refused",
+         {"authorization": "Bearer " + sign('{"sub":"cus_1","iss":"https://b.example","exp":1900000000}')}),
         ("jwt escaped sub", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"\\u0063us_1","exp":1900000000}')}),
         ("jwt duplicate sub", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"a","sub":"b"}')}),
         ("jwt exp with exponent", "jwt:sub", "scoped", {"authorization": "Bearer " + sign('{"sub":"u","exp":1e10}')}),

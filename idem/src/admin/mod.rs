@@ -330,7 +330,7 @@ fn unavailable(e: &StoreError) -> Response {
 }
 
 /// The scope a request would get, from the identity it would carry.
-fn scope_of(scope: &str, identity: Option<&str>) -> Result<Scope, String> {
+fn scope_of(scope: &str, identity: Option<&str>, issuer: Option<&str>) -> Result<Scope, String> {
     let needs = |what: &str| format!("scope={scope} needs identity=<{what}>");
     if scope.trim() == "anonymous" {
         return match identity {
@@ -372,7 +372,15 @@ fn scope_of(scope: &str, identity: Option<&str>) -> Result<Scope, String> {
                 Err(_) => idem_core::json::canonicalize(json!(value).to_string().as_bytes())
                     .map_err(|_| format!("{value:?} is not a claim's value"))?,
             };
-            Ok(Scope::from_claim(&claim, &json))
+            // A token's `iss` is part of its scope where the origin pins no issuer: the
+            // operator gives it as the token carries it.
+            let issuer = issuer
+                .map(|iss| {
+                    idem_core::json::canonicalize(json!(iss).to_string().as_bytes())
+                        .map_err(|_| format!("issuer={iss:?} is not an issuer"))
+                })
+                .transpose()?;
+            Ok(Scope::from_issued_claim(issuer.as_deref(), &claim, &json))
         }
     }
 }
@@ -382,7 +390,7 @@ async fn lookup(
     Extension(actor): Extension<Actor>,
     query: Params,
 ) -> Response {
-    let params = match params(query, &["key", "scope", "identity", "body"]) {
+    let params = match params(query, &["key", "scope", "identity", "issuer", "body"]) {
         Ok(p) => p,
         Err(refused) => return refused,
     };
@@ -404,7 +412,11 @@ async fn lookup(
             "scope=authorization|header:<name>|jwt:<claim>|anonymous is required",
         );
     };
-    let scope = match scope_of(scope, params.get("identity").map(String::as_str)) {
+    let scope = match scope_of(
+        scope,
+        params.get("identity").map(String::as_str),
+        params.get("issuer").map(String::as_str),
+    ) {
         Ok(s) => s,
         Err(e) => return problem(StatusCode::BAD_REQUEST, "bad-request", e),
     };
@@ -647,33 +659,41 @@ mod tests {
     #[test]
     fn scopes_as_the_request_would_get_them() {
         assert_eq!(
-            scope_of("authorization", Some("Bearer tok")),
+            scope_of("authorization", Some("Bearer tok"), None),
             Ok(Scope::from_credential(b"tok"))
         );
         assert_eq!(
-            scope_of("header:X-Tenant", Some("acme")),
+            scope_of("header:X-Tenant", Some("acme"), None),
             Ok(Scope::from_header("x-tenant", b"acme"))
         );
         assert_eq!(
-            scope_of("jwt:sub", Some("alice")),
+            scope_of("jwt:sub", Some("alice"), None),
             Ok(Scope::from_claim("sub", b"\"alice\""))
         );
         assert_eq!(
-            scope_of("jwt:sub", Some("42")),
+            scope_of("jwt:sub", Some("42"), None),
             Ok(Scope::from_claim("sub", b"42"))
         );
-        assert_eq!(scope_of("anonymous", None), Ok(Scope::anonymous()));
-        assert!(scope_of("anonymous", Some("x")).is_err());
-        assert!(scope_of("authorization", None).is_err());
-        assert!(scope_of("cookie", Some("x")).is_err());
+        assert_eq!(
+            scope_of("jwt:sub", Some("alice"), Some("https://a.example")),
+            Ok(Scope::from_issued_claim(
+                Some(br#""https://a.example""#),
+                "sub",
+                b"\"alice\""
+            ))
+        );
+        assert_eq!(scope_of("anonymous", None, None), Ok(Scope::anonymous()));
+        assert!(scope_of("anonymous", Some("x"), None).is_err());
+        assert!(scope_of("authorization", None, None).is_err());
+        assert!(scope_of("cookie", Some("x"), None).is_err());
         // As a request gets them: Basic and a lone token whole; no credential, or a
         // signature scheme, names no caller (before: hashed whole, a scope no request has).
         assert_eq!(
-            scope_of("authorization", Some("Basic dTpw")),
+            scope_of("authorization", Some("Basic dTpw"), None),
             Ok(Scope::from_credential(b"Basic dTpw"))
         );
         assert_eq!(
-            scope_of("authorization", Some("sk_1")),
+            scope_of("authorization", Some("sk_1"), None),
             Ok(Scope::from_credential(b"sk_1"))
         );
         for refused in [
@@ -682,7 +702,7 @@ mod tests {
             " ",
             "AWS4-HMAC-SHA256 Credential=a, Signature=b",
         ] {
-            let error = scope_of("authorization", Some(refused)).unwrap_err();
+            let error = scope_of("authorization", Some(refused), None).unwrap_err();
             assert!(error.contains("is not a caller"), "{refused:?}: {error}");
         }
     }

@@ -134,6 +134,11 @@ impl JwtVerifier {
         self
     }
 
+    /// Whether every token accepted names one issuer (`iss`), given at start-up.
+    pub fn pins_issuer(&self) -> bool {
+        self.issuer.is_some()
+    }
+
     /// Whether tokens without `exp` are accepted.
     pub fn is_exp_optional(&self) -> bool {
         self.exp_optional

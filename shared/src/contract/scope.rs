@@ -187,8 +187,13 @@ impl ScopeRule {
                 };
                 let token = bearer(value).ok_or_else(|| invalid("not a bearer token"))?;
                 let payload = verify_jwt(token, jwt, now_secs).map_err(invalid)?;
+                // Tokens of several issuers are accepted unless the verifier pins one:
+                // the issuer is then part of who is asking.
+                let issuer = (!jwt.pins_issuer())
+                    .then(|| member(&payload, "iss"))
+                    .flatten();
                 match member(&payload, claim) {
-                    Some(v) if identity(v) => Ok(Scope::from_claim(claim, v)),
+                    Some(v) if identity(v) => Ok(Scope::from_issued_claim(issuer, claim, v)),
                     _ => Err(invalid(&format!(
                         "the token has no {claim} claim that names someone (a non-empty string or an integer)"
                     ))),
