@@ -41,16 +41,21 @@ fn as_postgres_with(
         .map(|o| o.stdout.starts_with(b"0"))
         .unwrap_or(false);
     let mut cmd = if is_root {
+        // The environment (libfaketime's LD_PRELOAD among it) reaches the tool only, by
+        // `env` as postgres: given to runuser, root's runuser loaded libfaketime first,
+        // which made its shared semaphore as root, and the tool, as postgres, could not
+        // open it ("sem_open failed … Permission denied"), now and then.
         let mut c = Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(bin.join(tool));
+        c.args(["-u", "postgres", "--", "env"])
+            .args(env.iter().map(|(k, v)| format!("{k}={v}")))
+            .arg(bin.join(tool));
         c
     } else {
-        Command::new(bin.join(tool))
+        let mut c = Command::new(bin.join(tool));
+        c.envs(env.iter().map(|(k, v)| (k, v)));
+        c
     };
-    cmd.args(args)
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .output()
-        .expect("Postgres tool runs")
+    cmd.args(args).output().expect("Postgres tool runs")
 }
 
 impl PgProc {
