@@ -354,7 +354,6 @@ fn problem(problem: Problem, detail: &str) -> Response<Body> {
     res
 }
 
-/// The innermost error's text: hyper's outer errors say only "client error".
 /// Whether a failed request provably never left idem, beyond a refused connect: no
 /// connection was ever handed to it (`unconnected`: the client sets the captured
 /// connection just before writing), or hyper gave the request back unwritten — the
@@ -373,6 +372,7 @@ fn never_sent(e: &hyper_util::client::legacy::Error, unconnected: bool) -> bool 
     unconnected || canceled
 }
 
+/// The innermost error's text: hyper's outer errors say only "client error".
 fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     let mut cause = e;
     while let Some(next) = cause.source() {

@@ -18,7 +18,8 @@ pub mod scope_vectors;
 pub mod upstream;
 
 pub use origin::{
-    charge_body, client, faketime_lib, post_charge, raw_request, OriginProcess, TestOrigin,
+    assert_clock_ahead, charge_body, client, clock_ahead_secs, faketime_lib, post_charge,
+    raw_request, OriginProcess, TestOrigin,
 };
 pub use postgres::{connect, database_url, pg_addr, via, with_search_path, TestDb};
 pub use proxy::Proxy;

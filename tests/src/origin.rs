@@ -235,6 +235,40 @@ pub fn faketime_lib() -> String {
     panic!("libfaketime is missing: apt-get install faketime (scripts/test installs it)")
 }
 
+/// How many seconds the clock of the HTTP server at `base` (`http://host:port`) runs
+/// ahead of this process' (negative: behind), read from its `Date` header — the
+/// evidence that a skew injected with libfaketime took (a preload that fails does so
+/// silently, and the process runs on the true clock).
+pub async fn clock_ahead_secs(base: &str) -> i64 {
+    let res = reqwest::Client::new()
+        .get(format!("{base}/healthz"))
+        .timeout(std::time::Duration::from_secs(10))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{base} answers for its clock: {e}"));
+    let date = res
+        .headers()
+        .get(http::header::DATE)
+        .and_then(|d| d.to_str().ok())
+        .unwrap_or_else(|| panic!("{base} sends no Date header"));
+    let theirs = httpdate::parse_http_date(date).unwrap_or_else(|e| panic!("Date {date:?}: {e}"));
+    let ours = std::time::SystemTime::now();
+    match theirs.duration_since(ours) {
+        Ok(ahead) => ahead.as_secs_f64().round() as i64,
+        Err(behind) => -(behind.duration().as_secs_f64().round() as i64),
+    }
+}
+
+/// Fails unless the server at `base` runs `secs` ahead of this process, within 2 s
+/// (the `Date` header's whole seconds and the request's own time).
+pub async fn assert_clock_ahead(base: &str, secs: i64) {
+    let ahead = clock_ahead_secs(base).await;
+    assert!(
+        (ahead - secs).abs() <= 2,
+        "{base} runs {ahead} s ahead, not {secs} s: the clock skew did not take (libfaketime not loaded?)"
+    );
+}
+
 /// One HTTP/1.1 request written byte for byte to `addr` — its target exactly as given,
 /// which an HTTP client would normalise (`url` resolves `..` and reads `\` as `/`) —
 /// and its status and body. `Connection: close`; bounded by 10 s.

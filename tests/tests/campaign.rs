@@ -173,8 +173,16 @@ impl Cluster {
         let deadline = Instant::now() + Duration::from_secs(40);
         loop {
             match OriginProcess::try_spawn_at(r.port, &args, &env).await {
-                Ok((child, _)) => {
+                Ok((child, base)) => {
                     self.replicas[i].child = Some(child);
+                    if let Some(skew) = &self.replicas[i].skew {
+                        // The skew took: a preload that fails does so silently.
+                        let secs: i64 = skew
+                            .trim_end_matches('s')
+                            .parse()
+                            .expect("a skew in seconds");
+                        idem_tests::assert_clock_ahead(&base, secs).await;
+                    }
                     return;
                 }
                 Err(e) => {
@@ -430,15 +438,47 @@ struct Verdict {
     summary: String,
 }
 
+/// The nemesis' seed: `IDEM_CHAOS_SEED` (a positive integer) to replay a run, else
+/// the clock's. A seed the generator can't use is refused, not replaced.
+fn seed() -> u64 {
+    match std::env::var("IDEM_CHAOS_SEED") {
+        Err(_) => idem::now() | 1,
+        Ok(s) => match s.trim().parse::<u64>() {
+            Ok(0) => panic!("IDEM_CHAOS_SEED=0: xorshift never leaves 0; give a positive seed"),
+            Ok(seed) => seed,
+            Err(e) => panic!("IDEM_CHAOS_SEED={s:?} is not a seed ({e}): give a positive integer"),
+        },
+    }
+}
+
+/// Each key's charge ids in the demo's table.
+async fn charge_ids(db: &tokio_postgres::Client) -> BTreeMap<String, BTreeSet<String>> {
+    let mut ids: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for r in db
+        .query("SELECT idempotency_key, id FROM charges", &[])
+        .await
+        .unwrap()
+    {
+        ids.entry(r.get(0)).or_default().insert(r.get(1));
+    }
+    ids
+}
+
 async fn run(workload: Workload) -> Verdict {
     let secs: u64 = std::env::var("IDEM_CHAOS_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(25);
-    let seed: u64 = std::env::var("IDEM_CHAOS_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| idem::now() | 1);
+    let seed = seed();
+    // Said before anything can fail: a panic or the script's timeout must not lose it.
+    eprintln!(
+        "campaign {}: IDEM_CHAOS_SEED={seed} replays this run's choices",
+        workload.name()
+    );
+    report(
+        "campaign",
+        &format!("{}: seed={seed} (starting)", workload.name()),
+    );
     let mut rng = Rng(seed);
     let mut cluster = Cluster::start(workload).await;
     let urls: Vec<String> = (0..REPLICAS).map(|i| cluster.url(i)).collect();
@@ -472,7 +512,41 @@ async fn run(workload: Workload) -> Verdict {
     tokio::time::sleep(Duration::from_secs(5)).await;
 
     let db = idem_tests::connect(&cluster.pg.url()).await;
-    // Per key, its executions in order of fencing token: (token, process).
+    let history = std::mem::take(&mut *history.lock().unwrap());
+    // Every key, answered during the run or not, has a definite answer now, from any
+    // replica: one answered replays that answer; one charged but never answered (its
+    // client gave up, or its replica died after the charge) replays that charge; one
+    // never charged runs now. A key still in progress, or answered with another
+    // charge, is unreplayable.
+    let charged = charge_ids(&db).await;
+    let http = client();
+    let mut unreplayable = Vec::new();
+    let mut unanswered = 0;
+    for (i, key) in keys.iter().enumerate() {
+        let body = &history.bodies[key];
+        let answered = history.answered.get(key);
+        unanswered += usize::from(answered.is_none());
+        let mut ok = false;
+        for attempt_no in 0..5 {
+            let base = &urls[(i + attempt_no) % REPLICAS];
+            match attempt(&http, base, key, body, true).await {
+                Some((s, Some(id), replayed)) if (200..300).contains(&s) => {
+                    ok = match (answered, charged.get(key)) {
+                        (Some(ids), _) => replayed && ids.contains(&id),
+                        (None, Some(charges)) => replayed && charges.contains(&id),
+                        (None, None) => true,
+                    };
+                    break;
+                }
+                _ => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+        if !ok {
+            unreplayable.push(key.clone());
+        }
+    }
+    // Per key, its executions in order of fencing token: (token, process) — counted
+    // after the check, so that an execution the check caused counts too.
     let rows = db
         .query(
             "SELECT idempotency_key, fencing_token, executed_by FROM charges ORDER BY idempotency_key, fencing_token",
@@ -513,35 +587,14 @@ async fn run(workload: Workload) -> Verdict {
         }
         duplicated.push(key.clone());
     }
-    let history = std::mem::take(&mut *history.lock().unwrap());
     let divergent: Vec<&String> = history
         .answered
         .iter()
         .filter(|(_, ids)| ids.len() > 1)
         .map(|(k, _)| k)
         .collect();
-    // Every answered key replays its answer at the end, from any replica.
-    let http = client();
-    let mut unreplayable = Vec::new();
-    for (i, (key, ids)) in history.answered.iter().enumerate() {
-        let body = &history.bodies[key];
-        let mut ok = false;
-        for attempt_no in 0..5 {
-            let base = &urls[(i + attempt_no) % REPLICAS];
-            match attempt(&http, base, key, body, true).await {
-                Some((s, Some(id), true)) if (200..300).contains(&s) => {
-                    ok = ids.contains(&id);
-                    break;
-                }
-                _ => tokio::time::sleep(Duration::from_millis(500)).await,
-            }
-        }
-        if !ok {
-            unreplayable.push(key.clone());
-        }
-    }
     let summary = format!(
-        "{}: seed={seed} {secs}s keys={} executions={total} duplicated={} divergent={} unreplayable={} faults={} crash_window={}",
+        "{}: seed={seed} {secs}s keys={} (unanswered during the run {unanswered}) executions={total} duplicated={} divergent={} unreplayable={} faults={} crash_window={}",
         workload.name(),
         keys.len(),
         duplicated.len(),

@@ -79,8 +79,25 @@ async fn a_store_outage_while_handlers_finish_charges_each_key_once() {
     };
     let started = Instant::now();
     let first: Vec<_> = keys.iter().map(|k| send(k.clone())).collect();
-    // Every claim is made; the handlers are sleeping. Postgres goes down before they finish.
+    // Every claim is made; the handlers are sleeping. Postgres goes down before they
+    // finish — checked just before it does: 40 claims in progress, none completed, no
+    // charge yet.
     tokio::time::sleep(Duration::from_millis(800)).await;
+    let records = idem_tests::connect(&pg.url())
+        .await
+        .query_one(
+            "SELECT count(*) FILTER (WHERE state = 0), count(*) FILTER (WHERE state = 1) FROM idem_records",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (in_progress, completed): (i64, i64) = (records.get(0), records.get(1));
+    let charged_before = keys.iter().map(|k| ledger.count_for_key(k)).sum::<usize>();
+    assert_eq!(
+        (in_progress, completed, charged_before),
+        (40, 0, 0),
+        "(in progress, completed, charged) just before Postgres stops: the outage must overlap the handlers' ends"
+    );
     pg.stop();
     tokio::time::sleep(Duration::from_millis(4_000)).await;
     pg.restart();
@@ -136,12 +153,13 @@ async fn a_store_outage_while_handlers_finish_charges_each_key_once() {
 
 /// Postgres cut off by a network partition (packets dropped: connections hang, nothing
 /// is refused) for just under the 0.65 lease the README promises, from just before a
-/// renewal was due (the second, so that renewals have pooled connections), while long
-/// handlers run (lease 6 s, handlers 9.5 s, their charges kept outside Postgres);
-/// retries every 30 ms from just before the lease would end. The holders must renew
-/// in time, on connections that work once the partition heals: one whose abandoned
-/// heartbeat is still stuck in TCP's retransmission backoff must not be handed to the
-/// next heartbeat.
+/// renewal was due, while long handlers run (lease 6 s, handlers 9.9 s, their charges
+/// kept outside Postgres). The renewals are watched in Postgres (each moves the claims'
+/// `expires_at`): the partition starts a cadence after the second one, less 50 ms, so
+/// the leases end 0.4 s after it heals unless a heartbeat lands then; retries every
+/// 30 ms run from the heal to 1.5 s past those ends. The holders must renew in time,
+/// on connections that work once the partition heals: one whose abandoned heartbeat is
+/// still stuck in TCP's retransmission backoff must not be handed to the next one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_partition_from_the_store_just_under_the_bound_charges_once() {
     const KEYS: usize = 12;
@@ -155,34 +173,74 @@ async fn a_partition_from_the_store_just_under_the_bound_charges_once() {
     let send = |key: String| {
         let (http, url) = (http.clone(), origin.url(""));
         tokio::spawn(async move {
-            let body = charge_body(&format!("cus-{key}"), 100, 9_500);
+            let body = charge_body(&format!("cus-{key}"), 100, 9_900);
             post_charge(&http, &url, Some(&key), &body)
                 .await
                 .status()
                 .as_u16()
         })
     };
+    let watch = idem_tests::connect(&pg.url()).await;
     let t0 = Instant::now();
     let first: Vec<_> = keys.iter().map(|k| send(k.clone())).collect();
-    // Just before a renewal two thirds of a lease after the claims was due.
-    tokio::time::sleep_until((t0 + lease * 2 / 3 - Duration::from_millis(50)).into()).await;
-    let down_at = Instant::now();
+    // Every claim made, then renewed twice: a round of renewals is over when the
+    // oldest expiry passes the newest of the round before.
+    let mut rounds: Vec<(i64, i64)> = Vec::new();
+    while rounds.len() < 3 {
+        let (claims, oldest, newest) = claim_expiries(&watch).await;
+        let over = match rounds.last() {
+            None => claims == KEYS,
+            Some(&(_, newest_before)) => oldest > newest_before,
+        };
+        if over {
+            rounds.push((oldest, newest));
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "no two rounds of renewals within 5 s: {rounds:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let renewed_at = Instant::now();
+    let (oldest, newest) = rounds[2];
+    let cadence = Duration::from_millis((rounds[2].0 - rounds[1].0) as u64);
+    let spread = Duration::from_millis((newest - oldest) as u64);
+    // The oldest claim's next renewal is due a cadence after its last one (`spread`
+    // before the moment its expiry was seen to move): cut 50 ms before it.
+    let down_at = renewed_at + cadence - spread - Duration::from_millis(50);
+    tokio::time::sleep_until(down_at.into()).await;
     let partition = Partition::start(pg.port);
+    let down_at = Instant::now();
+    // Without a renewal after the heal, the oldest claim's lease ends here.
+    let lease_end = down_at + Duration::from_millis(50) - cadence + lease;
+    // The fault's own evidence: nothing reaches Postgres.
+    let probe = tokio::time::timeout(
+        Duration::from_millis(500),
+        tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls),
+    )
+    .await;
+    assert!(
+        !matches!(probe, Ok(Ok(_))),
+        "Postgres answered during the partition"
+    );
     // Healed 3.8 s later: 0.63 of the lease.
     tokio::time::sleep_until((down_at + Duration::from_millis(3_800)).into()).await;
     partition.heal();
     let outage = down_at.elapsed();
-    // Retries from just before the lease renewed a third of a lease after the claims
-    // would end, on every key, until shortly before the handlers finish.
-    tokio::time::sleep_until((t0 + lease / 3 + lease - Duration::from_millis(100)).into()).await;
+    // Retries from the heal to 1.5 s past the lease ends, on every key.
     let mut retries = Vec::new();
-    while t0.elapsed() < Duration::from_millis(9_000) {
+    while Instant::now() < lease_end + Duration::from_millis(1_500) {
         let wave: Vec<_> = keys.iter().map(|k| send(k.clone())).collect();
         for t in wave {
             retries.push(t.await.unwrap());
         }
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
+    let retried_until = t0.elapsed();
+    // Every claim was renewed after the partition (on a new connection: the watcher's
+    // own may still be backing off).
+    let watch = idem_tests::connect(&pg.url()).await;
+    let (claims_after, oldest_after, _) = claim_expiries(&watch).await;
     let mut answers = Vec::new();
     for t in first {
         answers.push(t.await.unwrap());
@@ -192,23 +250,40 @@ async fn a_partition_from_the_store_just_under_the_bound_charges_once() {
     report(
         "lifecycle",
         &format!(
-            "Postgres partitioned off {:.2} s ({:.2} of the 6 s lease) from just before a renewal was due, \
-             {KEYS} handlers of 9.5 s: {charges} charges, {doubled} keys charged twice; first \
-             answers {:?}, retries {:?}",
+            "Postgres partitioned off {:.2} s ({:.2} of the 6 s lease) from 50 ms before a renewal was due \
+             (cadence seen {cadence:?}, claims renewed within {spread:?}), retries until {retried_until:?} \
+             (the unrenewed lease ends at {:?}); after, {claims_after} claims in progress renewed {} ms past \
+             their expiry at the cut; {KEYS} handlers of 9.9 s: {charges} charges, {doubled} keys charged twice; \
+             first answers {:?}, retries {:?}",
             outage.as_secs_f64(),
             outage.as_secs_f64() / lease.as_secs_f64(),
+            lease_end - t0,
+            oldest_after - oldest,
             tally(&answers),
             tally(&retries)
         ),
     );
     assert_eq!(charges, KEYS, "each key charged exactly once");
     assert_eq!(answers, vec![201; KEYS], "every first attempt answered");
+    assert!(
+        retried_until < Duration::from_millis(9_800),
+        "the retries ended after the handlers would ({retried_until:?}): the test proves nothing"
+    );
+    assert_eq!(
+        claims_after, KEYS,
+        "every claim still in progress after the retries"
+    );
+    assert!(
+        oldest_after > oldest + lease.as_millis() as i64 / 2,
+        "every claim renewed after the partition healed: the oldest expiry moved {} ms",
+        oldest_after - oldest
+    );
     for k in &keys {
         let res = post_charge(
             &http,
             &origin.url(""),
             Some(k),
-            &charge_body(&format!("cus-{k}"), 100, 9_500),
+            &charge_body(&format!("cus-{k}"), 100, 9_900),
         )
         .await;
         assert_eq!(
@@ -224,10 +299,28 @@ async fn a_partition_from_the_store_just_under_the_bound_charges_once() {
         "faults",
         "partition-before-renewal",
         &[&format!(
-            "{:.2} s of a 6 s lease: {charges} charges for {KEYS} keys, {doubled} doubled",
+            "{:.2} s of a 6 s lease, from 50 ms before an observed renewal was due: every claim renewed after it, {charges} charges for {KEYS} keys, {doubled} doubled",
             outage.as_secs_f64()
         )],
     );
+}
+
+/// How many claims are in progress, and their oldest and newest expiry (ms on
+/// Postgres' clock). Each renewal moves a claim's by the time since its last one.
+async fn claim_expiries(pg: &tokio_postgres::Client) -> (usize, i64, i64) {
+    let row = pg
+        .query_one(
+            "SELECT count(*), coalesce(min(expires_at), 0)::bigint, coalesce(max(expires_at), 0)::bigint \
+             FROM idem_records WHERE state = 0",
+            &[],
+        )
+        .await
+        .unwrap();
+    (
+        row.get::<_, i64>(0) as usize,
+        row.get::<_, i64>(1),
+        row.get::<_, i64>(2),
+    )
 }
 
 /// Postgres' advisory-lock strategy: a replica frozen (SIGSTOP) inside its claim's
@@ -299,6 +392,17 @@ async fn a_replica_frozen_holding_a_claim_lock_frees_it_after_the_store_timeout(
     signal("-STOP", a.id());
     locker.batch_execute("COMMIT").await.unwrap();
     let frozen_at = Instant::now();
+    // The fault's own evidence: the lock went to A's claim, whose session now sits
+    // idle in its transaction, A being frozen.
+    let idle = "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' \
+                AND query LIKE '%pg_advisory_xact_lock%' AND pid <> pg_backend_pid()";
+    while db.count(idle).await == 0 {
+        assert!(
+            frozen_at.elapsed() < Duration::from_secs(1),
+            "A's claim never got the lock while A was frozen"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let mut seen = Vec::new();
     let mut charged_after = None;
     while frozen_at.elapsed() < Duration::from_secs(8) {
@@ -315,6 +419,14 @@ async fn a_replica_frozen_holding_a_claim_lock_frees_it_after_the_store_timeout(
     }
     signal("-CONT", a.id());
     let a_said = to_a.await.unwrap();
+    // Once A is thawed and has answered: the key is charged once, and any replica
+    // replays that charge.
+    let charges = db.charges_for(key).await;
+    let replay = post_charge(&http, &a_url, Some(key), &body).await;
+    let replay = (
+        replay.status().as_u16(),
+        replay.headers().contains_key("idempotent-replayed"),
+    );
     for child in [&mut a, &mut b] {
         let _ = child.kill();
         let _ = child.wait();
@@ -322,7 +434,7 @@ async fn a_replica_frozen_holding_a_claim_lock_frees_it_after_the_store_timeout(
     report(
         "lifecycle",
         &format!(
-            "advisory-lock, replica A frozen holding the key's claim lock (store timeout 2 s): replica B answered {:?}, charged after {charged_after:?}; A, thawed, answered {a_said}",
+            "advisory-lock, replica A frozen holding the key's claim lock (store timeout 2 s, its session seen idle in its transaction): replica B answered {:?}, charged after {charged_after:?}; A, thawed, answered {a_said}; {charges} charge(s), a retry on A {replay:?}",
             tally(&seen)
         ),
     );
@@ -331,6 +443,9 @@ async fn a_replica_frozen_holding_a_claim_lock_frees_it_after_the_store_timeout(
         charged_after < Duration::from_secs(6),
         "B charged only after {charged_after:?}"
     );
+    assert_ne!(a_said, 201, "A, thawed, must not run the request B ran");
+    assert_eq!(charges, 1, "one charge once A is thawed");
+    assert_eq!(replay, (201, true), "A replays B's charge");
 }
 
 /// Defect 2: two replicas on one Postgres, one with its clock 60 s ahead. A long
@@ -359,6 +474,7 @@ async fn a_replica_whose_clock_runs_ahead_never_takes_over_a_live_holder() {
         ],
     )
     .await;
+    idem_tests::assert_clock_ahead(&ahead_url, 60).await;
     let http = client();
     let keys: Vec<String> = (0..5).map(|i| format!("skew-{i}")).collect();
     let firsts: Vec<_> = keys
@@ -1281,8 +1397,25 @@ async fn a_claim_holding_the_pool_does_not_starve_a_holder_s_heartbeats() {
                 .as_u16()
         }
     });
-    tokio::time::sleep(Duration::from_millis(2_000)).await; // three leases
-                                                            // The retry reaches the other replica, whose pool is free.
+    // The fault's own evidence: A's claim waits on the lock, on the pool's only
+    // connection, from now on and still when the retry is sent.
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+                   AND wait_event = 'advisory' AND pid <> pg_backend_pid()";
+    let blocked_from = Instant::now();
+    while db.count(waiting).await == 0 {
+        assert!(
+            blocked_from.elapsed() < Duration::from_secs(5),
+            "A's claim of \"blocker\" never waited on its lock"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep_until((blocked_from + Duration::from_millis(2_000)).into()).await; // three leases
+    let still_waiting = db.count(waiting).await;
+    assert_eq!(
+        still_waiting, 1,
+        "A's claim still holds the pool's connection, waiting, when the retry is sent"
+    );
+    // The retry reaches the other replica, whose pool is free.
     let retry = post_charge(&http, &other.url(""), Some("long-1"), &long_body).await;
     locker
         .execute(
@@ -1308,6 +1441,7 @@ async fn a_claim_holding_the_pool_does_not_starve_a_holder_s_heartbeats() {
         &format!("replica A's pool of 1 held by a waiting claim, 4 s handler on A, lease 600 ms: retry on replica B after 2 s {retry}, first {first}, blocked claim {blocked}; {charges} charge(s) for the long key"),
     );
     assert_eq!(retry, "409", "a live holder: in flight");
+    assert_eq!(first, 201, "the long handler's client answered");
     assert_eq!(charges, 1, "the live holder was not taken over");
     proof::record(
         "faults",
