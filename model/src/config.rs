@@ -65,6 +65,16 @@ pub struct Faults {
     /// eviction) at a moment when every outbox has written behind: tiered stores must
     /// answer from Postgres through the cold path.
     pub redis_loss: bool,
+    /// A handler says that nothing happened (idem's release signal, or in proxy mode a
+    /// status the route names): its holder releases the key instead of completing.
+    pub releases: bool,
+    /// A holder's heartbeat is sent, and lands later in the same instant (within the
+    /// clock tolerance: a later one is refused by its stamp) — after its holder's
+    /// release, completion or death.
+    pub late_heartbeats: bool,
+    /// The edge's write of an answer's completion or release never lands (the Durable
+    /// Object failed, or the edge was cut off): it keeps a claim it lost track of.
+    pub edge_lost_writes: bool,
 }
 
 /// One configuration of the checker.
@@ -171,4 +181,12 @@ pub enum Bug {
     /// and allowed by Postgres, counted as written whether its copy landed in Redis or
     /// Redis refused it for a newer record (a retry's claim since the loss).
     RefusedCopyCounted,
+    /// Before d306f92: a holder write needs its token on a claim in progress, not an
+    /// unexpired one: a heartbeat sent before its holder's release and landing after it
+    /// renews the released claim, and binds the key to a request that never ran.
+    HolderWriteOverExpired,
+    /// Before ba39cc2: the edge decides over its own record alone: a claim whose release
+    /// (or completion) it never wrote binds the key at the edge for the key's TTL, where
+    /// the origin released it.
+    EdgeBindsLostClaim,
 }

@@ -22,6 +22,15 @@ pub enum Action {
     LoseReply(usize),
     /// Attempt `i`'s holder renews its lease.
     Heartbeat(usize),
+    /// Attempt `i`'s handler says nothing happened: its holder releases the key.
+    Release(usize),
+    /// Attempt `i`'s holder sends a heartbeat that has not landed yet.
+    SendHeartbeat(usize),
+    /// Attempt `i`'s heartbeat in flight lands (its holder may be gone by now).
+    LandHeartbeat(usize),
+    /// The edge's write for attempt `i` (its completion or release at the edge) is lost:
+    /// the edge keeps a claim it lost track of.
+    LoseEdgeWrite(usize),
     /// Attempt `i`'s replica dies.
     Crash(usize),
     /// Tiered sync: attempt `i`'s replica mirrors Postgres' record into Redis.
@@ -130,6 +139,8 @@ impl Model for ProtocolModel {
                 mirror: None,
                 outbox: Vec::new(),
                 edge: None,
+                late_beat: None,
+                sent_at: None,
             })
             .collect();
         vec![State {
@@ -159,6 +170,9 @@ impl Model for ProtocolModel {
             if !a.outbox.is_empty() {
                 actions.push(Action::WriteBehind(i));
             }
+            if a.late_beat.is_some() {
+                actions.push(Action::LandHeartbeat(i));
+            }
             if !acting {
                 continue;
             }
@@ -180,6 +194,19 @@ impl Model for ProtocolModel {
                 Pc::Running { .. } | Pc::Finishing { .. } | Pc::Copying { .. }
             ) {
                 actions.push(Action::Heartbeat(i));
+                if c.faults.late_heartbeats && a.late_beat.is_none() {
+                    actions.push(Action::SendHeartbeat(i));
+                }
+            }
+            if c.faults.releases && matches!(a.pc, Pc::Running { .. }) {
+                actions.push(Action::Release(i));
+            }
+            if c.faults.edge_lost_writes
+                && c.deployment == Deployment::EdgeOverOrigin
+                && a.edge.is_some()
+                && matches!(a.pc, Pc::Answered(_))
+            {
+                actions.push(Action::LoseEdgeWrite(i));
             }
             // A crash between the effect and the completion is a holder that never comes
             // back after its effect: the pause class.
@@ -219,6 +246,10 @@ impl Model for ProtocolModel {
                 next.attempts[i].pc = Pc::InsertAfterRead { authority };
             }
             Action::Heartbeat(i) => self.heartbeat(&mut next, i),
+            Action::Release(i) => self.handler_release(&mut next, i),
+            Action::SendHeartbeat(i) => self.send_heartbeat(&mut next, i),
+            Action::LandHeartbeat(i) => self.land_heartbeat(&mut next, i),
+            Action::LoseEdgeWrite(i) => next.attempts[i].edge = None,
             Action::Crash(i) => {
                 let a = &mut next.attempts[i];
                 a.pc = Pc::Crashed;
@@ -286,6 +317,7 @@ impl Model for ProtocolModel {
                 !s.ghost.fenced_completed
             }),
             Property::always(TOKENS_INCREASE, |_, s: &State| !s.ghost.token_regressed),
+            Property::always(NO_UNBOUND_REFUSAL, |_, s: &State| !s.ghost.unbound_refusal),
             Property::always(NO_KEY_STUCK, |m: &ProtocolModel, s: &State| {
                 if s.now < m.horizon() {
                     return true;
@@ -331,6 +363,9 @@ pub mod properties {
     pub const FENCED_NEVER_COMPLETES: &str = "a fenced holder never completes";
     /// Each claim a holder gets carries a higher token than every earlier one.
     pub const TOKENS_INCREASE: &str = "tokens strictly increase";
+    /// Another request is refused (422) only while a claim or an answer of a request
+    /// binds the key — never over a claim its holder released.
+    pub const NO_UNBOUND_REFUSAL: &str = "a released key refuses no request";
     /// Once its holders are gone, the key does not answer 409 past their lease.
     pub const NO_KEY_STUCK: &str = "no key stays in progress once its holders are gone";
     /// A retry is replayed (the model is not vacuous).
@@ -338,11 +373,12 @@ pub mod properties {
 }
 
 /// Every safety and liveness property, in report order.
-pub const PROPERTIES: [&str; 6] = [
+pub const PROPERTIES: [&str; 7] = [
     AT_MOST_ONCE,
     ONE_ANSWER,
     MISMATCH_NEVER_REPLAYS,
     FENCED_NEVER_COMPLETES,
     TOKENS_INCREASE,
     NO_KEY_STUCK,
+    NO_UNBOUND_REFUSAL,
 ];

@@ -107,6 +107,16 @@ fn trace(model: &ProtocolModel, property: &str, path: Vec<(State, Option<Action>
                 format!("attempt {i} reads Postgres before its claim reaches Redis")
             }
             Action::Mirror(i) => format!("attempt {i}'s replica mirrors Postgres into Redis"),
+            Action::Release(i) => format!(
+                "attempt {i}'s handler says nothing happened; it releases: {} -> {}",
+                pc(&state.attempts[i].pc),
+                pc(&next.attempts[i].pc)
+            ),
+            Action::SendHeartbeat(i) => format!("attempt {i} sends a heartbeat"),
+            Action::LandHeartbeat(i) => format!("attempt {i}'s heartbeat in flight lands"),
+            Action::LoseEdgeWrite(i) => {
+                format!("the edge's write for attempt {i} is lost: it keeps its claim")
+            }
             Action::WriteBehind(i) => format!("attempt {i}'s outbox writes behind"),
             Action::Tick => "the clock ticks".to_owned(),
             Action::Replicate => "Redis replicates to its replica".to_owned(),
@@ -161,6 +171,7 @@ fn pc(pc: &Pc) -> String {
             Answer::Conflict => "answered 409".to_owned(),
             Answer::Mismatch => "answered 422".to_owned(),
             Answer::Unavailable => "answered 503".to_owned(),
+            Answer::Released => "answered the handler's 4xx (released)".to_owned(),
         },
         Pc::Crashed => "dead".to_owned(),
     }

@@ -18,6 +18,9 @@ pub enum Answer {
     Mismatch,
     /// `503`: a store failed (or its reply was lost).
     Unavailable,
+    /// The handler's own answer that nothing happened (a 4xx it names), not stored: the
+    /// key was released.
+    Released,
 }
 
 /// Where an attempt is.
@@ -81,6 +84,12 @@ pub struct Attempt {
     pub outbox: Vec<Vec<u8>>,
     /// The edge: the Durable Object's claim token while the origin is asked.
     pub edge: Option<u64>,
+    /// A heartbeat sent and not landed yet: the holder's token, and its estimate of the
+    /// store's clock when it was computed.
+    pub late_beat: Option<(u64, Millis)>,
+    /// When the claim was sent to the store that decides it (true time): a claim whose
+    /// round trip outlasts the claim budget does not run ([`idem_core::Policy::claim_in_time`]).
+    pub sent_at: Option<Millis>,
 }
 
 /// What the checker watches, apart from the system (a ghost: no step reads it).
@@ -94,6 +103,11 @@ pub struct Ghost {
     pub token_regressed: bool,
     /// A completion landed under a token below a claim that landed earlier.
     pub fenced_completed: bool,
+    /// The tokens of claims their holders released (nothing happened under them).
+    pub released: Vec<u64>,
+    /// A request was refused as another's (422) while nothing bound the key to another
+    /// request: no claim or answer of one, only released claims.
+    pub unbound_refusal: bool,
 }
 
 /// The whole state.

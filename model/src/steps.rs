@@ -89,8 +89,15 @@ impl ProtocolModel {
         }
     }
 
-    /// A holder got its claim.
+    /// A holder got its claim — unless its round trip outlasted the claim budget: the
+    /// layer then runs nothing and answers 503 (the claim is left to its lease).
     fn claimed(state: &mut State, i: usize, record: &Record) {
+        // Forgotten once it served (fewer distinct states).
+        let sent_at = state.attempts[i].sent_at.take().unwrap_or(state.now);
+        if !POLICY.claim_in_time(state.now - sent_at) {
+            state.attempts[i].pc = Pc::Answered(Answer::Unavailable);
+            return;
+        }
         let token = record.token();
         let ghost = &mut state.ghost;
         ghost.token_regressed |= token <= ghost.max_claim && ghost.max_claim != 0;
@@ -224,12 +231,21 @@ impl ProtocolModel {
     /// look; otherwise the claim itself.
     fn begin(&self, state: &mut State, i: usize, lose_reply: bool) {
         let fp = fingerprint(state.attempts[i].request);
+        // The edge's request to the origin starts the origin's claim later.
+        if self.config.deployment != Deployment::EdgeOverOrigin {
+            state.attempts[i].sent_at = Some(state.now);
+        }
         match self.config.deployment {
             Deployment::EdgeOverOrigin => {
                 let now = state.edge.now(state.now);
-                let Some(decision) =
-                    decide_at_edge(state.edge.record().as_ref(), &fp, now, &POLICY)
-                else {
+                let edge_record = state.edge.record();
+                let decision = match self.config.bug {
+                    Some(crate::config::Bug::EdgeBindsLostClaim) => {
+                        Some(decide(edge_record.as_ref(), &fp, now, &POLICY))
+                    }
+                    _ => decide_at_edge(edge_record.as_ref(), &fp, now, &POLICY),
+                };
+                let Some(decision) = decision else {
                     // Sent on unclaimed: the origin decides, the edge keeps nothing.
                     state.attempts[i].edge = None;
                     state.attempts[i].pc = Pc::Insert;
@@ -241,7 +257,7 @@ impl ProtocolModel {
                         state.attempts[i].edge = Some(c.token);
                         state.attempts[i].pc = Pc::Insert;
                     }
-                    other => state.attempts[i].pc = Pc::Answered(answer(&other)),
+                    other => self.refuse(state, i, &other),
                 }
             }
             Deployment::TieredSync => {
@@ -261,7 +277,7 @@ impl ProtocolModel {
                             let redis_now = state.other.now(now);
                             let decision = decide(Some(&record), &fp, redis_now, &POLICY);
                             if !matches!(decision, Decision::Execute(_) | Decision::TakeOver(_)) {
-                                state.attempts[i].pc = Pc::Answered(answer(&decision));
+                                self.refuse(state, i, &decision);
                                 return;
                             }
                         }
@@ -291,6 +307,8 @@ impl ProtocolModel {
         read_ahead: Option<Option<Record>>,
     ) {
         let fp = fingerprint(state.attempts[i].request);
+        let a = &mut state.attempts[i];
+        a.sent_at = a.sent_at.or(Some(state.now));
         let atomic = matches!(
             self.config.deployment,
             Deployment::Memory | Deployment::PostgresAdvisoryLock | Deployment::EdgeOverOrigin
@@ -307,7 +325,7 @@ impl ProtocolModel {
                         Self::claimed(state, i, &c.record);
                     }
                 }
-                other => state.attempts[i].pc = Pc::Answered(answer(other)),
+                other => self.refuse(state, i, other),
             }
             return;
         }
@@ -360,6 +378,7 @@ impl ProtocolModel {
             }
         }
         state.attempts[i].pc = Pc::Answered(Answer::Unavailable);
+        state.attempts[i].sent_at = None;
     }
 
     /// The core decides over the record a store returned, at the decision time.
@@ -379,7 +398,7 @@ impl ProtocolModel {
                     let a = &mut state.attempts[i];
                     a.mirror = Some((a.seen.take(), existing.encode()));
                 }
-                state.attempts[i].pc = Pc::Answered(answer(&other));
+                self.refuse(state, i, &other);
             }
         }
     }
@@ -645,6 +664,84 @@ impl ProtocolModel {
         if let Some(record) = kept.or_else(|| release(stored.as_ref(), &holder, now).ok()) {
             state.edge.put(&record);
         }
+    }
+
+    /// A claim decision that claims nothing answers the client. A 422 is checked against
+    /// what binds the key: some store's claim or answer of another request, not
+    /// released by its holder, or the edge's live claim or answer of one.
+    fn refuse(&self, state: &mut State, i: usize, decision: &Decision) {
+        let answered = answer(decision);
+        if answered == Answer::Mismatch {
+            let fp = fingerprint(state.attempts[i].request);
+            let released = &state.ghost.released;
+            // A store's: neither released nor revived after its holder released it.
+            let binds = |record: Option<Record>| {
+                record.is_some_and(|r| {
+                    r.fingerprint() != &fp && !r.is_released() && !released.contains(&r.token())
+                })
+            };
+            // The edge's: an answer, or a claim within its lease (its attempt may not
+            // have told the edge yet that the origin released the key). Its tokens are
+            // its own, unrelated to the origin's.
+            let edge_now = state.edge.now(state.now);
+            let edge_binds = state.edge.record().is_some_and(|r| {
+                r.fingerprint() != &fp
+                    && match r {
+                        Record::InProgress { lease_until, .. } => edge_now < lease_until,
+                        Record::Completed { .. } => true,
+                    }
+            });
+            let bound = binds(state.main.record()) || binds(state.other.record()) || edge_binds;
+            state.ghost.unbound_refusal |= !bound;
+        }
+        state.attempts[i].pc = Pc::Answered(answered);
+        state.attempts[i].sent_at = None;
+    }
+
+    /// The handler says nothing happened: its holder releases the key, and the client
+    /// gets the handler's answer whether the release was written or refused (fenced).
+    pub(crate) fn handler_release(&self, state: &mut State, i: usize) {
+        let Pc::Running { token } = state.attempts[i].pc else {
+            return;
+        };
+        match self.holder_write(state, i, token, &Transition::Release, false) {
+            Some(Ok(())) => {
+                state.ghost.released.push(token);
+                state.attempts[i].pc = Pc::Answered(Answer::Released);
+            }
+            Some(Err(_)) => state.attempts[i].pc = Pc::Answered(Answer::Released),
+            None => {} // skewed: sent again, now at the store's clock
+        }
+    }
+
+    /// A heartbeat leaves, computed at the holder's estimate of the store's clock.
+    pub(crate) fn send_heartbeat(&self, state: &mut State, i: usize) {
+        let token = match state.attempts[i].pc {
+            Pc::Running { token } | Pc::Finishing { token, .. } | Pc::Copying { token, .. } => {
+                token
+            }
+            _ => return,
+        };
+        let at = self.stamp(state, i).now;
+        state.attempts[i].late_beat = Some((token, at));
+    }
+
+    /// The heartbeat in flight lands on the deciding store, whatever became of its
+    /// holder; nobody reads its reply.
+    pub(crate) fn land_heartbeat(&self, state: &mut State, i: usize) {
+        let Some((token, at)) = state.attempts[i].late_beat.take() else {
+            return;
+        };
+        let holder = self.holder(state, i, token);
+        let renewed = holder.renewed(at, &POLICY);
+        let now = state.now;
+        state.main.holder_write(
+            &holder,
+            &renewed,
+            Stamp::new(at, &POLICY),
+            now,
+            self.config.bug,
+        );
     }
 
     /// Tiered sync: Redis mirrors what Postgres holds (best effort).

@@ -3,7 +3,7 @@
 //! bytes and judge time on their own clock.
 
 use crate::config::Bug;
-use idem_core::{Holder, Millis, Record, Stamp};
+use idem_core::{Holder, Millis, Record, Refusal, Stamp};
 
 /// One store's record for the key, and its clock's offset from the true clock.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq)]
@@ -114,7 +114,22 @@ impl Slot {
         bug: Option<Bug>,
     ) -> Written {
         let current = self.record();
-        if holder.check(current.as_ref(), t).is_err() && bug != Some(Bug::UnguardedHolderWrite) {
+        // Judged at the store's time, as the scripts and statements do.
+        let refused = match holder.check(current.as_ref(), self.now(t)) {
+            Ok(()) => false,
+            Err(_) if bug == Some(Bug::UnguardedHolderWrite) => false,
+            // Before d306f92 an expired claim under the holder's token took its writes.
+            Err(Refusal::Missing)
+                if bug == Some(Bug::HolderWriteOverExpired)
+                    && current
+                        .as_ref()
+                        .is_some_and(|c| c.token() == holder.token && !c.is_completed()) =>
+            {
+                false
+            }
+            Err(_) => true,
+        };
+        if refused {
             return Written::Refused(current);
         }
         if !self.accepts(stamp, t, bug) {
