@@ -72,7 +72,52 @@ impl PgProc {
             ("FAKETIME".into(), offset.into()),
             ("FAKETIME_DONT_FAKE_MONOTONIC".into(), "1".into()),
         ];
-        Self::start_with(label, None, env)
+        let pg = Self::start_with(label, None, env);
+        pg.assert_clock_ahead_ms(
+            offset
+                .trim_end_matches('s')
+                .parse::<i64>()
+                .expect("an offset in whole seconds")
+                * 1_000,
+        );
+        pg
+    }
+
+    /// Fails unless this server's clock runs `ms` ahead of this process' (negative:
+    /// behind), within 500 ms: a libfaketime preload that fails does so silently.
+    fn assert_clock_ahead_ms(&self, ms: i64) {
+        let out = as_postgres(
+            &pg_bin(),
+            "psql",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+                "-Atc",
+                "SELECT (extract(epoch from clock_timestamp()) * 1000)::bigint",
+            ],
+        );
+        let ours = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64;
+        let theirs: i64 = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| {
+                panic!(
+                    "psql did not read the clock: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            });
+        assert!(
+            (theirs - ours - ms).abs() <= 500,
+            "Postgres runs {} ms ahead, not {ms} ms: the clock skew did not take",
+            theirs - ours
+        );
     }
 
     /// initdb and start with `ssl = on`, serving `ca`'s server certificate.
