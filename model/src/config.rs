@@ -75,6 +75,9 @@ pub struct Faults {
     /// The edge's write of an answer's completion or release never lands (the Durable
     /// Object failed, or the edge was cut off): it keeps a claim it lost track of.
     pub edge_lost_writes: bool,
+    /// How far (ms) the last attempt's estimate of the store's clock lags it in its
+    /// holder writes: accurate at its claim, drifted since (within the tolerance).
+    pub holder_lag: u64,
 }
 
 /// One configuration of the checker.
@@ -189,4 +192,8 @@ pub enum Bug {
     /// (or completion) it never wrote binds the key at the edge for the key's TTL, where
     /// the origin released it.
     EdgeBindsLostClaim,
+    /// Before e57a685: in tiered async, a holder refused in Redis goes over whatever
+    /// holds the key there — a takeover's completed answer too — while Postgres shows
+    /// its claim live at the holder's own estimate of the clock, which may lag.
+    ReplaceAnyFront,
 }

@@ -73,6 +73,20 @@ impl ProtocolModel {
         )
     }
 
+    /// The attempt's estimate of the store's clock in its holder writes: the last
+    /// attempt's lags by [`crate::Faults::holder_lag`] (its estimate drifted since its
+    /// claim's reply; within the tolerance, the store accepts its writes).
+    fn holder_stamp(&self, state: &State, i: usize) -> Stamp {
+        let stamp = self.stamp(state, i);
+        match i + 1 == state.attempts.len() && self.config.faults.holder_lag != 0 {
+            true => Stamp::new(
+                stamp.now.saturating_sub(self.config.faults.holder_lag),
+                &POLICY,
+            ),
+            false => stamp,
+        }
+    }
+
     /// The time a decision over an existing record is made at: the store's own (the
     /// time its statement returned), or, in the code before that, the replica's.
     fn decision_time(&self, state: &State, i: usize) -> Millis {
@@ -474,7 +488,7 @@ impl ProtocolModel {
         lose_reply: bool,
     ) -> Option<Result<(), Option<Record>>> {
         let holder = self.holder(state, i, token);
-        let at = self.stamp(state, i);
+        let at = self.holder_stamp(state, i);
         let next = change.record(&holder, at.now, &POLICY);
         let now = state.now;
         let written = state
@@ -503,12 +517,16 @@ impl ProtocolModel {
                     // Another claim in Redis: a takeover, or a retry's provisional claim
                     // after Redis lost ours. The authority tells them apart.
                     let front = current.clone().expect("fenced by a record");
-                    if holder.may_replace_front(
-                        &front,
-                        state.other.record().as_ref(),
-                        at.now,
-                        &POLICY,
-                    ) {
+                    let authority = state.other.record();
+                    let goes_over = match self.config.bug {
+                        // Before e57a685: over anything, while the authority shows a live
+                        // lease at the holder's own estimate.
+                        Some(crate::config::Bug::ReplaceAnyFront) => {
+                            holder.holds_in_authority(authority.as_ref(), at.now)
+                        }
+                        _ => holder.may_replace_front(&front, authority.as_ref(), at.now, &POLICY),
+                    };
+                    if goes_over {
                         let current = front;
                         let now = state.now;
                         let swapped = state
@@ -596,7 +614,7 @@ impl ProtocolModel {
         };
         // A refused heartbeat only tells the handler its lease is lost, and stops.
         let holder = self.holder(state, i, token);
-        let renewed = holder.renewed(self.stamp(state, i).now, &POLICY);
+        let renewed = holder.renewed(self.holder_stamp(state, i).now, &POLICY);
         match self.holder_write(state, i, token, &Transition::Renew, false) {
             Some(Ok(())) => state.attempts[i].lease = Some(lease_of(&renewed)),
             Some(Err(_)) => state.attempts[i].lease = None,
@@ -608,7 +626,7 @@ impl ProtocolModel {
     /// completion's precondition; refused, both roll back and the client gets 409.
     fn commit(&self, state: &mut State, i: usize, token: u64, lose_reply: bool) {
         let holder = self.holder(state, i, token);
-        let at = self.stamp(state, i);
+        let at = self.holder_stamp(state, i);
         let n = state.ghost.executions.len() as u8 + 1;
         let current = state.main.record();
         match complete(current.as_ref(), &holder, response(n), at.now, &POLICY) {
@@ -722,7 +740,7 @@ impl ProtocolModel {
             }
             _ => return,
         };
-        let at = self.stamp(state, i).now;
+        let at = self.holder_stamp(state, i).now;
         state.attempts[i].late_beat = Some((token, at));
     }
 

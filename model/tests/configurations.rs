@@ -22,6 +22,7 @@ const SURVIVED: Faults = Faults {
     releases: false,
     late_heartbeats: false,
     edge_lost_writes: false,
+    holder_lag: 0,
 };
 
 fn deep() -> bool {
@@ -337,6 +338,38 @@ fn limits() -> Vec<Case> {
             .with_bug(Bug::EdgeBindsLostClaim),
             &[NO_UNBOUND_REFUSAL],
         ),
+        // A holder paused past its lease, its clock estimate 80 ms behind the store's
+        // since its claim, completes after a takeover ran the handler again and
+        // completed in Redis (the pause limit: two effects, two answers).
+        case(
+            Config::new(
+                "tiered async, pauses, a holder's estimate 80 ms behind",
+                Deployment::TieredAsync,
+            )
+            .faults(Faults {
+                pause: true,
+                holder_lag: 80,
+                ..Faults::default()
+            }),
+            &[AT_MOST_ONCE, ONE_ANSWER],
+        ),
+        // e57a685: the same before the fix. Refused in Redis by the takeover's answer,
+        // the late holder finds its claim in Postgres (the takeover not yet written
+        // behind) live at its lagging estimate, and writes its completion over the
+        // answer the takeover's client was given.
+        case(
+            Config::new(
+                "tiered async, pauses, a holder's estimate 80 ms behind, going over any record in Redis (before the fix)",
+                Deployment::TieredAsync,
+            )
+            .faults(Faults {
+                pause: true,
+                holder_lag: 80,
+                ..Faults::default()
+            })
+            .with_bug(Bug::ReplaceAnyFront),
+            &[AT_MOST_ONCE, ONE_ANSWER, FENCED_NEVER_COMPLETES],
+        ),
         // Holder writes without their precondition: the fenced holder completes.
         case(
             Config::new(
@@ -389,6 +422,9 @@ fn faults(c: &Config) -> String {
     }
     if f.edge_lost_writes {
         out.push("edge writes lost".to_owned());
+    }
+    if f.holder_lag != 0 {
+        out.push(format!("a holder's estimate {} ms behind", f.holder_lag));
     }
     let others = c.attempts.iter().filter(|&&r| r != 0).count();
     let mut attempts = format!("{} attempts", c.attempts.len());
