@@ -544,6 +544,52 @@ mod tests {
         }
     }
 
+    // The tests from here to `first_attempt_executes…` kill mutants cargo-mutants
+    // found alive (docs/mutants.md): each pins a bound or a value exactly.
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn timings_are_refused_exactly_at_their_bounds() {
+        let refused = |lease_ms, ttl_ms| Policy { lease_ms, ttl_ms }.refusal().is_some();
+        assert_eq!(Policy::MAX_LEASE_MS, 31_536_000_000, "a year, in ms");
+        assert!(!refused(Policy::MAX_LEASE_MS, Policy::MAX_LEASE_MS + 1));
+        assert!(refused(Policy::MAX_LEASE_MS + 1, u64::MAX));
+        assert!(!refused(Policy::MIN_LEASE_MS, Policy::MIN_LEASE_MS + 1));
+        assert!(refused(Policy::MIN_LEASE_MS - 1, 60_000));
+        assert!(refused(1_000, 1_000), "a TTL equal to the lease");
+        assert!(!refused(1_000, 1_001));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_holder_write_needs_an_unreleased_unexpired_claim_whatever_its_stamp() {
+        let c = claim(decide(None, &FP, 0, &P));
+        let h = c.holder();
+        let released = release(Some(&c.record), &h, 400).unwrap();
+        // Stamped before the release (expiry still ahead of it): released all the same.
+        assert_eq!(h.check(Some(&released), 399), Err(Refusal::Missing));
+        // Kept past its retention, never released: expired at its expiry, not before.
+        let expires_at = c.record.expires_at();
+        assert_eq!(h.check(Some(&c.record), expires_at - 1), Ok(()));
+        assert_eq!(h.check(Some(&c.record), expires_at), Err(Refusal::Missing));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn small_readings_of_decisions_holders_and_transitions() {
+        let replay = Decision::Replay {
+            response: ok_response(),
+            expires_at: 5,
+        };
+        assert_eq!(replay.replayed(), Some(&ok_response()));
+        assert_eq!(Decision::Mismatch.replayed(), None);
+        let h = Holder {
+            fingerprint: FP,
+            token: 1_000 * crate::record::TOKENS_PER_MS + 3,
+        };
+        assert_eq!(h.claimed_at(), 1_000);
+        assert!(!Transition::Renew.is_final());
+        assert!(Transition::Release.is_final());
+        assert!(Transition::Complete(ok_response()).is_final());
+    }
+
     #[wasm_bindgen_test(unsupported = test)]
     fn first_attempt_executes_with_insert_if_absent() {
         let c = claim(decide(None, &FP, 100, &P));

@@ -156,6 +156,29 @@ mod tests {
     use super::*;
     use wasm_bindgen_test::wasm_bindgen_test;
 
+    /// Found untested by cargo-mutants (docs/mutants.md): what a client, a log line
+    /// and an operator read.
+    #[wasm_bindgen_test(unsupported = test)]
+    fn messages_say_what_they_are_about() {
+        use alloc::format;
+        use alloc::string::ToString;
+        assert_eq!(
+            KeyError::Empty.to_string(),
+            "the Idempotency-Key header is empty"
+        );
+        let key = IdempotencyKey::parse(b"order-7").unwrap();
+        assert_eq!(key.to_string(), "order-7");
+        assert_eq!(format!("{key:?}"), "\"order-7\"");
+        assert_eq!(
+            crate::Refusal::Fenced { current: 7 }.to_string(),
+            "fenced: the record now belongs to token 7"
+        );
+        assert_eq!(
+            crate::record::DecodeError::Truncated.to_string(),
+            "record truncated"
+        );
+    }
+
     fn ok(raw: &str) -> String {
         IdempotencyKey::parse(raw.as_bytes())
             .unwrap()

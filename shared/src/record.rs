@@ -367,6 +367,46 @@ mod tests {
         }
     }
 
+    /// Found untested by cargo-mutants (docs/mutants.md).
+    #[wasm_bindgen_test(unsupported = test)]
+    fn newer_and_deletable_records() {
+        let claim = |token| Record::InProgress {
+            fingerprint: Fingerprint([1; 32]),
+            token,
+            lease_until: 5_000,
+            expires_at: 9_000,
+        };
+        let released = Record::InProgress {
+            fingerprint: Fingerprint([1; 32]),
+            token: 9,
+            lease_until: 3_000,
+            expires_at: 3_000,
+        };
+        let done = |token| match completed() {
+            Record::Completed {
+                fingerprint,
+                response,
+                expires_at,
+                ..
+            } => Record::Completed {
+                fingerprint,
+                token,
+                response,
+                expires_at,
+            },
+            r => r,
+        };
+        assert!(claim(10).is_newer_than(&claim(9)));
+        assert!(!claim(9).is_newer_than(&claim(10)));
+        assert!(!claim(9).is_newer_than(&claim(9)), "not newer than itself");
+        assert!(released.is_newer_than(&claim(9)));
+        assert!(!claim(9).is_newer_than(&released));
+        assert!(done(9).is_newer_than(&released));
+        assert!(!released.is_newer_than(&done(9)));
+        assert_eq!(claim(9).delete_after(), 9_000 + EXPIRY_GRACE_MS);
+        assert_eq!(done(9).delete_after(), 1_700_000_000_000 + EXPIRY_GRACE_MS);
+    }
+
     #[wasm_bindgen_test(unsupported = test)]
     fn round_trips() {
         let ip = Record::InProgress {

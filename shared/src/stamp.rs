@@ -50,6 +50,19 @@ mod tests {
     use super::*;
     use wasm_bindgen_test::wasm_bindgen_test;
 
+    /// Found untested by cargo-mutants (docs/mutants.md): a stamp refused as skewed is
+    /// sent again at the store's time, with the same tolerance.
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_stamp_moves_to_the_store_s_time() {
+        let p = Policy {
+            lease_ms: 1_000,
+            ttl_ms: 60_000,
+        };
+        let moved = Stamp::new(0, &p).at(5_000);
+        assert_eq!((moved.now, moved.tolerance), (5_000, 100));
+        assert!(moved.accepted_by(5_000) && !Stamp::new(0, &p).accepted_by(5_000));
+    }
+
     #[wasm_bindgen_test(unsupported = test)]
     fn stamps_accept_only_nearby_store_clocks() {
         let p = Policy {

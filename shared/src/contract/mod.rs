@@ -131,6 +131,15 @@ pub(crate) fn parse_digits(digits: &[u8], max_digits: usize) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found untested by cargo-mutants (docs/mutants.md).
+    #[wasm_bindgen_test::wasm_bindgen_test(unsupported = test)]
+    fn digits_are_one_to_max_ascii_digits() {
+        assert_eq!(parse_digits(b"", 5), None);
+        assert_eq!(parse_digits(b"12345", 5), Some(12_345));
+        assert_eq!(parse_digits(b"123456", 5), None);
+        assert_eq!(parse_digits(b"12a", 5), None);
+    }
     use wasm_bindgen_test::wasm_bindgen_test;
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -96,6 +96,23 @@ mod tests {
     use alloc::vec::Vec;
     use wasm_bindgen_test::wasm_bindgen_test;
 
+    /// Found untested by cargo-mutants (docs/mutants.md): the sleeps double from the
+    /// first poll up to the cap, never past the deadline, and the wait ends at it.
+    #[wasm_bindgen_test(unsupported = test)]
+    fn polls_double_to_the_cap_and_stop_at_the_deadline() {
+        let mut w = Waiting::new(1_000, 700);
+        let mut now = 1_000;
+        let mut sleeps = Vec::new();
+        while let Some(ms) = w.poll_after(now) {
+            sleeps.push(ms);
+            now += ms;
+            assert!(sleeps.len() < 100, "the wait never ends: {sleeps:?}");
+        }
+        assert_eq!(sleeps, [10, 20, 40, 80, 160, 200, 190]);
+        assert_eq!(now, 1_700);
+        assert_eq!(Waiting::new(0, 0).poll_after(0), None);
+    }
+
     #[wasm_bindgen_test(unsupported = test)]
     fn reads_prefer_wait() {
         assert_eq!(prefer_wait(b"wait=5"), Some(5));
