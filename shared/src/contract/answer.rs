@@ -398,6 +398,38 @@ mod tests {
     use alloc::vec;
     use wasm_bindgen_test::wasm_bindgen_test;
 
+    /// Found untested in the core by cargo-mutants (docs/mutants.md): which statuses a
+    /// Fetch `Response` can carry, which headers the edge sends on, and which it may
+    /// scope by.
+    #[wasm_bindgen_test(unsupported = test)]
+    fn what_the_edge_can_send_and_scope_by() {
+        assert!(!fetch_can_send_status(199) && !fetch_can_send_status(600));
+        assert!(fetch_can_send_status(200) && fetch_can_send_status(599));
+        for sent in [
+            "X-Forwarded-For",
+            "x-forwarded-host",
+            "X-FORWARDED-PROTO",
+            "content-type",
+            "authorization",
+            "x-api-key",
+        ] {
+            assert!(edge_sends_request_header(sent), "{sent}");
+            assert!(edge_may_scope_by_header(sent), "{sent}");
+        }
+        for dropped in [
+            "connection",
+            "x-real-ip",
+            "forwarded",
+            "cf-ray",
+            "x-forwarded-port",
+        ] {
+            assert!(!edge_sends_request_header(dropped), "{dropped}");
+            assert!(!edge_may_scope_by_header(dropped), "{dropped}");
+        }
+        assert!(!edge_sends_request_header("cf-connecting-ip"));
+        assert!(edge_may_scope_by_header("CF-Connecting-IP"));
+    }
+
     #[wasm_bindgen_test(unsupported = test)]
     fn the_key_ttl_is_the_whole_seconds_left() {
         assert_eq!(key_ttl(86_400_000, 0).as_deref(), Some("86400"));

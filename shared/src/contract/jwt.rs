@@ -379,6 +379,66 @@ mod tests {
         doc["jwks"].to_string()
     }
 
+    /// Found untested by cargo-mutants (docs/mutants.md): how keys are given, and how
+    /// a token's kid picks one.
+    #[wasm_bindgen_test(unsupported = test)]
+    fn keys_are_given_one_way_and_a_kid_picks_by_the_token_s_type() {
+        assert!(matches!(
+            JwtKeys::either(Some(b"s3cret".to_vec()), None),
+            Ok(Some(JwtKeys::Hs256(_)))
+        ));
+        assert!(matches!(
+            JwtKeys::either(None, Some(jwks().as_bytes())),
+            Ok(Some(JwtKeys::Jwks(_)))
+        ));
+        assert!(JwtKeys::either(Some(b"s3cret".to_vec()), Some(jwks().as_bytes())).is_err());
+        assert!(matches!(JwtKeys::either(None, None), Ok(None)));
+        // One kid naming an RSA and an EC key: an ES256 token is checked with the EC one.
+        let mut doc: serde_json::Value = serde_json::from_str(&jwks()).unwrap();
+        for key in doc["keys"].as_array_mut().unwrap() {
+            key["kid"] = "both".into();
+        }
+        let keys = JwtKeys::from_jwks(doc.to_string().as_bytes()).unwrap();
+        let header = |h: &str| json::canonicalize(h.as_bytes()).unwrap();
+        assert_eq!(
+            keys.check(&header(r#"{"alg":"ES256","kid":"both"}"#), b"x.y", &[0; 64]),
+            Err("its signature does not verify")
+        );
+        assert_eq!(
+            keys.check(&header(r#"{"alg":"RS256","kid":5}"#), b"x.y", &[0; 64]),
+            Err("its kid is not a string")
+        );
+    }
+
+    /// Found untested by cargo-mutants (docs/mutants.md): an EC key is used only as a
+    /// P-256 key, for ES256, with coordinates of 32 bytes at most.
+    #[wasm_bindgen_test(unsupported = test)]
+    fn ec_keys_are_p256_es256_keys_of_32_byte_coordinates() {
+        let good: serde_json::Value = serde_json::from_str(&jwks()).unwrap();
+        let ec = good["keys"][1].clone();
+        let with_ec = |f: &dyn Fn(&mut serde_json::Value)| {
+            let mut key = ec.clone();
+            f(&mut key);
+            let doc = serde_json::json!({ "keys": [good["keys"][0].clone(), key] });
+            JwtKeys::from_jwks(doc.to_string().as_bytes()).map(|k| format!("{k:?}"))
+        };
+        let both = Ok("JWKS [RS256 \"rsa-1\", ES256 \"ec-1\"]".to_string());
+        let rsa_only = Ok("JWKS [RS256 \"rsa-1\"]".to_string());
+        assert_eq!(with_ec(&|_| {}), both);
+        assert_eq!(with_ec(&|k| k["alg"] = "ES256".into()), both);
+        assert_eq!(with_ec(&|k| k["alg"] = "ES384".into()), rsa_only);
+        assert_eq!(with_ec(&|k| k["crv"] = "P-384".into()), rsa_only);
+        // An x or a y of 33 bytes: refused as such.
+        assert_eq!(
+            with_ec(&|k| k["x"] = "AAK-mF6eZw2Qr41qWzZK45JngjDDmWosDpaQNUV7sXrK".into()),
+            Err("key 1: a P-256 key's x and y are 32 bytes each".to_string())
+        );
+        assert_eq!(
+            with_ec(&|k| k["y"] = "AAK-mF6eZw2Qr41qWzZK45JngjDDmWosDpaQNUV7sXrK".into()),
+            Err("key 1: a P-256 key's x and y are 32 bytes each".to_string())
+        );
+    }
+
     #[wasm_bindgen_test(unsupported = test)]
     fn reads_the_signing_keys_and_leaves_the_rest_out() {
         let keys = JwtKeys::from_jwks(jwks().as_bytes()).unwrap();

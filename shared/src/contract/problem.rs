@@ -382,6 +382,19 @@ mod tests {
     use super::*;
     use wasm_bindgen_test::wasm_bindgen_test;
 
+    /// Found untested by cargo-mutants (docs/mutants.md): each problem has a title of
+    /// its own, and details that say something.
+    #[wasm_bindgen_test(unsupported = test)]
+    fn titles_are_distinct_and_details_say_something() {
+        let titles: alloc::collections::BTreeSet<&str> =
+            Problem::ALL.iter().map(|p| p.title()).collect();
+        assert_eq!(titles.len(), Problem::ALL.len());
+        assert!(!titles.contains(""));
+        let details: alloc::collections::BTreeSet<&str> =
+            Problem::ALL.iter().map(|p| p.detail()).collect();
+        assert!(details.len() > 1 && !details.contains(""));
+    }
+
     #[wasm_bindgen_test(unsupported = test)]
     fn problem_bodies_are_json() {
         for p in Problem::ALL {

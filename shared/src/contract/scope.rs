@@ -120,10 +120,8 @@ impl ScopeSource {
                     "jwt:{claim:?}: a claim's name has no quote, backslash or control character"
                 ));
             }
+            // (A verifier's HS256 secret is 32 bytes at least: `JwtVerifier::new`.)
             return match jwt {
-                Some(jwt) if matches!(jwt.keys(), JwtKeys::Hs256(s) if s.is_empty()) => {
-                    Err("jwt:<claim> needs the HS256 secret, and it is empty".into())
-                }
                 Some(jwt) => Ok(ScopeSource::JwtClaim {
                     claim: claim.into(),
                     jwt,
@@ -518,6 +516,88 @@ mod tests {
     use alloc::vec;
     use wasm_bindgen_test::wasm_bindgen_test;
 
+    /// Found untested by cargo-mutants (docs/mutants.md): whole seconds of up to 19
+    /// digits, as written.
+    #[wasm_bindgen_test(unsupported = test)]
+    fn members_are_found_past_escaped_keys_and_values_end_where_they_end() {
+        let doc = br#"{"a\"b":"c\"d","sub":"u","n":[1,{"x":2}]}"#;
+        assert_eq!(member(doc, "sub"), Some(&br#""u""#[..]));
+        assert_eq!(member(doc, "n"), Some(&br#"[1,{"x":2}]"#[..]));
+        assert_eq!(member(doc, "x"), None, "top-level members only");
+        assert_eq!(value_end(b"123", 0), None, "a value that never ends");
+        assert_eq!(value_end(b"12,3", 0), Some(2));
+        assert_eq!(string_end(br#""abc"#, 0), None, "a string that never ends");
+        assert_eq!(string_end(br#""a\"b","#, 0), Some(5));
+    }
+
+    /// Found untested by cargo-mutants (docs/mutants.md): HMAC hashes a key longer
+    /// than the block (64 bytes) and uses one of 64 as it is (RFC 4231 case 6, and
+    /// Python's `hmac` for the 64-byte key); base64url of a length no encoding has.
+    #[wasm_bindgen_test(unsupported = test)]
+    fn hmac_keys_at_the_block_size_and_base64url_lengths() {
+        assert_eq!(
+            crate::hex(&hmac_sha256(&[0x0b; 64], b"Hi There")),
+            "21cd586aeca0579d99a1c938127c92525a371f807bc5ba6eb78bc825bd4f2be3"
+        );
+        assert_eq!(
+            crate::hex(&hmac_sha256(
+                &[0xaa; 131],
+                b"Test Using Larger Than Block-Size Key - Hash Key First"
+            )),
+            "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"
+        );
+        assert_eq!(b64url(b"A"), None);
+        assert_eq!(b64url(b"AAAAA"), None);
+        assert_eq!(b64url(b"AAAA"), Some(vec![0, 0, 0]));
+        // A signature is the whole MAC: a prefix of it (none at all) is no match.
+        assert!(same(b"abc", b"abc"));
+        assert!(!same(b"", b"abc") && !same(b"ab", b"abc") && !same(b"abd", b"abc"));
+        // Two bytes off by the same bits: differences must add up, not cancel out.
+        assert!(!same(b"\x01\x01", b"\x00\x00"));
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn seconds_are_read_as_written() {
+        assert_eq!(seconds(b"1700000000.9"), Some(1_700_000_000));
+        assert_eq!(
+            seconds(b"1000000000000000000"),
+            Some(1_000_000_000_000_000_000)
+        );
+        for not_seconds in [
+            &b"12345678901234567890"[..],
+            b"",
+            b".5",
+            b"12a",
+            b"1e9",
+            b"-1",
+        ] {
+            assert_eq!(seconds(not_seconds), None, "{not_seconds:?}");
+        }
+    }
+
+    /// Found untested by cargo-mutants (docs/mutants.md): what logs and clients read
+    /// of a scope source, and a claim's name with a backslash.
+    #[wasm_bindgen_test(unsupported = test)]
+    fn scope_sources_say_what_they_are() {
+        assert_eq!(format!("{:?}", jwt()), "jwt:sub");
+        assert_eq!(format!("{}", jwt()), "jwt:sub");
+        assert_eq!(
+            format!("{:?}", ScopeSource::Header("x-api-key".into())),
+            "header:x-api-key"
+        );
+        assert_eq!(format!("{:?}", ScopeSource::Authorization), "authorization");
+        let hs256 = JwtVerifier::new(JwtKeys::Hs256(SECRET.to_vec()), None, None).unwrap();
+        assert!(ScopeSource::parse("jwt:a\\b", Some(hs256))
+            .unwrap_err()
+            .contains("backslash"));
+        assert!(unaccepted("authorization", "why")
+            .detail
+            .starts_with("the bearer token"));
+        assert!(unaccepted("x-api-key", "why")
+            .detail
+            .starts_with("the x-api-key header"));
+    }
+
     const SECRET: &[u8] = b"a secret of the gateway, of 32 bytes at least";
 
     fn rule(source: ScopeSource, anonymous: Anonymous) -> ScopeRule {
@@ -626,6 +706,14 @@ mod tests {
         }
         assert!(r
             .scope(with(&[("authorization", &format!("Bearer {good}"))]), 1_000)
+            .is_ok());
+        // Valid from its nbf's second on (cargo-mutants: docs/mutants.md).
+        let from_now = sign_hs256(r#"{"sub":"u","nbf":1000,"exp":2000}"#, SECRET);
+        assert!(r
+            .scope(
+                with(&[("authorization", &format!("Bearer {from_now}"))]),
+                1_000
+            )
             .is_ok());
         // No token at all: anonymous, as configured.
         assert_eq!(r.scope(with(&[]), 0), Ok(Scope::anonymous()));
