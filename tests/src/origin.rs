@@ -240,7 +240,7 @@ pub fn faketime_lib() -> String {
 /// evidence that a skew injected with libfaketime took (a preload that fails does so
 /// silently, and the process runs on the true clock).
 pub async fn clock_ahead_secs(base: &str) -> i64 {
-    let res = reqwest::Client::new()
+    let res = client()
         .get(format!("{base}/healthz"))
         .timeout(std::time::Duration::from_secs(10))
         .send()
