@@ -6,6 +6,7 @@
 //! * [`store`] — where records live: [`store::MemoryStore`] (always), and behind
 //!   cargo features `postgres`, `redis` and `tiered` (Redis over the Postgres
 //!   authority).
+//! * [`limits`] — deadlines on request bodies, for servers that have none.
 //! * [`metrics`] — what the layer records through the `metrics` facade.
 //! * [`admin`] — the admin API: look up, list and purge records.
 //! * [`core`] — the sans-I/O core every decision comes from (`idem-core`).
@@ -24,6 +25,7 @@
 
 pub mod admin;
 pub mod idempotency;
+pub mod limits;
 pub mod metrics;
 pub mod store;
 

@@ -36,11 +36,11 @@ pub struct Origin {
 /// Connects the configured stores and builds the router.
 pub async fn build(config: &Config) -> Result<Origin, String> {
     config.validate()?;
-    let pg = match (&config.database_url, config.store) {
+    let pg = match (&config.database_url, config.store_kind()) {
         (Some(url), _) if !url.is_empty() => Some(Arc::new(connect_postgres(config, url).await?)),
         _ => None,
     };
-    let redis = match (&config.redis_url, config.store) {
+    let redis = match (&config.redis_url, config.store_kind()) {
         (Some(urls), StoreKind::Redis | StoreKind::Tiered) => {
             let options = RedisOptions {
                 cluster: config.redis_cluster.then_some(true),
@@ -66,7 +66,7 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
     let ledger_in_authority = pg.is_some()
         && !proxy_mode
         && matches!(config.demo_ledger, DemoLedger::Auto | DemoLedger::Postgres)
-        && matches!(config.store, StoreKind::Postgres | StoreKind::Tiered);
+        && matches!(config.store_kind(), StoreKind::Postgres | StoreKind::Tiered);
     let ledger: Arc<dyn Ledger> = match (&pg, config.demo_ledger) {
         _ if proxy_mode => Arc::new(MemoryLedger::default()),
         (Some(pg), DemoLedger::Auto | DemoLedger::Postgres) => Arc::new(
@@ -76,8 +76,11 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
         ),
         _ => Arc::new(MemoryLedger::default()),
     };
-    let store: Arc<dyn Store> = match (config.store, pg, redis) {
-        (StoreKind::Memory, _, _) => Arc::new(MemoryStore::new()),
+    let store: Arc<dyn Store> = match (config.store_kind(), pg, redis) {
+        (StoreKind::Memory, _, _) => Arc::new(MemoryStore::bounded(
+            config.memory_max_records,
+            config.memory_max_bytes,
+        )),
         (StoreKind::Postgres, Some(pg), _) => pg,
         (StoreKind::Redis, _, Some(redis)) => Arc::new(redis),
         (StoreKind::Tiered, Some(pg), Some(redis)) => {
@@ -97,7 +100,7 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
         _ => unreachable!("Config::validate checked the URLs each store needs"),
     };
     // The memory store is a map in this process already.
-    let store: Arc<dyn Store> = match config.store {
+    let store: Arc<dyn Store> = match config.store_kind() {
         StoreKind::Memory => store,
         _ if config.replay_cache_bytes == 0 => store,
         _ => Arc::new(ReplayCache::new(store, config.replay_cache_bytes)),
@@ -162,6 +165,7 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
                 idle_timeout: config.upstream_idle_timeout,
                 release_header: config.release_header.clone(),
                 unknown_outcome: config.upstream_unknown_outcome,
+                public_hosts: config.public_host.clone().unwrap_or_default(),
             })?;
             proxied(layer, upstream).merge(ops(store.clone(), None, metrics_here))
         }
@@ -223,6 +227,7 @@ pub fn layer(config: &Config, store: Arc<dyn Store>) -> Result<IdempotencyLayer,
         .lease(config.lease)
         .max_wait(config.max_wait)
         .max_body_bytes(config.max_body_bytes)
+        .max_buffered_body_bytes(config.max_buffered_body_bytes)
         .max_stored_body_bytes(config.max_stored_body_bytes);
     let routes = config.routes()?;
     let flags_scope = config.scope_rule()?;
@@ -324,6 +329,7 @@ async fn readyz(State(h): State<Health>) -> impl IntoResponse {
             idem::store::StoreError::Corrupt(_) => "corrupt record",
             idem::store::StoreError::Contention => "contention",
             idem::store::StoreError::Unsafe(_) => "unsafe configuration",
+            idem::store::StoreError::Full(_) => "full",
         }
     });
     let ledger = match &h.ledger {

@@ -85,9 +85,20 @@ pub struct Config {
     #[arg(long, env = "IDEM_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
 
-    /// Record store.
-    #[arg(long, env = "IDEM_STORE", value_enum, default_value_t = StoreKind::Memory)]
-    pub store: StoreKind,
+    /// Record store [default: memory; in proxy mode it must be named: `--store memory`
+    /// keeps an upstream's records in this process only].
+    #[arg(long, env = "IDEM_STORE", value_enum)]
+    pub store: Option<StoreKind>,
+
+    /// --store memory: the most records it holds; a new key past it gets 503
+    /// (store-full) and nothing runs.
+    #[arg(long, env = "IDEM_MEMORY_MAX_RECORDS", default_value_t = idem::store::MemoryStore::DEFAULT_MAX_RECORDS)]
+    pub memory_max_records: usize,
+
+    /// --store memory: about the most bytes its records take (keys and stored answers);
+    /// a new key past it gets 503 (store-full) and nothing runs.
+    #[arg(long, env = "IDEM_MEMORY_MAX_BYTES", default_value_t = idem::store::MemoryStore::DEFAULT_MAX_BYTES)]
+    pub memory_max_bytes: usize,
 
     /// Postgres URL, e.g. postgres://user@127.0.0.1:5432/idem (required with --store postgres;
     /// also holds the demo's charges).
@@ -96,7 +107,8 @@ pub struct Config {
 
     /// CA certificates (PEM) that verify the Postgres server's chain whenever TLS is
     /// used (sslmode prefer, require, verify-ca; verify-full checks the host name too).
-    /// Overrides sslrootcert.
+    /// With a CA, TLS is required: a server that declines it is refused. Overrides
+    /// sslrootcert.
     #[arg(long, env = "IDEM_DATABASE_CA_FILE")]
     pub database_ca_file: Option<std::path::PathBuf>,
 
@@ -189,6 +201,38 @@ pub struct Config {
     #[arg(long, env = "IDEM_MAX_BODY_BYTES", default_value_t = 1024 * 1024)]
     pub max_body_bytes: usize,
 
+    /// Bytes of guarded request bodies being read at once; a body that does not fit (its
+    /// Content-Length, or undeclared --max-body-bytes) gets 503 (server-busy) and
+    /// nothing runs.
+    #[arg(long, env = "IDEM_MAX_BUFFERED_BODY_BYTES", default_value_t = idem::idempotency::DEFAULT_BUFFERED_BODY_BYTES)]
+    pub max_buffered_body_bytes: usize,
+
+    /// How long a client may take to send a request's head (request line and headers),
+    /// from when the listener awaits it: on a new connection, or on a keep-alive one
+    /// after its last answer (so also how long an idle connection is kept). Both
+    /// listeners.
+    #[arg(long, env = "IDEM_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub header_read_timeout: Duration,
+
+    /// The longest gap between two parts of a request body; past it a guarded request
+    /// gets 408 (body-timeout) and nothing runs. Both listeners.
+    #[arg(long, env = "IDEM_BODY_IDLE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub body_idle_timeout: Duration,
+
+    /// How long a whole request body may take to arrive after its head; past it a
+    /// guarded request gets 408 (body-timeout) and nothing runs. Both listeners.
+    #[arg(long, env = "IDEM_BODY_READ_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
+    pub body_read_timeout: Duration,
+
+    /// Connections open at once, per listener; more wait to be accepted.
+    #[arg(long, env = "IDEM_MAX_CONNECTIONS", default_value_t = 10_000)]
+    pub max_connections: usize,
+
+    /// Requests in progress at once, per listener; more get 503 (server-busy) and
+    /// nothing runs.
+    #[arg(long, env = "IDEM_MAX_REQUESTS", default_value_t = 10_000)]
+    pub max_requests: usize,
+
     /// Largest answer body stored for replay, in bytes; a larger answer is delivered to
     /// the attempt that ran and replays get a problem.
     #[arg(long, env = "IDEM_MAX_STORED_BODY_BYTES", default_value_t = 1024 * 1024)]
@@ -226,6 +270,14 @@ pub struct Config {
     /// below the upstream's own keep-alive timeout (Node's is 5 s).
     #[arg(long, env = "IDEM_UPSTREAM_IDLE_TIMEOUT", default_value = "4s", value_parser = parse_duration)]
     pub upstream_idle_timeout: Duration,
+
+    /// Proxy mode: the hosts clients reach the API by (`api.example.com`, with its
+    /// port when not the scheme's), comma-separated. A request whose `Host` is one of
+    /// them is sent on with `X-Forwarded-Host`; any other, and every request without
+    /// this flag, goes without it: the client writes `Host`, and an upstream that builds
+    /// links from `X-Forwarded-Host` would build them for whatever host a client names.
+    #[arg(long, env = "IDEM_PUBLIC_HOST", value_delimiter = ',')]
+    pub public_host: Option<Vec<String>>,
 
     /// Proxy mode: what an upstream answer lost after the request was sent means.
     #[arg(long, env = "IDEM_UPSTREAM_UNKNOWN_OUTCOME", value_enum, default_value_t = UnknownOutcome::Store)]
@@ -343,6 +395,51 @@ pub struct Config {
 }
 
 impl Config {
+    /// The record store: --store, memory when not given.
+    pub fn store_kind(&self) -> StoreKind {
+        self.store.unwrap_or(StoreKind::Memory)
+    }
+
+    /// What one client may hold of each listener.
+    pub fn limits(&self) -> crate::serve::Limits {
+        crate::serve::Limits {
+            header_read: self.header_read_timeout,
+            body_idle: self.body_idle_timeout,
+            body_read: self.body_read_timeout,
+            max_connections: self.max_connections,
+            max_requests: self.max_requests,
+        }
+    }
+
+    /// Refuses a limit that would turn off what it bounds, or refuse every request.
+    fn check_limits(&self) -> Result<(), String> {
+        for (flag, value) in [
+            ("--header-read-timeout", self.header_read_timeout),
+            ("--body-idle-timeout", self.body_idle_timeout),
+            ("--body-read-timeout", self.body_read_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(format!(
+                    "{flag} must be more than 0: a client could hold a connection for ever"
+                ));
+            }
+        }
+        if self.max_connections == 0 || self.max_requests == 0 {
+            return Err("--max-connections and --max-requests must be at least 1".into());
+        }
+        if self.max_buffered_body_bytes < self.max_body_bytes {
+            return Err(format!(
+                "--max-buffered-body-bytes ({}) must be at least --max-body-bytes ({}): a body \
+                 of the largest size accepted could never be read",
+                self.max_buffered_body_bytes, self.max_body_bytes
+            ));
+        }
+        if self.memory_max_records == 0 || self.memory_max_bytes == 0 {
+            return Err("--memory-max-records and --memory-max-bytes must be at least 1".into());
+        }
+        Ok(())
+    }
+
     /// How a guarded request's scope is found (--scope-from, --jwt-secret-file,
     /// --anonymous); the error names the flag to fix.
     pub fn scope_rule(&self) -> Result<ScopeRule, String> {
@@ -446,12 +543,21 @@ impl Config {
 
     pub fn validate(&self) -> Result<(), String> {
         self.scope_rule()?;
+        self.check_limits()?;
         self.admin_tokens()?;
         if let Some(endpoint) = &self.otlp_endpoint {
             crate::telemetry::traces_url(endpoint)?;
         }
         if let Some(url) = &self.upstream {
             crate::proxy::parse_upstream_url(url)?;
+            if self.store.is_none() {
+                return Err(
+                    "proxy mode needs its store named: --store postgres, redis or tiered \
+                            keep the upstream's records across restarts and replicas; --store \
+                            memory keeps them in this process only (a restart forgets every key)"
+                        .into(),
+                );
+            }
             if self.upstream_timeout.is_zero() {
                 return Err("--upstream-timeout must be more than 0".into());
             }
@@ -467,16 +573,18 @@ impl Config {
                 ));
             }
         }
-        if self.store == StoreKind::Postgres
+        if self.store_kind() == StoreKind::Postgres
             && self.database_url.as_deref().is_none_or(str::is_empty)
         {
             return Err("--store postgres needs --database-url (or DATABASE_URL), e.g. postgres://postgres@127.0.0.1:5432/idem".into());
         }
         let missing = |v: &Option<String>| v.as_deref().is_none_or(str::is_empty);
-        if matches!(self.store, StoreKind::Redis | StoreKind::Tiered) && missing(&self.redis_url) {
+        if matches!(self.store_kind(), StoreKind::Redis | StoreKind::Tiered)
+            && missing(&self.redis_url)
+        {
             return Err(format!(
                 "--store {} needs --redis-url (or IDEM_REDIS_URL), e.g. redis://127.0.0.1:6379",
-                if self.store == StoreKind::Redis {
+                if self.store_kind() == StoreKind::Redis {
                     "redis"
                 } else {
                     "tiered"
@@ -487,12 +595,12 @@ impl Config {
             return Err("--demo-ledger postgres needs --database-url (or DATABASE_URL)".into());
         }
         if self.demo_completion == DemoCompletion::Transactional
-            && (!matches!(self.store, StoreKind::Postgres | StoreKind::Tiered)
+            && (!matches!(self.store_kind(), StoreKind::Postgres | StoreKind::Tiered)
                 || self.demo_ledger == DemoLedger::Memory)
         {
             return Err("--demo-completion transactional needs the records and the charges in one Postgres: --store postgres or tiered, and --demo-ledger auto or postgres".into());
         }
-        if self.store == StoreKind::Tiered && missing(&self.database_url) {
+        if self.store_kind() == StoreKind::Tiered && missing(&self.database_url) {
             return Err(
                 "--store tiered needs --database-url (or DATABASE_URL) for the Postgres authority"
                     .into(),
@@ -747,6 +855,8 @@ mod tests {
                 "idem-origin",
                 "--upstream",
                 "http://127.0.0.1:9",
+                "--store",
+                "memory",
                 "--upstream-timeout",
                 "5s",
                 "--max-execution",
@@ -797,6 +907,84 @@ mod tests {
             let refused = with(own).unwrap_err().to_string();
             assert!(refused.contains("idem's own"), "{refused}");
         }
+    }
+
+    #[test]
+    fn proxy_mode_names_its_store() {
+        let proxy = |more: &[&str]| {
+            let mut argv = vec!["idem-origin", "--upstream", "http://127.0.0.1:9"];
+            argv.extend_from_slice(more);
+            Config::try_parse_from(argv).unwrap().validate()
+        };
+        let refused = proxy(&[]).unwrap_err();
+        assert!(refused.contains("--store memory keeps"), "{refused}");
+        assert_eq!(
+            proxy(&["--store", "memory"]),
+            Ok(()),
+            "memory, asked for by name"
+        );
+        // The demo keeps its zero-set-up default.
+        let demo = Config::try_parse_from(["idem-origin"]).unwrap();
+        assert_eq!(
+            (demo.validate(), demo.store_kind()),
+            (Ok(()), StoreKind::Memory)
+        );
+    }
+
+    #[test]
+    fn limits_that_turn_off_what_they_bound_are_refused() {
+        let with = |more: &[&str]| {
+            let mut argv = vec!["idem-origin"];
+            argv.extend_from_slice(more);
+            Config::try_parse_from(argv).unwrap().validate()
+        };
+        for flag in [
+            "--header-read-timeout",
+            "--body-idle-timeout",
+            "--body-read-timeout",
+        ] {
+            let refused = with(&[flag, "0"]).unwrap_err();
+            assert!(
+                refused.contains(flag) && refused.contains("for ever"),
+                "{refused}"
+            );
+            assert_eq!(with(&[flag, "1s"]), Ok(()));
+        }
+        for flag in [
+            "--max-connections",
+            "--max-requests",
+            "--memory-max-records",
+            "--memory-max-bytes",
+        ] {
+            assert!(with(&[flag, "0"]).unwrap_err().contains(flag), "{flag} 0");
+            assert_eq!(with(&[flag, "1"]), Ok(()), "{flag} 1");
+        }
+        let refused = with(&[
+            "--max-body-bytes",
+            "2000",
+            "--max-buffered-body-bytes",
+            "1999",
+        ])
+        .unwrap_err();
+        assert!(refused.contains("could never be read"), "{refused}");
+        assert_eq!(
+            with(&[
+                "--max-body-bytes",
+                "2000",
+                "--max-buffered-body-bytes",
+                "2000"
+            ]),
+            Ok(())
+        );
+        let defaults = Config::try_parse_from(["idem-origin"]).unwrap().limits();
+        assert_eq!(
+            (defaults.header_read, defaults.body_idle, defaults.body_read),
+            (
+                Duration::from_secs(10),
+                Duration::from_secs(10),
+                Duration::from_secs(60)
+            )
+        );
     }
 
     #[test]

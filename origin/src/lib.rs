@@ -21,4 +21,5 @@ pub mod convert_cli;
 pub mod metrics;
 pub mod proxy;
 pub mod routes;
+pub mod serve;
 pub mod telemetry;

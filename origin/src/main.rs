@@ -33,7 +33,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if config.store == StoreKind::Memory {
+    if config.store_kind() == StoreKind::Memory {
         tracing::warn!(
             "store = memory: records live in this process only — NOT durable, NOT shared between \
              replicas; a restart forgets every key. Use --store postgres in production."
@@ -60,14 +60,13 @@ async fn main() -> ExitCode {
         (Some(router), Some(addr)) => match tokio::net::TcpListener::bind(addr).await {
             Ok(listener) => {
                 tracing::info!(listen = %addr, "admin API listening");
-                let app = router
-                    .clone()
-                    .into_make_service_with_connect_info::<std::net::SocketAddr>();
-                Some(tokio::spawn(async move {
-                    if let Err(e) = axum::serve(listener, app).await {
-                        tracing::error!(error = %e, "the admin listener failed");
-                    }
-                }))
+                let limits = config.limits();
+                Some(tokio::spawn(idem_origin::serve::serve(
+                    listener,
+                    router.clone(),
+                    limits,
+                    std::future::pending(),
+                )))
             }
             Err(e) => {
                 eprintln!("idem-origin: error: cannot listen on {addr} (--admin-listen): {e}");
@@ -78,13 +77,7 @@ async fn main() -> ExitCode {
     };
     let sweeper = idem::store::spawn_sweeper(origin.store.clone(), config.sweep_interval);
     tracing::info!(listen = %config.listen, store = origin.store.name(), "idem-origin listening");
-    // The peer's address reaches handlers (proxy mode sends it on in X-Forwarded-For).
-    let app = origin
-        .router
-        .into_make_service_with_connect_info::<std::net::SocketAddr>();
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await;
+    idem_origin::serve::serve(listener, origin.router, config.limits(), shutdown_signal()).await;
     sweeper.abort();
     if let Some(admin) = admin {
         admin.abort();
@@ -113,16 +106,8 @@ async fn main() -> ExitCode {
             Err(_) => tracing::warn!("flushing the traces took more than 5 s; some are lost"),
         }
     }
-    match served {
-        Ok(()) => {
-            tracing::info!("shut down cleanly");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("idem-origin: error: server failed: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    tracing::info!("shut down cleanly");
+    ExitCode::SUCCESS
 }
 
 /// Logs to stderr (as `RUST_LOG` filters them), and with `--otlp-endpoint` idem's spans

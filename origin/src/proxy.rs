@@ -49,6 +49,9 @@ pub struct UpstreamOptions {
     pub release_header: HeaderName,
     /// What a lost answer means.
     pub unknown_outcome: UnknownOutcome,
+    /// The `Host` values clients may reach the upstream by, sent on as
+    /// `X-Forwarded-Host`; a request for any other host goes without it.
+    pub public_hosts: Vec<String>,
 }
 
 /// The upstream as a tower service, for the layer to wrap. Cheap to clone: one
@@ -237,9 +240,19 @@ impl Inner {
         let mut headers = keep_named(&parts.headers, &decided, |name| {
             !SET_BY_IDEM.contains(&name)
         });
+        // `X-Forwarded-Host` only for a host the operator named: the client writes
+        // `Host`, and an upstream that builds links from it (a password reset, a
+        // redirect) would build them for whatever host a client names.
+        let public = |host: &str| {
+            self.options
+                .public_hosts
+                .iter()
+                .any(|h| h.eq_ignore_ascii_case(host.trim()))
+        };
         let mut set: Vec<(&str, String)> = decided
             .iter()
             .filter(|(n, _)| SET_BY_IDEM.contains(&n.as_str()))
+            .filter(|(n, v)| n != "x-forwarded-host" || public(v))
             .map(|(n, v)| (n.as_str(), v.clone()))
             .collect();
         if let Some(ctx) = parts.extensions.get::<IdempotencyContext>() {

@@ -284,3 +284,25 @@ fn convert_keys_says_what_it_needs() {
         stderr(&o)
     );
 }
+
+#[test]
+fn proxy_mode_without_a_named_store_and_limits_that_turn_themselves_off_are_refused() {
+    // Proxy mode's records in this process only, unless asked for by name.
+    let o = run(&["--upstream", "http://127.0.0.1:9"], &[]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("proxy mode needs its store named"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["--header-read-timeout", "0"], &[]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("--header-read-timeout"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&[], &[("IDEM_BODY_READ_TIMEOUT", "0s")]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--body-read-timeout"), "{}", stderr(&o));
+}

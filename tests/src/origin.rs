@@ -138,8 +138,12 @@ pub async fn post_charge(
 pub struct OriginProcess;
 
 impl OriginProcess {
-    /// The binary's path: `target/<profile>/idem-origin`.
+    /// The binary's path: `target/<profile>/idem-origin`, or `IDEM_TEST_ORIGIN_BINARY`
+    /// (an older build, to see a test fail on the code before its fix).
     pub fn binary() -> std::path::PathBuf {
+        if let Some(bin) = std::env::var_os("IDEM_TEST_ORIGIN_BINARY") {
+            return bin.into();
+        }
         let exe = std::env::current_exe().unwrap();
         let bin = exe
             .parent()

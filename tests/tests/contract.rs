@@ -104,6 +104,7 @@ fn through_the_proxy(
         idle_timeout: Duration::from_secs(4),
         release_header: http::HeaderName::from_static("idem-release"),
         unknown_outcome: idem_origin::config::UnknownOutcome::Store,
+        public_hosts: Vec::new(),
     })
     .unwrap();
     idem_origin::app::proxied(layer, upstream)

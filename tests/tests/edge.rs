@@ -1728,6 +1728,9 @@ async fn proxy_to_payments(extra: &[&str]) -> (idem_tests::Payments, TestOrigin)
         "--anonymous",
         "scoped",
     ];
+    if !extra.contains(&"--store") {
+        args.extend_from_slice(&["--store", "memory"]);
+    }
     args.extend_from_slice(extra);
     let origin = TestOrigin::start(&args).await;
     (payments, origin)

@@ -177,6 +177,107 @@ async fn postgres_over_tls_verifies_the_server() {
     assert!(err.contains("CA file"), "{err}");
 }
 
+/// A man in the middle in front of Postgres on `upstream`: it answers every client's
+/// SSLRequest with `N` ("no TLS here"), as one that strips TLS does, then relays the
+/// session in plain text. Its port.
+async fn tls_stripper(upstream: u16) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut first = [0u8; 8];
+                if client.read_exact(&mut first).await.is_err() {
+                    return;
+                }
+                let Ok(mut server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                else {
+                    return;
+                };
+                // Length 8, code 80877103: SSLRequest.
+                if first == [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f] {
+                    if client.write_all(b"N").await.is_err() {
+                        return;
+                    }
+                } else if server.write_all(&first).await.is_err() {
+                    return;
+                }
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stripped_ssl_request_is_refused_when_a_ca_is_given() {
+    let ca = TestCa::new("pgstrip");
+    let pg = tokio::task::block_in_place(|| PgProc::start_tls("pgstrip", &ca));
+    let stripped = tls_stripper(pg.port).await;
+    let through =
+        |query: &str| format!("postgres://postgres@localhost:{stripped}/postgres?{query}");
+    // Without a CA, `prefer` takes the plain session it is offered: that is what
+    // `prefer` means (libpq's too), and why a CA changes it. The stripper is in the
+    // path for real: the session is not encrypted.
+    let plain = PostgresStore::connect(&through("sslmode=prefer"), PgOptions::default())
+        .await
+        .expect("prefer without a CA accepts a server without TLS");
+    assert!(!uses_ssl(&plain).await, "the stripper did not strip TLS");
+    let with_ca = |ca_file: &std::path::Path| PgOptions {
+        ca_file: Some(ca_file.to_path_buf()),
+        ..PgOptions::default()
+    };
+    let (mut refused, mut connected) = (Vec::new(), Vec::new());
+    for (query, options) in [
+        ("sslmode=prefer".to_owned(), with_ca(&ca.ca)),
+        ("sslmode=require".to_owned(), with_ca(&ca.ca)),
+        (
+            format!("sslmode=prefer&sslrootcert={}", ca.ca.display()),
+            PgOptions::default(),
+        ),
+        (
+            format!("sslrootcert={}", ca.ca.display()),
+            PgOptions::default(),
+        ),
+        (
+            format!("sslmode=verify-ca&sslrootcert={}", ca.ca.display()),
+            PgOptions::default(),
+        ),
+        (
+            format!("sslmode=verify-full&sslrootcert={}", ca.ca.display()),
+            PgOptions::default(),
+        ),
+    ] {
+        match PostgresStore::connect(&through(&query), options).await {
+            Ok(store) => connected.push(format!("{query} (encrypted: {})", uses_ssl(&store).await)),
+            Err(e) => refused.push(format!("{query}: {e}")),
+        }
+    }
+    idem_tests::report(
+        "tls",
+        &format!(
+            "postgres through a TLS stripper: prefer without a CA connects in plain text (as \
+             libpq does); with a CA, {} of 6 refused ({}), connected: {connected:?}",
+            refused.len(),
+            refused.first().map_or("", String::as_str)
+        ),
+    );
+    assert!(
+        connected.is_empty(),
+        "a CA given, and through a stripper: {connected:?}"
+    );
+    // And straight to the server, the same settings connect, encrypted.
+    let direct = format!(
+        "postgres://postgres@localhost:{}/postgres?sslmode=prefer",
+        pg.port
+    );
+    let store = PostgresStore::connect(&direct, with_ca(&ca.ca))
+        .await
+        .unwrap();
+    assert!(uses_ssl(&store).await);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_over_tls_verifies_the_server() {
     let ca = TestCa::new("redistls");

@@ -13,6 +13,9 @@ use tokio::sync::Barrier;
 async fn proxy(payments: &Payments, extra: &[&str]) -> TestOrigin {
     let url = payments.url();
     let mut args = vec!["--upstream", url.as_str(), "--require-key-on", "/v1/*"];
+    if !extra.contains(&"--store") {
+        args.extend_from_slice(&["--store", "memory"]);
+    }
     if !extra
         .iter()
         .any(|a| *a == "--anonymous" || *a == "--scope-from")
@@ -705,6 +708,8 @@ anonymous = "scoped"
     let origin = TestOrigin::start(&[
         "--upstream",
         url.as_str(),
+        "--store",
+        "memory",
         "--routes",
         routes.to_str().unwrap(),
     ])
@@ -928,6 +933,8 @@ async fn a_request_that_never_left_idem_is_not_stored_as_an_unknown_outcome() {
     let origin = TestOrigin::start(&[
         "--upstream",
         &url,
+        "--store",
+        "memory",
         "--require-key-on",
         "/v1/*",
         "--anonymous",
@@ -1444,6 +1451,8 @@ async fn a_path_that_climbs_out_of_the_upstream_s_base_is_not_sent() {
     let origin = TestOrigin::start(&[
         "--upstream",
         &upstream,
+        "--store",
+        "memory",
         "--anonymous",
         "scoped",
         "--routes",

@@ -47,6 +47,14 @@ mod trace;
 mod transaction;
 
 pub use execution::{Executions, CLIENT_WAIT};
+
+/// One of idem's `application/problem+json` answers, with the headers the layer puts
+/// on its own ([`contract::Rejection::headers`]: `Retry-After` where it applies, never
+/// cacheable): for a server in front of the layer that refuses a request itself (at
+/// its limit of requests, say) in the same words.
+pub fn problem_response(rejection: &contract::Rejection) -> http::Response<axum::body::Body> {
+    response::refusal(rejection)
+}
 pub use service::IdempotencyService;
 #[cfg(feature = "postgres")]
 pub use transaction::{Transaction, TransactionError, TransactionsUnsupported};
@@ -125,6 +133,8 @@ pub(crate) struct Config {
     pub(crate) scope: Arc<ScopeFn>,
     pub(crate) cached_headers: Vec<HeaderName>,
     pub(crate) max_body_bytes: usize,
+    /// The bytes of guarded bodies being read at once, shared by every route.
+    pub(crate) body_budget: crate::limits::BodyBudget,
     pub(crate) max_execution: Option<Duration>,
     pub(crate) executions: Executions,
     pub(crate) max_stored_body_bytes: usize,
@@ -166,6 +176,7 @@ impl IdempotencyLayer {
                     .map(|h| HeaderName::from_static(h))
                     .collect(),
                 max_body_bytes: 1024 * 1024,
+                body_budget: crate::limits::BodyBudget::new(DEFAULT_BUFFERED_BODY_BYTES),
                 max_execution: None,
                 executions: Executions::default(),
                 max_stored_body_bytes: 1024 * 1024,
@@ -369,7 +380,21 @@ impl IdempotencyLayer {
     pub fn max_body_bytes(self, limit: usize) -> Self {
         self.with(|c| c.max_body_bytes = limit)
     }
+
+    /// The bytes of guarded request bodies read at once, across every route of this
+    /// layer ([`DEFAULT_BUFFERED_BODY_BYTES`] unless set): a body is read only when
+    /// its declared length — or, undeclared, its route's
+    /// [`max_body_bytes`](Self::max_body_bytes) — fits in what is left; otherwise
+    /// the request gets `503` (`…:server-busy`, `Retry-After: 1`) and nothing is
+    /// claimed or run. Bounds the memory a crowd of slow or large bodies can take.
+    pub fn max_buffered_body_bytes(self, limit: usize) -> Self {
+        self.with(|c| c.body_budget = crate::limits::BodyBudget::new(limit))
+    }
 }
+
+/// The default of [`IdempotencyLayer::max_buffered_body_bytes`]: 64 MiB, 64 bodies of
+/// the default 1 MiB limit read at once (a body of declared length reserves only that).
+pub const DEFAULT_BUFFERED_BODY_BYTES: usize = 64 * 1024 * 1024;
 
 impl<S> tower::Layer<S> for IdempotencyLayer {
     type Service = IdempotencyService<S>;

@@ -6,6 +6,7 @@ use super::trace;
 #[cfg(feature = "postgres")]
 use super::transaction::Completion;
 use super::{Config, IdempotencyContext};
+use crate::limits::{BodyBudget, BodyTimeout};
 use crate::metrics::{self, Outcome};
 use crate::store::{StoreError, StoreExt};
 use axum::body::Body;
@@ -142,7 +143,7 @@ where
         Ok(scope) => scope,
         Err(rejection) => return invalid(&rejection),
     };
-    let body = match read_body(&parts, body, config.max_body_bytes).await {
+    let body = match read_body(&parts, body, config.max_body_bytes, &config.body_budget).await {
         Ok(body) => body,
         Err(rejection) => return invalid(&rejection),
     };
@@ -336,26 +337,52 @@ where
 }
 
 fn invalid(rejection: &Rejection) -> Response<Body> {
-    metrics::outcome(Outcome::Invalid);
+    metrics::outcome(match rejection.problem {
+        Problem::Busy => Outcome::Busy,
+        _ => Outcome::Invalid,
+    });
     refusal(rejection)
 }
 
 fn unavailable(e: &StoreError) -> Response<Body> {
+    if let StoreError::Full(why) = e {
+        metrics::outcome(Outcome::StoreFull);
+        tracing::warn!(error = %e, "idempotency store full; refusing to run the handler unguarded");
+        return refusal(&Rejection::with_detail(Problem::StoreFull, why.clone()));
+    }
     metrics::outcome(Outcome::Unavailable);
     tracing::error!(error = %e, "idempotency store unavailable; refusing to run the handler unguarded");
     refusal(&Rejection::new(Problem::StoreUnavailable))
 }
 
-async fn read_body<B>(parts: &Parts, body: B, limit: usize) -> Result<Bytes, Rejection>
+/// The body of a guarded request, whole, within the route's limit and the layer's
+/// budget of bytes buffered at once: it must be read before the key is claimed (its
+/// fingerprint is part of the claim), so a slow body holds a buffer, never a claim.
+async fn read_body<B>(
+    parts: &Parts,
+    body: B,
+    limit: usize,
+    budget: &BodyBudget,
+) -> Result<Bytes, Rejection>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let declared = parts.headers.get(header::CONTENT_LENGTH);
-    contract::check_declared_length(declared.map(|v| v.as_bytes()), limit)?;
+    let declared = contract::check_declared_length(declared.map(|v| v.as_bytes()), limit)?;
+    // Undeclared (chunked), it may take up to the limit.
+    let Some(_reserved) = budget.reserve(declared.unwrap_or(limit)) else {
+        return Err(Rejection::with_detail(
+            Problem::Busy,
+            "the server is buffering as many request bodies as it allows; nothing was run, retry later",
+        ));
+    };
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.is::<LengthLimitError>() => Err(Rejection::body_too_large(limit)),
+        Err(e) if BodyTimeout::in_chain(&*e) => {
+            Err(Rejection::with_detail(Problem::BodyTimeout, e.to_string()))
+        }
         Err(_) => Err(Rejection::new(Problem::BodyUnreadable)),
     }
 }

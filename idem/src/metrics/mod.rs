@@ -26,6 +26,10 @@ pub enum Outcome {
     Invalid,
     /// 503: the store did not answer.
     Unavailable,
+    /// 503: the server's limit of bodies buffered at once was reached.
+    Busy,
+    /// 503: the store is at its capacity.
+    StoreFull,
 }
 
 impl Outcome {
@@ -38,6 +42,8 @@ impl Outcome {
             Outcome::Mismatch => "mismatch",
             Outcome::Invalid => "invalid",
             Outcome::Unavailable => "unavailable",
+            Outcome::Busy => "busy",
+            Outcome::StoreFull => "store_full",
         }
     }
 }

@@ -1,5 +1,11 @@
 //! The embedded default store: a map behind a mutex. Fast, and gone when the process
 //! exits — not durable, and not shared between processes.
+//!
+//! Bounded: keys are chosen by clients, so a map without a cap grows with every new
+//! key until the process dies. A claim that would take the store past its records or
+//! bytes is refused ([`StoreError::Full`], `503 …:store-full`), and nothing runs; a
+//! claim already admitted always stores its answer (refusing it would lose the outcome
+//! of a handler that ran), so the bytes may pass the cap by the answers in flight.
 
 use super::{Deletion, HolderWrite, InProgressPage, Store, StoreError};
 use async_trait::async_trait;
@@ -10,20 +16,93 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 
 /// An in-process store.
-#[derive(Default)]
 pub struct MemoryStore {
-    records: Mutex<HashMap<RecordKey, Record>>,
+    records: Mutex<Records>,
+    max_records: usize,
+    max_bytes: usize,
+}
+
+/// The records and the bytes they take, kept together under one lock.
+#[derive(Default)]
+struct Records {
+    map: HashMap<RecordKey, Record>,
+    bytes: usize,
+}
+
+impl Records {
+    fn get(&self, key: &RecordKey) -> Option<&Record> {
+        self.map.get(key)
+    }
+
+    fn insert(&mut self, key: &RecordKey, record: Record) {
+        self.bytes += weight(key, &record);
+        if let Some(old) = self.map.insert(key.clone(), record) {
+            self.bytes -= weight(key, &old);
+        }
+    }
+
+    fn remove(&mut self, key: &RecordKey) {
+        if let Some(old) = self.map.remove(key) {
+            self.bytes -= weight(key, &old);
+        }
+    }
+}
+
+/// About the bytes a record takes in the map: its key, its stored answer, and a fixed
+/// allowance for the entry, the fingerprint and the record's fields.
+fn weight(key: &RecordKey, record: &Record) -> usize {
+    const ENTRY: usize = 128;
+    let answer = match record {
+        Record::InProgress { .. } => 0,
+        Record::Completed { response, .. } => {
+            response.body.len()
+                + response
+                    .headers
+                    .iter()
+                    .map(|(name, value)| name.len() + value.len() + 48)
+                    .sum::<usize>()
+        }
+    };
+    ENTRY + key.as_str().len() + answer
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// The most records a store from [`MemoryStore::new`] holds.
+    pub const DEFAULT_MAX_RECORDS: usize = 1_000_000;
+    /// The most bytes (about) a store from [`MemoryStore::new`] holds: 256 MiB.
+    pub const DEFAULT_MAX_BYTES: usize = 256 * 1024 * 1024;
+
+    /// An empty store of at most [`DEFAULT_MAX_RECORDS`](Self::DEFAULT_MAX_RECORDS)
+    /// records and [`DEFAULT_MAX_BYTES`](Self::DEFAULT_MAX_BYTES) bytes.
     pub fn new() -> Self {
-        Self::default()
+        Self::bounded(Self::DEFAULT_MAX_RECORDS, Self::DEFAULT_MAX_BYTES)
+    }
+
+    /// An empty store that admits a new claim only while it holds fewer than
+    /// `max_records` records taking less than `max_bytes` (about: keys, answers and a
+    /// fixed allowance per record).
+    pub fn bounded(max_records: usize, max_bytes: usize) -> Self {
+        MemoryStore {
+            records: Mutex::new(Records::default()),
+            max_records,
+            max_bytes,
+        }
     }
 
     /// How many records are held (expired ones included until swept).
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().map.len()
+    }
+
+    /// About the bytes the records take (what the cap counts).
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
     }
 
     /// Whether no record is held.
@@ -31,10 +110,26 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RecordKey, Record>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Records> {
         // A panic while holding the lock can't leave a half-written record (every
         // write is a single insert/remove), so a poisoned map is still consistent.
         self.records.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Why a claim of a key not held cannot be admitted, if it cannot.
+    fn full(&self, records: &Records) -> Option<String> {
+        if records.map.len() >= self.max_records {
+            return Some(format!(
+                "the memory store holds its maximum of {} records",
+                self.max_records
+            ));
+        }
+        (records.bytes >= self.max_bytes).then(|| {
+            format!(
+                "the memory store's records take its maximum of {} bytes",
+                self.max_bytes
+            )
+        })
     }
 }
 
@@ -56,7 +151,13 @@ impl Store for MemoryStore {
         let mut map = self.lock();
         let decision = decide(map.get(key), fingerprint, now, policy);
         if let Decision::Execute(c) | Decision::TakeOver(c) = &decision {
-            map.insert(key.clone(), c.record.clone());
+            // A key already held (expired, or taken over) takes no new entry.
+            if map.get(key).is_none() {
+                if let Some(why) = self.full(&map) {
+                    return Err(StoreError::Full(why));
+                }
+            }
+            map.insert(key, c.record.clone());
         }
         Ok((decision, None))
     }
@@ -77,7 +178,7 @@ impl Store for MemoryStore {
         if let Err(refusal) = holder.check(map.get(key), now) {
             return Ok(HolderWrite::Refused(refusal));
         }
-        map.insert(key.clone(), change.record(holder, now, policy));
+        map.insert(key, change.record(holder, now, policy));
         Ok(HolderWrite::Written)
     }
 
@@ -108,8 +209,9 @@ impl Store for MemoryStore {
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<InProgressPage, StoreError> {
-        let map = self.lock();
-        let mut found: Vec<(RecordKey, Record)> = map
+        let records = self.lock();
+        let mut found: Vec<(RecordKey, Record)> = records
+            .map
             .iter()
             .filter(|(k, r)| {
                 r.in_progress_claimed_before(claimed_before)
@@ -126,6 +228,7 @@ impl Store for MemoryStore {
         let now = now.min(crate::now());
         let mut map = self.lock();
         let expired: Vec<RecordKey> = map
+            .map
             .iter()
             .filter(|(_, r)| r.expires_at() < now)
             .map(|(k, _)| k.clone())

@@ -54,6 +54,9 @@ pub enum StoreError {
     Contention,
     /// The backend is configured so that it may lose records (an evicting Redis).
     Unsafe(String),
+    /// The store is at its configured capacity (the memory store's cap): nothing was
+    /// written.
+    Full(String),
 }
 
 impl fmt::Display for StoreError {
@@ -63,6 +66,7 @@ impl fmt::Display for StoreError {
             StoreError::Corrupt(e) => write!(f, "stored record is corrupt: {e}"),
             StoreError::Contention => f.write_str("store contention: claim retried too often"),
             StoreError::Unsafe(e) => write!(f, "unsafe store configuration: {e}"),
+            StoreError::Full(e) => write!(f, "store full: {e}"),
         }
     }
 }

@@ -869,6 +869,23 @@ fn pool_with(
         .map_err(|e| StoreError::Unavailable(format!("cannot build the connection pool: {e}")))
 }
 
+/// Whether every host of `config` is this machine (a Unix socket, `localhost`, a
+/// loopback address): no network to be in the middle of.
+fn only_loopback(config: &tokio_postgres::Config) -> bool {
+    config.get_hosts().iter().all(|host| match host {
+        tokio_postgres::config::Host::Tcp(name) => {
+            name.eq_ignore_ascii_case("localhost")
+                || name
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        }
+        #[cfg(unix)]
+        tokio_postgres::config::Host::Unix(_) => true,
+    })
+}
+
 /// How to connect to `url`: its settings, and TLS as its `sslmode` says (see
 /// [`super::tls`]).
 fn connector(
@@ -924,11 +941,23 @@ fn connector(
         Some(verify) => {
             let ca = ca_file.map(std::path::Path::to_path_buf).or(tls.ca_file);
             // A CA given is a CA used: `prefer`/`require` with one verify the chain
-            // (as libpq does with a root certificate), never silently ignore it.
+            // (as libpq does with a root certificate), never silently ignore it — and
+            // TLS is then required: under `prefer`, a man in the middle who answers the
+            // SSLRequest with `N` would get the session in plain text, CA or not.
             let verify = match (verify, &ca) {
                 (super::tls::Verify::Nothing, Some(_)) => super::tls::Verify::Chain,
                 (v, _) => v,
             };
+            if ca.is_some() {
+                config.ssl_mode(tokio_postgres::config::SslMode::Require);
+            } else if verify == super::tls::Verify::Nothing && !only_loopback(&config) {
+                tracing::warn!(
+                    "Postgres TLS is unverified (sslmode prefer or require without a CA) to a \
+                     host off this machine: anyone on the path can read or change the \
+                     records (and under prefer, strip TLS). Use sslmode=verify-full with \
+                     sslrootcert or --database-ca-file"
+                );
+            }
             let client = super::tls::client_config(verify, ca.as_deref())
                 .map_err(StoreError::Unavailable)?;
             Ok(Connector::Tls(

@@ -2,10 +2,13 @@
 //! origin links statically.
 //!
 //! Postgres follows libpq's `sslmode`: `disable` (plain), `prefer` (the default: TLS
-//! when the server offers it, unverified), `require` (TLS, unverified — or verified
-//! against the CA when one is given, as libpq does), `verify-ca` (the chain) and
-//! `verify-full` (the chain and the host name). The CA comes from `sslrootcert` in the
-//! URL or from `--database-ca-file`. Redis uses `rediss://` URLs and `--redis-ca-file`.
+//! when the server offers it, unverified), `require` (TLS, unverified), `verify-ca`
+//! (the chain) and `verify-full` (the chain and the host name). The CA comes from
+//! `sslrootcert` in the URL or from `--database-ca-file`; with one, `prefer` and
+//! `require` verify the chain as libpq does, and TLS is required: a server (or a man in
+//! the middle) that declines it is refused, never talked to in plain text. Unverified
+//! TLS to a host off this machine is logged as a warning. Redis uses `rediss://` URLs
+//! and `--redis-ca-file`.
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;

@@ -53,13 +53,24 @@ pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 pub const KEY_TTL: &str = "idempotency-ttl";
 /// Methods guarded by default; every other method passes through untouched.
 pub const DEFAULT_METHODS: [&str; 2] = ["POST", "PATCH"];
-/// Response headers stored and replayed by default (besides the status and body).
-pub const DEFAULT_CACHED_HEADERS: [&str; 5] = [
+/// Response headers stored and replayed by default (besides the status and body): what
+/// the body is and where it lives, and what the API tells browsers and caches to do
+/// with it — a replay without the first answer's `Cache-Control: no-store` or
+/// `X-Content-Type-Options: nosniff` would be cached or sniffed where the first was not.
+pub const DEFAULT_CACHED_HEADERS: [&str; 13] = [
     "content-type",
     "content-language",
     "content-encoding",
     "location",
     "content-location",
+    "cache-control",
+    "pragma",
+    "expires",
+    "x-content-type-options",
+    "content-security-policy",
+    "strict-transport-security",
+    "referrer-policy",
+    "x-frame-options",
 ];
 /// Media type of problem bodies.
 pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";

@@ -18,6 +18,15 @@ pub enum Problem {
     BodyTooLarge,
     /// 400: the body could not be read.
     BodyUnreadable,
+    /// 408: the body did not arrive within the server's body deadlines (a slow or
+    /// stalled client). Nothing was claimed or run.
+    BodyTimeout,
+    /// 503: the server is at its limit of requests or of request bodies buffered at
+    /// once. Nothing was claimed or run; retry after a moment.
+    Busy,
+    /// 503: the store is at its configured capacity (the memory store's cap on
+    /// records or bytes). Nothing was claimed or run.
+    StoreFull,
     /// 409: the same request is still running.
     InFlight,
     /// 422: the key was used for a different request.
@@ -65,11 +74,14 @@ pub enum Problem {
 
 impl Problem {
     /// All problems, for documentation and tests.
-    pub const ALL: [Problem; 18] = [
+    pub const ALL: [Problem; 21] = [
         Problem::KeyMissing,
         Problem::KeyMalformed,
         Problem::BodyTooLarge,
         Problem::BodyUnreadable,
+        Problem::BodyTimeout,
+        Problem::Busy,
+        Problem::StoreFull,
         Problem::InFlight,
         Problem::Mismatch,
         Problem::StoreUnavailable,
@@ -94,6 +106,8 @@ impl Problem {
             | Problem::BodyUnreadable
             | Problem::PathAmbiguous => 400,
             Problem::BodyTooLarge => 413,
+            Problem::BodyTimeout => 408,
+            Problem::Busy | Problem::StoreFull => 503,
             Problem::IdentityMissing | Problem::IdentityInvalid => 401,
             Problem::InFlight | Problem::Fenced => 409,
             Problem::Mismatch => 422,
@@ -114,6 +128,9 @@ impl Problem {
             Problem::KeyMalformed => "urn:idem:problem:idempotency-key-malformed",
             Problem::BodyTooLarge => "urn:idem:problem:body-too-large",
             Problem::BodyUnreadable => "urn:idem:problem:body-unreadable",
+            Problem::BodyTimeout => "urn:idem:problem:body-timeout",
+            Problem::Busy => "urn:idem:problem:server-busy",
+            Problem::StoreFull => "urn:idem:problem:store-full",
             Problem::InFlight => "urn:idem:problem:request-in-flight",
             Problem::Mismatch => "urn:idem:problem:idempotency-key-reused",
             Problem::StoreUnavailable => "urn:idem:problem:store-unavailable",
@@ -138,6 +155,9 @@ impl Problem {
             Problem::KeyMalformed => "Malformed Idempotency-Key header",
             Problem::BodyTooLarge => "Request body too large",
             Problem::BodyUnreadable => "Request body could not be read",
+            Problem::BodyTimeout => "Request body not received in time",
+            Problem::Busy => "The server is at its limit of requests in progress",
+            Problem::StoreFull => "The idempotency store is full",
             Problem::InFlight => "A request with this Idempotency-Key is still being processed",
             Problem::Mismatch => "Idempotency-Key reused with a different request",
             Problem::StoreUnavailable => "Idempotency store unavailable",
@@ -166,6 +186,9 @@ impl Problem {
             Problem::KeyMalformed => "the Idempotency-Key header is not a valid key",
             Problem::BodyTooLarge => "the request body is larger than this route accepts",
             Problem::BodyUnreadable => "the request body could not be read",
+            Problem::BodyTimeout => "the request body did not arrive within the time this server allows; nothing was run",
+            Problem::Busy => "the server is at its limit of requests or request bodies in progress; nothing was run, retry later",
+            Problem::StoreFull => "the idempotency store holds as many records as it is allowed to; nothing was run",
             Problem::InFlight => "retry later, or send Prefer: wait=<seconds> to wait for it",
             Problem::Mismatch => "this Idempotency-Key was already used with a different method, path, content type or body",
             Problem::StoreUnavailable => {
@@ -193,7 +216,9 @@ impl Problem {
             Problem::InFlight
             | Problem::StoreUnavailable
             | Problem::Fenced
-            | Problem::OriginUnreachable => Some(1),
+            | Problem::OriginUnreachable
+            | Problem::Busy => Some(1),
+            Problem::StoreFull => Some(30),
             _ => None,
         }
     }

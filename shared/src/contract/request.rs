@@ -86,17 +86,23 @@ pub fn guards_request<'a>(
 
 /// Refuses a guarded request whose declared `Content-Length` is over `limit`
 /// before a byte of it is read. An unparsable length is left to the runtime's body
-/// reader, which counts what actually arrives against the same limit.
-pub fn check_declared_length(content_length: Option<&[u8]>, limit: usize) -> Result<(), Rejection> {
+/// reader, which counts what actually arrives against the same limit. The length, when
+/// declared and within the limit (what a server reserves to buffer the body).
+pub fn check_declared_length(
+    content_length: Option<&[u8]>,
+    limit: usize,
+) -> Result<Option<usize>, Rejection> {
     let Some(value) = content_length.map(super::trim_ows) else {
-        return Ok(());
+        return Ok(None);
     };
     let all_digits = !value.is_empty() && value.iter().all(u8::is_ascii_digit);
     match super::parse_digits(value, usize::MAX) {
         Some(n) if n > limit as u64 => Err(Rejection::body_too_large(limit)),
+        // Within the limit, so within usize.
+        Some(n) => Ok(usize::try_from(n).ok()),
         // More digits than a u64 holds: larger than any limit.
         None if all_digits => Err(Rejection::body_too_large(limit)),
-        _ => Ok(()),
+        None => Ok(None),
     }
 }
 
@@ -222,8 +228,9 @@ mod tests {
 
     #[wasm_bindgen_test(unsupported = test)]
     fn declared_lengths() {
-        assert_eq!(check_declared_length(None, 10), Ok(()));
-        assert_eq!(check_declared_length(Some(b"10"), 10), Ok(()));
+        assert_eq!(check_declared_length(None, 10), Ok(None));
+        assert_eq!(check_declared_length(Some(b"10"), 10), Ok(Some(10)));
+        assert_eq!(check_declared_length(Some(b" 0"), 10), Ok(Some(0)));
         assert_eq!(
             check_declared_length(Some(b" 11 "), 10),
             Err(Rejection::body_too_large(10))
@@ -233,7 +240,7 @@ mod tests {
             Err(Rejection::body_too_large(10)),
             "past u64: larger than any limit"
         );
-        assert_eq!(check_declared_length(Some(b"x"), 10), Ok(()));
+        assert_eq!(check_declared_length(Some(b"x"), 10), Ok(None));
     }
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -1,0 +1,205 @@
+//! The layer as a tower service: what it asks of the service it wraps, and how it
+//! answers a body it cannot read. Both were found untested by the mutation run over
+//! the layer (docs/mutants.md).
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use idem::idempotency::IdempotencyLayer;
+use idem::store::MemoryStore;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tower::{Layer, Service, ServiceExt};
+
+/// A service that is ready only when `ready` says so, and counts its calls.
+#[derive(Clone)]
+struct Gate {
+    ready: Arc<AtomicBool>,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Service<Request<Body>> for Gate {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        if self.ready.load(Ordering::SeqCst) {
+            Poll::Ready(Ok(()))
+        } else {
+            cx.waker().wake_by_ref();
+            Poll::Pending
+        }
+    }
+
+    fn call(&mut self, _req: Request<Body>) -> Self::Future {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok(Response::new(Body::from("ran"))))
+    }
+}
+
+#[tokio::test]
+async fn the_layer_is_ready_only_when_the_service_it_wraps_is() {
+    let gate = Gate {
+        ready: Arc::new(AtomicBool::new(false)),
+        calls: Arc::new(AtomicUsize::new(0)),
+    };
+    let mut service = IdempotencyLayer::new(Arc::new(MemoryStore::new())).layer(gate.clone());
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    // A concurrency-limited or overloaded inner service says "not yet": so must the
+    // layer, or its caller sends a request the inner service cannot take.
+    assert!(
+        Service::<Request<Body>>::poll_ready(&mut service, &mut cx).is_pending(),
+        "the layer said ready while the service it wraps was not"
+    );
+    gate.ready.store(true, Ordering::SeqCst);
+    assert!(matches!(
+        Service::<Request<Body>>::poll_ready(&mut service, &mut cx),
+        Poll::Ready(Ok(()))
+    ));
+    let res = service
+        .call(Request::post("/v1/charges").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(gate.calls.load(Ordering::SeqCst), 1);
+}
+
+/// A body that yields `chunks`, then fails.
+fn failing_body(chunks: usize) -> Body {
+    let mut frames: Vec<Result<Bytes, std::io::Error>> = (0..chunks)
+        .map(|_| Ok(Bytes::from_static(b"{\"a\":1")))
+        .collect();
+    frames.push(Err(std::io::Error::new(
+        std::io::ErrorKind::ConnectionReset,
+        "the client went away",
+    )));
+    Body::from_stream(futures_util::stream::iter(frames))
+}
+
+#[tokio::test]
+async fn a_body_that_fails_to_read_is_400_unreadable_not_413_and_runs_nothing() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let gate = Gate {
+        ready: Arc::new(AtomicBool::new(true)),
+        calls: calls.clone(),
+    };
+    let store = Arc::new(MemoryStore::new());
+    let service = IdempotencyLayer::new(store.clone())
+        .max_body_bytes(1024)
+        .layer(gate);
+    for chunks in [0, 3] {
+        let req = Request::post("/v1/charges")
+            .header("idempotency-key", "\"broken-body\"")
+            .header("authorization", "Bearer layer-tests")
+            .header("content-type", "application/json")
+            .body(failing_body(chunks))
+            .unwrap();
+        let res = service.clone().oneshot(req).await.unwrap();
+        let status = res.status().as_u16();
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        let body = String::from_utf8_lossy(&body);
+        assert_eq!(
+            (status, body.contains("urn:idem:problem:body-unreadable")),
+            (400, true),
+            "a body that failed after {chunks} chunks: {status} {body}"
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "the handler ran");
+    assert!(store.is_empty(), "a record was stored for an unread body");
+    // A body over the limit, undeclared, is still 413: the read error says which.
+    let big = Body::from_stream(futures_util::stream::iter(
+        (0..8).map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![b' '; 200]))),
+    ));
+    let req = Request::post("/v1/charges")
+        .header("idempotency-key", "\"big-body\"")
+        .header("authorization", "Bearer layer-tests")
+        .body(big)
+        .unwrap();
+    let res = service.clone().oneshot(req).await.unwrap();
+    assert_eq!(res.status(), 413);
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+/// Every path answers 201 with a body of `size` bytes, counting its calls.
+fn charges(calls: Arc<AtomicUsize>, size: usize) -> axum::Router {
+    axum::Router::new().route(
+        "/{*path}",
+        axum::routing::any(move || {
+            let calls = calls.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                (http::StatusCode::CREATED, "x".repeat(size))
+            }
+        }),
+    )
+}
+
+async fn post(app: &axum::Router, key: &str) -> (u16, String, Option<String>) {
+    let req = Request::post("/v1/charges")
+        .header("idempotency-key", key)
+        .header("authorization", "Bearer layer-tests")
+        .body(Body::from("{}"))
+        .unwrap();
+    let res = app.clone().oneshot(req).await.unwrap();
+    let status = res.status().as_u16();
+    let retry_after = res
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        String::from_utf8_lossy(&body).into_owned(),
+        retry_after,
+    )
+}
+
+#[tokio::test]
+async fn a_full_memory_store_refuses_new_keys_with_503_and_does_not_grow() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let store = Arc::new(MemoryStore::bounded(50, usize::MAX));
+    let app = charges(calls.clone(), 10).layer(IdempotencyLayer::new(store.clone()));
+    let mut statuses = std::collections::BTreeMap::new();
+    for n in 0..80 {
+        let (status, body, retry_after) = post(&app, &format!("k{n}")).await;
+        *statuses.entry(status).or_insert(0) += 1;
+        if status == 503 {
+            assert!(body.contains("urn:idem:problem:store-full"), "{body}");
+            assert_eq!(retry_after.as_deref(), Some("30"));
+        }
+    }
+    assert_eq!(statuses, [(201, 50), (503, 30)].into(), "{statuses:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 50, "a refused key ran");
+    assert_eq!(store.len(), 50, "the store grew past its cap");
+    // What it holds still replays, and a refused key is refused again, not run.
+    let (status, _, _) = post(&app, "k7").await;
+    assert_eq!(status, 201);
+    let (status, _, _) = post(&app, "k70").await;
+    assert_eq!(status, 503);
+    assert_eq!(calls.load(Ordering::SeqCst), 50);
+
+    // By bytes: answers of 10 000 bytes, a cap of 100 000: it fills after about 9
+    // (each record also counts its key and a fixed allowance), then refuses.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let store = Arc::new(MemoryStore::bounded(usize::MAX, 100_000));
+    let app = charges(calls.clone(), 10_000).layer(IdempotencyLayer::new(store.clone()));
+    let mut ran = 0;
+    for n in 0..40 {
+        let (status, body, _) = post(&app, &format!("b{n}")).await;
+        match status {
+            201 => ran += 1,
+            503 => assert!(body.contains("store-full"), "{body}"),
+            other => panic!("{other}: {body}"),
+        }
+    }
+    assert!(
+        (9..=11).contains(&ran),
+        "{ran} answers of 10 000 bytes under a cap of 100 000"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), ran);
+    assert!(store.bytes() < 100_000 + 11_000, "{} bytes", store.bytes());
+}
