@@ -136,7 +136,11 @@ struct SelfHealingCluster {
     rebuilding: AtomicBool,
     timeout: Duration,
     /// Single nodes by address, on connections of their own (see `nodes`).
-    nodes: nodes::NodeConnections,
+    nodes: Arc<nodes::NodeConnections>,
+    /// Where each key's master is, for requests sent to it directly (see `slots`);
+    /// `None` with `--redis-wait-replicas`, whose `WAIT` must follow its write on one
+    /// connection.
+    slots: Option<Arc<slots::SlotRouter>>,
 }
 
 const REBUILD_AFTER: u32 = 3;
@@ -177,6 +181,7 @@ impl SelfHealingCluster {
 
 mod nodes;
 mod purge;
+mod slots;
 
 /// Redis-backed [`Store`].
 pub struct RedisStore {
@@ -272,6 +277,7 @@ impl RedisStore {
         };
         store.ping().await?;
         store.check_eviction(options.allow_eviction).await?;
+        store.check_coverage().await;
         Ok(store)
     }
 
@@ -343,13 +349,31 @@ impl RedisStore {
                 StoreError::Unavailable(format!("redis cluster: no connection within {timeout:?}"))
             })?
             .map_err(unavailable)?;
+        let node_connections =
+            Arc::new(nodes::NodeConnections::new(nodes[0], ca.cloned(), timeout));
+        let slots = match wait_replicas {
+            0 => {
+                let seeds = nodes
+                    .iter()
+                    .filter_map(|url| slots::host_port(url))
+                    .collect();
+                let router = Arc::new(slots::SlotRouter::new(seeds));
+                if let Err(e) = router.refresh(&node_connections).await {
+                    // Requests go through the cluster connection until a reading works.
+                    tracing::warn!(error = %e, "reading the Redis Cluster's slots failed");
+                }
+                Some(router)
+            }
+            _ => None,
+        };
         Ok(Conn::Cluster(Arc::new(SelfHealingCluster {
             client,
             conn: std::sync::RwLock::new(conn),
             consecutive_failures: AtomicU32::new(0),
             rebuilding: AtomicBool::new(false),
             timeout,
-            nodes: nodes::NodeConnections::new(nodes[0], ca.cloned(), timeout),
+            nodes: node_connections,
+            slots,
         })))
     }
 
@@ -399,6 +423,45 @@ impl RedisStore {
             "Redis evicts keys when full ({found}): an evicted claim or answer lets a retry run the handler again. \
              Set maxmemory-policy noeviction (or maxmemory 0), or pass --redis-allow-eviction to accept the risk"
         )))
+    }
+
+    /// Warns when a cluster's masters stop serving every slot while any slot has no
+    /// master (`cluster-require-full-coverage yes`, Redis' default): then one master's
+    /// death turns every key away (`CLUSTERDOWN`) until its replica is promoted, not
+    /// only its own keys.
+    async fn check_coverage(&self) {
+        let Conn::Cluster(h) = &self.conn else {
+            return;
+        };
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("GET").arg("cluster-require-full-coverage");
+        let routing = redis::cluster_routing::RoutingInfo::MultiNode((
+            redis::cluster_routing::MultipleNodeRoutingInfo::AllMasters,
+            None,
+        ));
+        let Ok(reply) = self
+            .bounded(h.connection().route_command(cmd, routing))
+            .await
+        else {
+            return;
+        };
+        let full: Vec<String> = per_node(&reply)
+            .into_iter()
+            .filter(|(_, config)| {
+                config
+                    .iter()
+                    .any(|(k, v)| k == "cluster-require-full-coverage" && v == "yes")
+            })
+            .map(|(node, _)| node)
+            .collect();
+        if !full.is_empty() {
+            tracing::warn!(
+                masters = %full.join(", "),
+                "cluster-require-full-coverage is yes: while one master is down and not yet \
+                 replaced, every master refuses every key (CLUSTERDOWN), so every request gets \
+                 503. With `no`, only the dead master's keys do"
+            );
+        }
     }
 
     /// `WAIT` for the configured replicas after a write on `key`, on the connection to
@@ -475,11 +538,31 @@ impl RedisStore {
         key: &RecordKey,
         args: ScriptArgs<'_>,
     ) -> Result<T, StoreError> {
-        let mut invocation = script.key(self.redis_key(key));
+        let redis_key = self.redis_key(key);
+        let mut invocation = script.key(&redis_key);
         args.apply(&mut invocation);
         match &self.conn {
             Conn::Single(c) => self.bounded(invocation.invoke_async(&mut c.clone())).await,
             Conn::Cluster(h) => {
+                // Straight to the key's master: one master down is its keys' problem,
+                // not every shard's (see `slots`).
+                if let Some(router) = &h.slots {
+                    if let Some(node) = router.owner(redis_key.as_bytes()) {
+                        match h.nodes.invoke(&node, &invocation).await {
+                            Ok(value) => return Ok(value),
+                            Err(nodes::NodeFailure::Answered(e)) if slots::redirected(&e) => {
+                                router.refresh_soon(&h.nodes);
+                            }
+                            Err(nodes::NodeFailure::Answered(e)) => return Err(unavailable(e)),
+                            Err(nodes::NodeFailure::Unreachable(e)) => {
+                                router.refresh_soon(&h.nodes);
+                                return Err(e);
+                            }
+                        }
+                    } else {
+                        router.refresh_soon(&h.nodes);
+                    }
+                }
                 let result = self
                     .bounded(invocation.invoke_async(&mut h.connection()))
                     .await;

@@ -17,6 +17,14 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
+/// How a request to one node failed.
+pub(super) enum NodeFailure {
+    /// The node answered with an error (a redirect, a script's error).
+    Answered(redis::RedisError),
+    /// No connection, or no answer in time: the connection is closed.
+    Unreachable(StoreError),
+}
+
 pub(super) struct NodeConnections {
     /// The first URL given: every node shares its scheme, credentials and database.
     template: String,
@@ -94,6 +102,27 @@ impl NodeConnections {
         let mut conn = self.connection(node).await?;
         let result = tokio::time::timeout(self.timeout, cmd.query_async(&mut conn)).await;
         self.settle(node, result)
+    }
+
+    /// `invocation` (a script, loaded when the node does not have it) on `node`.
+    pub(super) async fn invoke<T: FromRedisValue>(
+        &self,
+        node: &str,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, NodeFailure> {
+        let mut conn = self
+            .connection(node)
+            .await
+            .map_err(NodeFailure::Unreachable)?;
+        match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) if !(e.is_io_error() || e.is_timeout()) => Err(NodeFailure::Answered(e)),
+            result => Err(NodeFailure::Unreachable(
+                self.settle::<T>(node, result).err().unwrap_or_else(|| {
+                    StoreError::Unavailable(format!("redis: {node}: no answer"))
+                }),
+            )),
+        }
     }
 
     /// `pipe` on `node`: each command's reply or error.
