@@ -202,10 +202,10 @@ where
     }
 }
 
-/// The bytes of request bodies being buffered at once, shared by a layer and its
-/// routes: a body is read only when its length (or, undeclared, the route's limit)
-/// fits in what is left, so a crowd of large or slow bodies makes the next one wait
-/// for a `503`, never the process run out of memory.
+/// The bytes of request bodies held at once, shared by a layer and its routes: a body
+/// takes its bytes as they arrive and keeps them while it lives; one that does not fit
+/// in what is left gets a `503`, and a crowd of large or slow bodies cannot run the
+/// process out of memory.
 #[derive(Clone, Debug)]
 pub(crate) struct BodyBudget {
     in_use: Arc<AtomicUsize>,
@@ -223,26 +223,12 @@ impl BodyBudget {
     /// `bytes` of the budget until the returned reservation is dropped, or `None`
     /// when they do not fit.
     pub(crate) fn reserve(&self, bytes: usize) -> Option<Reservation> {
-        let mut in_use = self.in_use.load(Ordering::Relaxed);
-        loop {
-            let after = in_use
-                .checked_add(bytes)
-                .filter(|&after| after <= self.cap)?;
-            match self.in_use.compare_exchange_weak(
-                in_use,
-                after,
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => {
-                    return Some(Reservation {
-                        in_use: self.in_use.clone(),
-                        bytes,
-                    })
-                }
-                Err(now) => in_use = now,
-            }
-        }
+        let mut reservation = Reservation {
+            in_use: self.in_use.clone(),
+            bytes: 0,
+            cap: self.cap,
+        };
+        reservation.grow(bytes).then_some(reservation)
     }
 
     /// The bytes reserved now.
@@ -257,6 +243,31 @@ impl BodyBudget {
 pub(crate) struct Reservation {
     in_use: Arc<AtomicUsize>,
     bytes: usize,
+    cap: usize,
+}
+
+impl Reservation {
+    /// `more` bytes added to this reservation, if they fit in what is left.
+    pub(crate) fn grow(&mut self, more: usize) -> bool {
+        let mut in_use = self.in_use.load(Ordering::Relaxed);
+        loop {
+            let Some(after) = in_use.checked_add(more).filter(|&after| after <= self.cap) else {
+                return false;
+            };
+            match self.in_use.compare_exchange_weak(
+                in_use,
+                after,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => {
+                    self.bytes += more;
+                    return true;
+                }
+                Err(now) => in_use = now,
+            }
+        }
+    }
 }
 
 impl Drop for Reservation {
@@ -289,5 +300,13 @@ mod tests {
             BodyBudget::new(0).reserve(0).is_some(),
             "an empty body fits any budget"
         );
+        // A reservation grows while it fits, and gives back all it grew to.
+        let mut growing = budget.reserve(10).unwrap();
+        assert!(growing.grow(80));
+        assert!(!growing.grow(11), "past the cap");
+        assert!(growing.grow(10));
+        assert_eq!(budget.in_use(), 100);
+        drop(growing);
+        assert_eq!(budget.in_use(), 0);
     }
 }

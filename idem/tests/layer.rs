@@ -203,3 +203,89 @@ async fn a_full_memory_store_refuses_new_keys_with_503_and_does_not_grow() {
     assert_eq!(calls.load(Ordering::SeqCst), ran);
     assert!(store.bytes() < 100_000 + 11_000, "{} bytes", store.bytes());
 }
+
+/// A body that sends `first`, then waits for `rest` to be sent on the returned channel.
+fn stalled_body(first: &'static [u8]) -> (Body, tokio::sync::mpsc::Sender<Bytes>) {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+    let head = futures_util::stream::iter([Ok::<_, std::io::Error>(Bytes::from_static(first))]);
+    let tail = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|chunk| (Ok(chunk), rx))
+    });
+    (
+        Body::from_stream(futures_util::StreamExt::chain(head, tail)),
+        tx,
+    )
+}
+
+#[tokio::test]
+async fn bodies_hold_the_bytes_they_sent_until_their_answer_and_no_more() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let slow = {
+        let calls = calls.clone();
+        axum::Router::new().route(
+            "/{*path}",
+            axum::routing::post(move |body: Bytes| {
+                let calls = calls.clone();
+                async move {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+                    (http::StatusCode::CREATED, format!("{} bytes", body.len()))
+                }
+            }),
+        )
+    };
+    let app = slow.layer(
+        IdempotencyLayer::new(Arc::new(MemoryStore::new()))
+            .max_body_bytes(100)
+            .max_buffered_body_bytes(100),
+    );
+    let request = |key: &str, length: usize, body: Body| {
+        Request::post("/v1/charges")
+            .header("idempotency-key", key)
+            .header("authorization", "Bearer layer-tests")
+            .header("content-length", length.to_string())
+            .body(body)
+            .unwrap()
+    };
+    let status =
+        |res: Result<http::Response<axum::body::Body>, Infallible>| res.unwrap().status().as_u16();
+    // A client that declared 100 bytes and sent 10 holds 10, not 100: another body of
+    // 80 is read.
+    let (trickle, more) = stalled_body(b"{\"a\":\"1234");
+    let trickling = tokio::spawn(app.clone().oneshot(request("trickle", 100, trickle)));
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let eighty = Body::from(format!("{{\"b\":\"{}\"}}", "x".repeat(72)));
+    let first = tokio::spawn(app.clone().oneshot(request("eighty", 80, eighty)));
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    // While the 80 bytes' handler runs, they are still held: 10 + 80 + 30 > 100.
+    let thirty = || Body::from(format!("{{\"c\":\"{}\"}}", "y".repeat(22)));
+    let refused = app
+        .clone()
+        .oneshot(request("thirty", 30, thirty()))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 503, "a body that did not fit was read");
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let problem = refused.into_body().collect().await.unwrap().to_bytes();
+    assert!(
+        String::from_utf8_lossy(&problem).contains("urn:idem:problem:server-busy"),
+        "{problem:?}"
+    );
+    assert_eq!(
+        status(first.await.unwrap()),
+        201,
+        "the 80 bytes beside a trickle of 10"
+    );
+    // Its answer given, its 80 bytes are free: the 30 fit now.
+    assert_eq!(
+        status(app.clone().oneshot(request("thirty", 30, thirty())).await),
+        201
+    );
+    // The trickle ends, with 10 + 90 bytes sent: read, and answered.
+    more.send(Bytes::from(format!("{}\"}}", "z".repeat(88))))
+        .await
+        .unwrap();
+    drop(more);
+    assert_eq!(status(trickling.await.unwrap()), 201);
+    assert_eq!(calls.load(Ordering::SeqCst), 3, "the refused body ran");
+}

@@ -228,6 +228,7 @@ pub fn layer(config: &Config, store: Arc<dyn Store>) -> Result<IdempotencyLayer,
         .max_wait(config.max_wait)
         .max_body_bytes(config.max_body_bytes)
         .max_buffered_body_bytes(config.max_buffered_body_bytes)
+        .max_in_progress(config.max_requests)
         .max_stored_body_bytes(config.max_stored_body_bytes);
     let routes = config.routes()?;
     let flags_scope = config.scope_rule()?;

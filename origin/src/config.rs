@@ -224,12 +224,18 @@ pub struct Config {
     #[arg(long, env = "IDEM_BODY_READ_TIMEOUT", default_value = "60s", value_parser = parse_duration)]
     pub body_read_timeout: Duration,
 
+    /// How long a write to a client may wait for it to read (its receive window full)
+    /// before the connection is closed. Both listeners.
+    #[arg(long, env = "IDEM_WRITE_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub write_timeout: Duration,
+
     /// Connections open at once, per listener; more wait to be accepted.
     #[arg(long, env = "IDEM_MAX_CONNECTIONS", default_value_t = 10_000)]
     pub max_connections: usize,
 
     /// Requests in progress at once, per listener; more get 503 (server-busy) and
-    /// nothing runs.
+    /// nothing runs (/healthz, /readyz and /metrics are not counted). Guarded requests
+    /// count until their answer is stored, even when their client has left.
     #[arg(long, env = "IDEM_MAX_REQUESTS", default_value_t = 10_000)]
     pub max_requests: usize,
 
@@ -408,6 +414,8 @@ impl Config {
             body_read: self.body_read_timeout,
             max_connections: self.max_connections,
             max_requests: self.max_requests,
+            write_idle: self.write_timeout,
+            drain: self.drain_timeout,
         }
     }
 
@@ -417,6 +425,7 @@ impl Config {
             ("--header-read-timeout", self.header_read_timeout),
             ("--body-idle-timeout", self.body_idle_timeout),
             ("--body-read-timeout", self.body_read_timeout),
+            ("--write-timeout", self.write_timeout),
         ] {
             if value.is_zero() {
                 return Err(format!(
@@ -942,6 +951,7 @@ mod tests {
             "--header-read-timeout",
             "--body-idle-timeout",
             "--body-read-timeout",
+            "--write-timeout",
         ] {
             let refused = with(&[flag, "0"]).unwrap_err();
             assert!(

@@ -38,8 +38,16 @@ pub struct Limits {
     pub body_read: Duration,
     /// Connections open at once; more wait to be accepted.
     pub max_connections: usize,
-    /// Requests in progress at once; more get `503` (`…:server-busy`).
+    /// Requests in progress at once; more get `503` (`…:server-busy`). The health
+    /// and metrics endpoints are not counted: a server at its limit still says so.
     pub max_requests: usize,
+    /// How long a write may wait for the client to read (its receive window full)
+    /// before the connection is closed: a client that never reads its answer holds no
+    /// connection for ever.
+    pub write_idle: Duration,
+    /// After the shutdown signal, how long connections may take to finish their
+    /// requests before they are closed.
+    pub drain: Duration,
 }
 
 /// Serves `router` on `listener` within `limits` until `shutdown` resolves, then lets
@@ -70,10 +78,16 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
-                    // Out of file descriptors, or a connection reset before it was
-                    // accepted: wait a moment rather than spin.
-                    tracing::warn!(error = %e, "accepting a connection failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    // A connection reset before it was accepted is that client's
+                    // business; anything else (out of file descriptors) is waited out
+                    // rather than spun on, as axum::serve does.
+                    if !matches!(
+                        e.kind(),
+                        std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset
+                    ) {
+                        tracing::warn!(error = %e, "accepting a connection failed");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
                     continue;
                 }
             },
@@ -86,7 +100,10 @@ pub async fn serve(
             limits,
             requests: requests.clone(),
         };
-        let connection = http.serve_connection(TokioIo::new(stream), service);
+        let io = TokioIo::new(WriteDeadline::new(stream, limits.write_idle));
+        // No upgrades (WebSocket): hyper-util cannot shut an upgradeable HTTP/1 connection
+        // down gracefully, and nothing idem serves upgrades.
+        let connection = http.serve_connection(io, service);
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(e) = connection.await {
@@ -96,7 +113,14 @@ pub async fn serve(
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    // Idle connections close at once; busy ones finish their requests, within `drain`
+    // (a client that never reads its answer cannot hold the exit).
+    if tokio::time::timeout(limits.drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(drain = ?limits.drain, "connections still open after the drain time; closing them");
+    }
 }
 
 /// The router, for the requests of one connection.
@@ -115,8 +139,16 @@ impl hyper::service::Service<Request<Incoming>> for PeerService {
         std::pin::Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
-        let Ok(permit) = self.requests.clone().try_acquire_owned() else {
-            return Box::pin(async { Ok(busy()) });
+        let permit = if is_probe(&request) {
+            None
+        } else {
+            match self.requests.clone().try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    metrics::counter!("idem_server_busy_total").increment(1);
+                    return Box::pin(async { Ok(busy()) });
+                }
+            }
         };
         let limits = self.limits;
         let mut request = request
@@ -133,9 +165,117 @@ impl hyper::service::Service<Request<Incoming>> for PeerService {
     }
 }
 
+/// A health or metrics probe: answered whatever the load, so that a server at its
+/// limit of requests is not taken for a dead one.
+fn is_probe<B>(request: &Request<B>) -> bool {
+    matches!(*request.method(), http::Method::GET | http::Method::HEAD)
+        && matches!(request.uri().path(), "/healthz" | "/readyz" | "/metrics")
+}
+
 fn busy() -> Response<Body> {
     idem::idempotency::problem_response(&Rejection::with_detail(
         Problem::Busy,
         "the server is at its limit of requests in progress; nothing was run, retry later",
     ))
+}
+
+/// A connection whose writes fail once one has waited `idle` for the peer to read.
+struct WriteDeadline<T> {
+    io: T,
+    idle: Duration,
+    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+    armed: bool,
+}
+
+impl<T> WriteDeadline<T> {
+    fn new(io: T, idle: Duration) -> Self {
+        WriteDeadline {
+            io,
+            idle,
+            timer: Box::pin(tokio::time::sleep(idle)),
+            armed: false,
+        }
+    }
+}
+
+impl<T: Unpin> WriteDeadline<T> {
+    /// `poll` of a write: ready clears the deadline; pending arms it, and past it the
+    /// write fails.
+    fn deadline<R>(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        poll: impl FnOnce(
+            std::pin::Pin<&mut T>,
+            &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<R>>,
+    ) -> std::task::Poll<std::io::Result<R>> {
+        use std::task::Poll;
+        match poll(std::pin::Pin::new(&mut self.io), cx) {
+            Poll::Ready(result) => {
+                self.armed = false;
+                Poll::Ready(result)
+            }
+            Poll::Pending => {
+                if !self.armed {
+                    self.armed = true;
+                    let at = tokio::time::Instant::now() + self.idle;
+                    self.timer.as_mut().reset(at);
+                }
+                match self.timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the client read nothing of its answer for the write timeout",
+                    ))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for WriteDeadline<T> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for WriteDeadline<T> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.get_mut().deadline(cx, |io, cx| io.poll_write(cx, buf))
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.get_mut()
+            .deadline(cx, |io, cx| io.poll_write_vectored(cx, bufs))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.get_mut().deadline(cx, |io, cx| io.poll_flush(cx))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.get_mut().deadline(cx, |io, cx| io.poll_shutdown(cx))
+    }
 }

@@ -295,14 +295,23 @@ fn proxy_mode_without_a_named_store_and_limits_that_turn_themselves_off_are_refu
         "{}",
         stderr(&o)
     );
-    let o = run(&["--header-read-timeout", "0"], &[]);
+    // (--store postgres without a URL: were the limit let through, the process would
+    // still exit, on another message, rather than serve.)
+    let o = run(&["--header-read-timeout", "0", "--store", "postgres"], &[]);
     assert_eq!(o.status.code(), Some(2));
     assert!(
-        stderr(&o).contains("--header-read-timeout"),
+        stderr(&o).contains("--header-read-timeout must be more than 0"),
         "{}",
         stderr(&o)
     );
-    let o = run(&[], &[("IDEM_BODY_READ_TIMEOUT", "0s")]);
+    let o = run(
+        &["--store", "postgres"],
+        &[("IDEM_BODY_READ_TIMEOUT", "0s")],
+    );
     assert_eq!(o.status.code(), Some(2));
-    assert!(stderr(&o).contains("--body-read-timeout"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--body-read-timeout must be more than 0"),
+        "{}",
+        stderr(&o)
+    );
 }

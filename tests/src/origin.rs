@@ -36,17 +36,26 @@ impl TestOrigin {
         Self::serve_router(origin.router, origin.store).await
     }
 
-    /// Serves any router.
+    /// Serves any router, on `idem-origin`'s own listener (its default limits, but
+    /// a minute for a request's head: a test's client may leave a pooled connection
+    /// idle longer than the default 10 s between two requests, and a POST sent as the
+    /// server closes it would fail the test, not the code).
     pub async fn serve_router(
         router: axum::Router,
         store: Arc<dyn idem::store::Store>,
     ) -> TestOrigin {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(async move {
-            let app = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
-            axum::serve(listener, app).await.unwrap();
-        });
+        let limits = idem_origin::serve::Limits {
+            header_read: Duration::from_secs(60),
+            ..Config::try_parse_from(["idem-origin"]).unwrap().limits()
+        };
+        let server = tokio::spawn(idem_origin::serve::serve(
+            listener,
+            router,
+            limits,
+            std::future::pending(),
+        ));
         TestOrigin {
             addr,
             origin_store: store,

@@ -133,8 +133,10 @@ pub(crate) struct Config {
     pub(crate) scope: Arc<ScopeFn>,
     pub(crate) cached_headers: Vec<HeaderName>,
     pub(crate) max_body_bytes: usize,
-    /// The bytes of guarded bodies being read at once, shared by every route.
+    /// The bytes of guarded bodies held at once, shared by every route.
     pub(crate) body_budget: crate::limits::BodyBudget,
+    /// Guarded requests between their body and their answer, shared by every route.
+    pub(crate) in_progress: Arc<tokio::sync::Semaphore>,
     pub(crate) max_execution: Option<Duration>,
     pub(crate) executions: Executions,
     pub(crate) max_stored_body_bytes: usize,
@@ -177,6 +179,7 @@ impl IdempotencyLayer {
                     .collect(),
                 max_body_bytes: 1024 * 1024,
                 body_budget: crate::limits::BodyBudget::new(DEFAULT_BUFFERED_BODY_BYTES),
+                in_progress: Arc::new(tokio::sync::Semaphore::new(DEFAULT_MAX_IN_PROGRESS)),
                 max_execution: None,
                 executions: Executions::default(),
                 max_stored_body_bytes: 1024 * 1024,
@@ -381,16 +384,30 @@ impl IdempotencyLayer {
         self.with(|c| c.max_body_bytes = limit)
     }
 
-    /// The bytes of guarded request bodies read at once, across every route of this
-    /// layer ([`DEFAULT_BUFFERED_BODY_BYTES`] unless set): a body is read only when
-    /// its declared length — or, undeclared, its route's
-    /// [`max_body_bytes`](Self::max_body_bytes) — fits in what is left; otherwise
-    /// the request gets `503` (`…:server-busy`, `Retry-After: 1`) and nothing is
-    /// claimed or run. Bounds the memory a crowd of slow or large bodies can take.
+    /// The bytes of guarded request bodies held at once, across every route of this
+    /// layer ([`DEFAULT_BUFFERED_BODY_BYTES`] unless set): a body takes its bytes as
+    /// they arrive and holds them until its request is answered and stored; one that
+    /// does not fit in what is left gets `503` (`…:server-busy`, `Retry-After: 1`),
+    /// and nothing is claimed or run. Bounds the memory a crowd of slow or large
+    /// bodies can take. Keep it at least [`max_body_bytes`](Self::max_body_bytes), or
+    /// the largest bodies accepted can never be read.
     pub fn max_buffered_body_bytes(self, limit: usize) -> Self {
         self.with(|c| c.body_budget = crate::limits::BodyBudget::new(limit))
     }
+
+    /// Guarded requests in progress at once — from their body read to their answer
+    /// stored, including those whose client has left and that finish on their own —
+    /// across every route ([`DEFAULT_MAX_IN_PROGRESS`] unless set). Past it a guarded
+    /// request gets `503` (`…:server-busy`) and nothing is claimed or run. A server's
+    /// own cap on requests lets go of a request when its client disconnects; this one
+    /// does not, so clients that send and hang up cannot start handlers without bound.
+    pub fn max_in_progress(self, limit: usize) -> Self {
+        self.with(|c| c.in_progress = Arc::new(tokio::sync::Semaphore::new(limit)))
+    }
 }
+
+/// The default of [`IdempotencyLayer::max_in_progress`].
+pub const DEFAULT_MAX_IN_PROGRESS: usize = 10_000;
 
 /// The default of [`IdempotencyLayer::max_buffered_body_bytes`]: 64 MiB, 64 bodies of
 /// the default 1 MiB limit read at once (a body of declared length reserves only that).

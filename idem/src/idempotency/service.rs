@@ -6,14 +6,14 @@ use super::trace;
 #[cfg(feature = "postgres")]
 use super::transaction::Completion;
 use super::{Config, IdempotencyContext};
-use crate::limits::{BodyBudget, BodyTimeout};
+use crate::limits::{BodyBudget, BodyTimeout, Reservation};
 use crate::metrics::{self, Outcome};
 use crate::store::{StoreError, StoreExt};
 use axum::body::Body;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::{header, request::Parts, HeaderMap, Request, Response};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use idem_core::contract::{self, Problem, Rejection, Route, Waiting, IDEMPOTENCY_KEY};
 use idem_core::{Decision, RecordKey};
 use std::convert::Infallible;
@@ -171,9 +171,17 @@ where
     // hold the key for its lease with nothing running, and make the next attempt a
     // takeover — which proxy mode answers with a stored "outcome unknown" for a request
     // it never sent.
+    // Counted until the claim and what follows it are over, even once its client has
+    // left (a server's own cap lets go of a request when its connection ends).
+    let Ok(in_progress) = config.in_progress.clone().try_acquire_owned() else {
+        return invalid(&Rejection::with_detail(
+            Problem::Busy,
+            "the server is at its limit of guarded requests in progress; nothing was run, retry later",
+        ));
+    };
     let layer_config = Arc::clone(&config);
     let left = Arc::new(AtomicBool::new(false));
-    let run = claim_and_execute(
+    let claimed = claim_and_execute(
         config,
         inner,
         parts,
@@ -186,6 +194,11 @@ where
             left: left.clone(),
         },
     );
+    let run = async move {
+        let answer = claimed.await;
+        drop(in_progress);
+        answer
+    };
     FinishOnDrop::new(
         Box::pin(run.in_current_span()),
         &layer_config.executions,
@@ -358,6 +371,9 @@ fn unavailable(e: &StoreError) -> Response<Body> {
 /// The body of a guarded request, whole, within the route's limit and the layer's
 /// budget of bytes buffered at once: it must be read before the key is claimed (its
 /// fingerprint is part of the claim), so a slow body holds a buffer, never a claim.
+/// Bytes are taken from the budget as they arrive — a client that declares a large
+/// body and trickles it holds only what it sent — and given back when the last copy
+/// of the body is dropped (after the handler and the record are done with it).
 async fn read_body<B>(
     parts: &Parts,
     body: B,
@@ -370,19 +386,50 @@ where
 {
     let declared = parts.headers.get(header::CONTENT_LENGTH);
     let declared = contract::check_declared_length(declared.map(|v| v.as_bytes()), limit)?;
-    // Undeclared (chunked), it may take up to the limit.
-    let Some(_reserved) = budget.reserve(declared.unwrap_or(limit)) else {
-        return Err(Rejection::with_detail(
-            Problem::Busy,
-            "the server is buffering as many request bodies as it allows; nothing was run, retry later",
-        ));
-    };
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<LengthLimitError>() => Err(Rejection::body_too_large(limit)),
-        Err(e) if BodyTimeout::in_chain(&*e) => {
-            Err(Rejection::with_detail(Problem::BodyTimeout, e.to_string()))
+    let mut reserved = budget.reserve(0).ok_or_else(busy)?;
+    let mut read = bytes::BytesMut::with_capacity(declared.unwrap_or(0));
+    let mut body = std::pin::pin!(body);
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            let e: Box<dyn std::error::Error + Send + Sync> = e.into();
+            if BodyTimeout::in_chain(&*e) {
+                Rejection::with_detail(Problem::BodyTimeout, e.to_string())
+            } else {
+                Rejection::new(Problem::BodyUnreadable)
+            }
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers
+        };
+        if read.len() + data.len() > limit {
+            return Err(Rejection::body_too_large(limit));
         }
-        Err(_) => Err(Rejection::new(Problem::BodyUnreadable)),
+        if !reserved.grow(data.len()) {
+            return Err(busy());
+        }
+        read.extend_from_slice(&data);
+    }
+    Ok(Bytes::from_owner(Budgeted {
+        bytes: read.freeze(),
+        _reserved: reserved,
+    }))
+}
+
+fn busy() -> Rejection {
+    Rejection::with_detail(
+        Problem::Busy,
+        "the server is buffering as many request bodies as it allows; nothing was run, retry later",
+    )
+}
+
+/// A body's bytes, holding their part of the budget for as long as they live.
+struct Budgeted {
+    bytes: Bytes,
+    _reserved: Reservation,
+}
+
+impl AsRef<[u8]> for Budgeted {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
     }
 }

@@ -82,6 +82,7 @@ pub const CATALOG: &[Metric] = &[
     metric("idem_outbox_skipped_heartbeats_total", Counter, &[], "", "heartbeats not written behind because the queue was full"),
     metric("idem_outbox_lost_total", Counter, &[], "", "records not written before the shutdown drain deadline"),
     metric("idem_redis_cluster_reconnects_total", Counter, &[], "", "cluster connections rebuilt after repeated failures"),
+    metric("idem_server_busy_total", Counter, &[], "", "requests the listener turned away at `--max-requests` (503 `server-busy`)"),
     metric("idem_build_info", Gauge, &["version", "store", "mode"], "`demo`, `proxy`", "1, from start-up: the running build's version, its store and its mode"),
 ];
 

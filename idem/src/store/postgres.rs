@@ -872,6 +872,11 @@ fn pool_with(
 /// Whether every host of `config` is this machine (a Unix socket, `localhost`, a
 /// loopback address): no network to be in the middle of.
 fn only_loopback(config: &tokio_postgres::Config) -> bool {
+    // With `hostaddr`, those addresses are what is connected to.
+    let addrs = config.get_hostaddrs();
+    if !addrs.is_empty() {
+        return addrs.iter().all(std::net::IpAddr::is_loopback);
+    }
     config.get_hosts().iter().all(|host| match host {
         tokio_postgres::config::Host::Tcp(name) => {
             name.eq_ignore_ascii_case("localhost")
@@ -884,6 +889,18 @@ fn only_loopback(config: &tokio_postgres::Config) -> bool {
         #[cfg(unix)]
         tokio_postgres::config::Host::Unix(_) => true,
     })
+}
+
+/// Whether every host of `config` is a Unix socket, where libpq never uses TLS.
+fn only_unix_sockets(config: &tokio_postgres::Config) -> bool {
+    #[cfg(unix)]
+    let unix =
+        |host: &tokio_postgres::config::Host| matches!(host, tokio_postgres::config::Host::Unix(_));
+    #[cfg(not(unix))]
+    let unix = |_: &tokio_postgres::config::Host| false;
+    config.get_hostaddrs().is_empty()
+        && !config.get_hosts().is_empty()
+        && config.get_hosts().iter().all(unix)
 }
 
 /// How to connect to `url`: its settings, and TLS as its `sslmode` says (see
@@ -937,6 +954,11 @@ fn connector(
         .keepalives_interval(Duration::from_secs(5))
         .keepalives_retries(3);
     match tls.verify {
+        None if ca_file.is_some() || tls.ca_file.is_some() => Err(invalid(
+            "sslmode=disable with a CA file (sslrootcert or --database-ca-file): the CA \
+             would verify nothing. Use sslmode=verify-full, or drop the CA"
+                .into(),
+        )),
         None => Ok(Connector::Plain(config)),
         Some(verify) => {
             let ca = ca_file.map(std::path::Path::to_path_buf).or(tls.ca_file);
@@ -948,7 +970,7 @@ fn connector(
                 (super::tls::Verify::Nothing, Some(_)) => super::tls::Verify::Chain,
                 (v, _) => v,
             };
-            if ca.is_some() {
+            if ca.is_some() && !only_unix_sockets(&config) {
                 config.ssl_mode(tokio_postgres::config::SslMode::Require);
             } else if verify == super::tls::Verify::Nothing && !only_loopback(&config) {
                 tracing::warn!(
@@ -1153,5 +1175,58 @@ impl Store for PostgresStore {
                 .map(drop)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tls_settings {
+    use super::*;
+    use std::str::FromStr;
+
+    fn config(url: &str) -> tokio_postgres::Config {
+        tokio_postgres::Config::from_str(url).unwrap()
+    }
+
+    #[test]
+    fn what_counts_as_this_machine() {
+        assert!(only_loopback(&config("postgres://u@localhost/db")));
+        assert!(only_loopback(&config("postgres://u@127.0.0.1:5432/db")));
+        assert!(only_loopback(&config("postgres://u@[::1]:5432/db")));
+        assert!(!only_loopback(&config("postgres://u@db.example/db")));
+        assert!(!only_loopback(&config(
+            "postgres://u@localhost,db.example/db"
+        )));
+        // hostaddr is where it connects, whatever the name.
+        assert!(!only_loopback(&config(
+            "postgres://u@localhost/db?hostaddr=10.0.0.5"
+        )));
+        assert!(only_loopback(&config(
+            "postgres://u@db.example/db?hostaddr=127.0.0.1"
+        )));
+        assert!(only_unix_sockets(&config(
+            "host=/var/run/postgresql user=u dbname=db"
+        )));
+        assert!(!only_unix_sockets(&config(
+            "host=/var/run/postgresql,db.example user=u"
+        )));
+        assert!(!only_unix_sockets(&config("postgres://u@localhost/db")));
+    }
+
+    #[test]
+    fn a_ca_file_with_tls_disabled_is_refused() {
+        let ca = std::path::Path::new("/nonexistent/ca.pem");
+        let refused = |url: &str, ca: Option<&std::path::Path>| {
+            connector(url, Duration::from_secs(1), ca, None)
+                .err()
+                .map(|e| e.to_string())
+        };
+        let flag = refused("postgres://u@db.example/db?sslmode=disable", Some(ca));
+        assert!(flag.is_some_and(|e| e.contains("sslmode=disable with a CA file")));
+        let url = refused(
+            "postgres://u@db.example/db?sslmode=disable&sslrootcert=/nonexistent/ca.pem",
+            None,
+        );
+        assert!(url.is_some_and(|e| e.contains("sslmode=disable with a CA file")));
+        assert!(refused("postgres://u@db.example/db?sslmode=disable", None).is_none());
     }
 }
