@@ -234,8 +234,9 @@ pub struct Config {
     pub max_connections: usize,
 
     /// Requests in progress at once, per listener; more get 503 (server-busy) and
-    /// nothing runs (/healthz, /readyz and /metrics are not counted). Guarded requests
-    /// count until their answer is stored, even when their client has left.
+    /// nothing runs (/healthz, /readyz and /metrics have a cap of 64 of their own).
+    /// Guarded requests count until their answer is stored, even when their client has
+    /// left.
     #[arg(long, env = "IDEM_MAX_REQUESTS", default_value_t = 10_000)]
     pub max_requests: usize,
 

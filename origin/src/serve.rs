@@ -39,7 +39,8 @@ pub struct Limits {
     /// Connections open at once; more wait to be accepted.
     pub max_connections: usize,
     /// Requests in progress at once; more get `503` (`…:server-busy`). The health
-    /// and metrics endpoints are not counted: a server at its limit still says so.
+    /// and metrics endpoints have a small cap of their own: a server at its limit
+    /// still says so.
     pub max_requests: usize,
     /// How long a write may wait for the client to read (its receive window full)
     /// before the connection is closed: a client that never reads its answer holds no
@@ -60,6 +61,7 @@ pub async fn serve(
 ) {
     let connections = Arc::new(Semaphore::new(limits.max_connections));
     let requests = Arc::new(Semaphore::new(limits.max_requests));
+    let probes = Arc::new(Semaphore::new(PROBES_AT_ONCE));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -99,6 +101,7 @@ pub async fn serve(
             peer,
             limits,
             requests: requests.clone(),
+            probes: probes.clone(),
         };
         let io = TokioIo::new(WriteDeadline::new(stream, limits.write_idle));
         // No upgrades (WebSocket): hyper-util cannot shut an upgradeable HTTP/1 connection
@@ -119,7 +122,7 @@ pub async fn serve(
         .await
         .is_err()
     {
-        tracing::warn!(drain = ?limits.drain, "connections still open after the drain time; closing them");
+        tracing::warn!(drain = ?limits.drain, "connections still open after the drain time; no longer waiting for them");
     }
 }
 
@@ -130,6 +133,7 @@ struct PeerService {
     peer: SocketAddr,
     limits: Limits,
     requests: Arc<Semaphore>,
+    probes: Arc<Semaphore>,
 }
 
 impl hyper::service::Service<Request<Incoming>> for PeerService {
@@ -139,15 +143,18 @@ impl hyper::service::Service<Request<Incoming>> for PeerService {
         std::pin::Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
-        let permit = if is_probe(&request) {
-            None
-        } else {
-            match self.requests.clone().try_acquire_owned() {
-                Ok(permit) => Some(permit),
-                Err(_) => {
-                    metrics::counter!("idem_server_busy_total").increment(1);
-                    return Box::pin(async { Ok(busy()) });
-                }
+        // Probes have a small cap of their own: a server at its limit of requests
+        // still answers them, and a flood of them (each `/readyz` asks the store)
+        // takes no more than that.
+        let cap = match is_probe(&request) {
+            true => &self.probes,
+            false => &self.requests,
+        };
+        let permit = match cap.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                metrics::counter!("idem_server_busy_total").increment(1);
+                return Box::pin(async { Ok(busy()) });
             }
         };
         let limits = self.limits;
@@ -164,6 +171,9 @@ impl hyper::service::Service<Request<Incoming>> for PeerService {
         })
     }
 }
+
+/// Probes answered at once, apart from `--max-requests`.
+const PROBES_AT_ONCE: usize = 64;
 
 /// A health or metrics probe: answered whatever the load, so that a server at its
 /// limit of requests is not taken for a dead one.

@@ -947,7 +947,7 @@ async fn a_dead_master_is_its_own_keys_problem() {
         report(
             "faults",
             &format!(
-                "a master killed -9, {mode}: {} of 200 keys on it; answers for its keys {}, for the live masters' keys {} (503: {} of {}); failover {failover:.1?}; then {}; {charges} charges, {doubled} keys doubled",
+                "a master killed -9, {mode}: {} of 200 keys on it; answers for its keys {}, for the live masters' keys {} (503: {} of {}); failover {failover:.1?}; then {}; {charges} charges, {doubled} keys doubled (measured: a claim the dead master acknowledged and never replicated is lost with it)",
                 on_victim.len(),
                 shown(&dead),
                 shown(&live),
@@ -957,7 +957,16 @@ async fn a_dead_master_is_its_own_keys_problem() {
             ),
         );
         assert_eq!(charged_keys, 200, "every key was charged");
-        assert_eq!(doubled, 0, "a key charged twice");
+        // A live master's key runs once, whatever became of the dead one; the dead
+        // master's may run twice — a claim it acknowledged and never replicated is lost
+        // with it (README, "Stores": what `--redis-wait-replicas` narrows).
+        for key in all.iter().filter(|k| !on_victim.contains(*k)) {
+            assert_eq!(
+                db.charges_for(key).await,
+                1,
+                "{mode}: live master's key {key}"
+            );
+        }
         // The live masters' keys: at most 2 % turned away.
         assert!(
             unavailable(&live) * 50 <= sent(&live),

@@ -136,6 +136,7 @@ pub(crate) async fn execute<S>(
     inner: S,
     req: Request<Body>,
     claimed: Claimed,
+    in_progress: tokio::sync::OwnedSemaphorePermit,
 ) -> Response<Body>
 where
     S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
@@ -143,13 +144,18 @@ where
 {
     let tracker = config.executions.tracker.clone();
     let run = tracing::Instrument::in_current_span(run_to_completion(config, inner, req, claimed));
-    let ((response, unwritten), token) = Detached::new(Box::pin(run), tracker.token()).await;
+    let running = Running {
+        _token: tracker.token(),
+        _in_progress: in_progress,
+    };
+    let ((response, unwritten), running) = Detached::new(Box::pin(run), running).await;
     if let Some(write) = unwritten {
         // The answer goes out now (marked pending); its record's write goes on, still
-        // counted as running (the token moves with it: a drain can't miss it).
+        // counted as running (the token moves with it: a drain can't miss it, nor
+        // the layer's cap on requests in progress).
         tokio::spawn(async move {
             write.await;
-            drop(token);
+            drop(running);
         });
     }
     response
@@ -210,15 +216,22 @@ impl<F: Future + Send + 'static> Drop for FinishOnDrop<F> {
     }
 }
 
+/// What counts an execution as running, until its record is written: the layer's
+/// tracker (a drain waits for it) and its place among the requests in progress.
+struct Running {
+    _token: TaskTrackerToken,
+    _in_progress: tokio::sync::OwnedSemaphorePermit,
+}
+
 /// A future that, dropped before it finishes, is spawned to finish on its own.
 struct Detached<F: Future<Output = Answered> + Send + 'static> {
     run: Option<Pin<Box<F>>>,
     /// Counts the execution as running until it ends, wherever it is polled.
-    token: Option<TaskTrackerToken>,
+    token: Option<Running>,
 }
 
 impl<F: Future<Output = Answered> + Send + 'static> Detached<F> {
-    fn new(run: Pin<Box<F>>, token: TaskTrackerToken) -> Self {
+    fn new(run: Pin<Box<F>>, token: Running) -> Self {
         Detached {
             run: Some(run),
             token: Some(token),
@@ -228,7 +241,7 @@ impl<F: Future<Output = Answered> + Send + 'static> Detached<F> {
 
 impl<F: Future<Output = Answered> + Send + 'static> Future for Detached<F> {
     /// The answer, and the execution's token: it still counts until dropped.
-    type Output = (Answered, TaskTrackerToken);
+    type Output = (Answered, Running);
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
         let Some(run) = self.run.as_mut() else {

@@ -181,7 +181,7 @@ where
     };
     let layer_config = Arc::clone(&config);
     let left = Arc::new(AtomicBool::new(false));
-    let claimed = claim_and_execute(
+    let run = claim_and_execute(
         config,
         inner,
         parts,
@@ -192,13 +192,9 @@ where
         Wait {
             ms: wait_ms,
             left: left.clone(),
+            in_progress,
         },
     );
-    let run = async move {
-        let answer = claimed.await;
-        drop(in_progress);
-        answer
-    };
     FinishOnDrop::new(
         Box::pin(run.in_current_span()),
         &layer_config.executions,
@@ -208,10 +204,12 @@ where
 }
 
 /// How long a request may wait while another attempt holds its key, unless its
-/// client has left meanwhile.
+/// client has left meanwhile; and its place among the requests in progress, held until
+/// its execution's record is written.
 struct Wait {
     ms: u64,
     left: Arc<AtomicBool>,
+    in_progress: tokio::sync::OwnedSemaphorePermit,
 }
 
 /// Claims the key — waiting while another attempt holds it, if asked to — then replays,
@@ -328,7 +326,7 @@ where
             opened,
             claimed_at: sent.into_std(),
         };
-        return execute(config, inner, req, claimed).await;
+        return execute(config, inner, req, claimed, wait.in_progress).await;
     }
 }
 
@@ -385,9 +383,10 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let declared = parts.headers.get(header::CONTENT_LENGTH);
-    let declared = contract::check_declared_length(declared.map(|v| v.as_bytes()), limit)?;
+    contract::check_declared_length(declared.map(|v| v.as_bytes()), limit)?;
     let mut reserved = budget.reserve(0).ok_or_else(busy)?;
-    let mut read = bytes::BytesMut::with_capacity(declared.unwrap_or(0));
+    // Nothing allocated ahead of what arrived: a declared length is only a promise.
+    let mut read = bytes::BytesMut::new();
     let mut body = std::pin::pin!(body);
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| {

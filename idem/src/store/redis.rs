@@ -235,6 +235,13 @@ impl RedisStore {
         if nodes.is_empty() {
             return Err(StoreError::Unavailable("no Redis URL given".into()));
         }
+        if nodes.iter().any(|url| url.ends_with("#insecure")) {
+            tracing::warn!(
+                "a Redis URL ends in #insecure: its TLS certificate is not verified, and \
+                 anyone on the path can read and change the records. Give the CA with \
+                 --redis-ca-file instead"
+            );
+        }
         let timeout = options.timeout;
         let ca = match &options.ca_file {
             Some(path) => {
@@ -553,7 +560,12 @@ impl RedisStore {
                             Err(nodes::NodeFailure::Answered(e)) if slots::redirected(&e) => {
                                 router.refresh_soon(&h.nodes);
                             }
-                            Err(nodes::NodeFailure::Answered(e)) => return Err(unavailable(e)),
+                            Err(nodes::NodeFailure::Answered(e)) => {
+                                if slots::topology_changing(&e) {
+                                    router.refresh_soon(&h.nodes);
+                                }
+                                return Err(unavailable(e));
+                            }
                             Err(nodes::NodeFailure::Unreachable(e)) => {
                                 router.refresh_soon(&h.nodes);
                                 return Err(e);

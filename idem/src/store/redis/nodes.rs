@@ -154,11 +154,6 @@ impl NodeConnections {
         Err(failed)
     }
 
-    /// Closes the connections to nodes not among `nodes` (no longer masters, say).
-    pub(super) fn keep_only(&self, nodes: &[String]) {
-        self.lock().retain(|node, _| nodes.contains(node));
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, MultiplexedConnection>> {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }

@@ -466,6 +466,5 @@ async fn masters(conn: &Conn, timeout: Duration) -> Result<Vec<String>, StoreErr
         })
         .collect();
     masters.sort();
-    h.nodes.keep_only(&masters);
     Ok(masters)
 }

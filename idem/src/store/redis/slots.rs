@@ -75,8 +75,10 @@ impl SlotMap {
         all
     }
 
-    /// A `CLUSTER SLOTS` reply, as answered by `asked` (a master's empty host means
-    /// the node that answered).
+    /// A `CLUSTER SLOTS` reply, as answered by `asked`. A master's host read as Redis
+    /// and redis-rs read it: empty, null or a wildcard (`0.0.0.0`, `::`) is the node
+    /// that answered; `?` (unknown) leaves its slots without an owner here, so their
+    /// requests go through the cluster connection.
     pub(super) fn parse(reply: &Value, asked: &str) -> Result<SlotMap, StoreError> {
         let corrupt = || StoreError::Corrupt(format!("CLUSTER SLOTS: {reply:?}"));
         let Value::Array(entries) = reply else {
@@ -96,6 +98,7 @@ impl SlotMap {
             let host = match master.first() {
                 Some(Value::BulkString(host)) => String::from_utf8_lossy(host).into_owned(),
                 Some(Value::SimpleString(host)) => host.clone(),
+                Some(Value::Nil) => String::new(),
                 _ => return Err(corrupt()),
             };
             let Some(Value::Int(port)) = master.get(1) else {
@@ -112,10 +115,15 @@ impl SlotMap {
                 return Err(corrupt());
             }
             let host = match host.as_str() {
-                "" | "?" => asked_host.to_owned(),
+                "?" => continue,
+                "" | "0.0.0.0" | "::" | "[::]" => asked_host.to_owned(),
                 _ => host,
             };
-            ranges.push((first, last, format!("{host}:{port}")));
+            let node = match host.contains(':') && !host.starts_with('[') {
+                true => format!("[{host}]:{port}"),
+                false => format!("{host}:{port}"),
+            };
+            ranges.push((first, last, node));
         }
         ranges.sort();
         Ok(SlotMap { ranges })
@@ -129,6 +137,9 @@ pub(super) struct SlotRouter {
     seeds: Vec<String>,
     refreshing: AtomicBool,
     last_refresh: Mutex<Option<Instant>>,
+    /// Where the next reading starts among the nodes to ask: a node with a stale view
+    /// (cut off from the others, say) is not always the one believed.
+    turn: std::sync::atomic::AtomicUsize,
 }
 
 /// The least time between two readings of the map: a master that is down fails every
@@ -142,6 +153,7 @@ impl SlotRouter {
             seeds,
             refreshing: AtomicBool::new(false),
             last_refresh: Mutex::new(None),
+            turn: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -154,9 +166,21 @@ impl SlotRouter {
     /// Reads the map from the masters it names, then the seeds; the first answer
     /// replaces it.
     pub(super) async fn refresh(&self, nodes: &NodeConnections) -> Result<(), StoreError> {
-        let known = self.map.read().unwrap_or_else(|p| p.into_inner()).masters();
+        let mut ask = self.map.read().unwrap_or_else(|p| p.into_inner()).masters();
+        ask.extend(
+            self.seeds
+                .iter()
+                .filter(|s| !ask.contains(s))
+                .cloned()
+                .collect::<Vec<_>>(),
+        );
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed);
+        if !ask.is_empty() {
+            let by = turn % ask.len();
+            ask.rotate_left(by);
+        }
         let mut last_error = StoreError::Unavailable("redis: no node to ask for its slots".into());
-        for node in known.iter().chain(self.seeds.iter()) {
+        for node in &ask {
             let asked: Result<Value, StoreError> =
                 nodes.query(node, redis::cmd("CLUSTER").arg("SLOTS")).await;
             match asked.and_then(|reply| SlotMap::parse(&reply, node)) {
@@ -219,6 +243,12 @@ pub(super) fn host_port(url: &str) -> Option<String> {
     } else {
         format!("{node}:6379")
     })
+}
+
+/// Whether a node's answer says the cluster's view of its slots is changing
+/// (`CLUSTERDOWN`, or a redirect): the map is read again.
+pub(super) fn topology_changing(e: &redis::RedisError) -> bool {
+    e.is_cluster_error() || e.code() == Some("READONLY")
 }
 
 /// Whether a node's answer says the key is served elsewhere (`MOVED`, `ASK`,
@@ -290,15 +320,35 @@ mod tests {
                 node(b"10.0.0.5", 7004),
             ]),
             Value::Array(vec![Value::Int(0), Value::Int(5460), node(b"", 7000)]),
-            Value::Array(vec![Value::Int(10923), Value::Int(16383), node(b"?", 7002)]),
+            Value::Array(vec![Value::Int(10923), Value::Int(12000), node(b"?", 7002)]),
+            Value::Array(vec![
+                Value::Int(12001),
+                Value::Int(13000),
+                node(b"0.0.0.0", 7003),
+            ]),
+            Value::Array(vec![
+                Value::Int(13001),
+                Value::Int(14000),
+                node(b"::1", 7004),
+            ]),
+            Value::Array(vec![
+                Value::Int(14001),
+                Value::Int(16383),
+                Value::Array(vec![Value::Nil, Value::Int(7005)]),
+            ]),
         ]);
         let map = SlotMap::parse(&reply, "10.0.0.1:7000").unwrap();
         assert_eq!(map.owner(0), Some("10.0.0.1:7000"));
         assert_eq!(map.owner(5460), Some("10.0.0.1:7000"));
         assert_eq!(map.owner(5461), Some("10.0.0.2:7001"));
         assert_eq!(map.owner(10922), Some("10.0.0.2:7001"));
-        assert_eq!(map.owner(16383), Some("10.0.0.1:7002"));
-        assert_eq!(map.masters().len(), 3);
+        // Unknown: no owner, never the answering node's host with another's port.
+        assert_eq!(map.owner(11000), None);
+        // A wildcard is the node that answered; IPv6 gets its brackets.
+        assert_eq!(map.owner(12500), Some("10.0.0.1:7003"));
+        assert_eq!(map.owner(13500), Some("[::1]:7004"));
+        assert_eq!(map.owner(16383), Some("10.0.0.1:7005"));
+        assert_eq!(map.masters().len(), 5);
         // A gap (slots moving, or not served) has no owner.
         let gap = Value::Array(vec![Value::Array(vec![
             Value::Int(100),
