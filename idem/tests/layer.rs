@@ -289,3 +289,41 @@ async fn bodies_hold_the_bytes_they_sent_until_their_answer_and_no_more() {
     assert_eq!(status(trickling.await.unwrap()), 201);
     assert_eq!(calls.load(Ordering::SeqCst), 3, "the refused body ran");
 }
+
+/// Found untested by the layer's mutation run: an answer of exactly the stored-body
+/// limit is stored; one byte more is not (its replays get `response-not-stored`).
+#[tokio::test]
+async fn an_answer_of_exactly_the_stored_limit_is_stored_and_one_byte_more_is_not() {
+    for (size, replayed) in [
+        (10, "xxxxxxxxxx"),
+        (11, "urn:idem:problem:response-not-stored"),
+    ] {
+        let calls = Arc::new(AtomicUsize::new(0));
+        let app = charges(calls.clone(), size)
+            .layer(IdempotencyLayer::new(Arc::new(MemoryStore::new())).max_stored_body_bytes(10));
+        let (first, body, _) = post(&app, "exact").await;
+        assert_eq!(
+            (first, body.len()),
+            (201, size),
+            "the attempt that ran gets it all"
+        );
+        let (again, body, _) = post(&app, "exact").await;
+        assert!(
+            body.contains(replayed),
+            "{size} bytes, replayed: {again} {body}"
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+}
+
+/// The defaults README and the flags document.
+#[test]
+fn the_documented_defaults() {
+    assert_eq!(
+        idem::idempotency::DEFAULT_BUFFERED_BODY_BYTES,
+        64 * 1024 * 1024
+    );
+    assert_eq!(idem::idempotency::DEFAULT_MAX_IN_PROGRESS, 10_000);
+    assert_eq!(MemoryStore::DEFAULT_MAX_RECORDS, 1_000_000);
+    assert_eq!(MemoryStore::DEFAULT_MAX_BYTES, 256 * 1024 * 1024);
+}

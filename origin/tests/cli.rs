@@ -295,6 +295,24 @@ fn proxy_mode_without_a_named_store_and_limits_that_turn_themselves_off_are_refu
         "{}",
         stderr(&o)
     );
+    // A scope any client can forge (a header proxies set), in proxy mode.
+    let o = run(
+        &[
+            "--upstream",
+            "http://127.0.0.1:9",
+            "--store",
+            "memory",
+            "--scope-from",
+            "header:x-forwarded-for",
+        ],
+        &[],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("header:x-forwarded-for is one proxies set"),
+        "{}",
+        stderr(&o)
+    );
     // (--store postgres without a URL: were the limit let through, the process would
     // still exit, on another message, rather than serve.)
     let o = run(&["--header-read-timeout", "0", "--store", "postgres"], &[]);

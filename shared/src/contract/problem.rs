@@ -391,18 +391,73 @@ impl Rejection {
 
 /// A runtime error's first line, at most 200 characters: what of it reaches a client
 /// (an error may carry a stack trace).
+/// The first line of a runtime's error, at most 200 characters, with the credentials
+/// of any URL in it cut out: the error of a fetch may name `ORIGIN_URL`, user and
+/// password included, and this text goes to the client.
 fn first_line_of(error: &str) -> String {
-    error
+    let line: String = error
         .lines()
         .next()
         .unwrap_or("")
         .chars()
         .take(200)
-        .collect()
+        .collect();
+    without_userinfo(&line)
+}
+
+/// `text` with every URL's `user:password@` removed.
+fn without_userinfo(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| c.is_whitespace() || "/?#\"'<>(){}".contains(c))
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        out.push_str(
+            authority
+                .rfind('@')
+                .map_or(authority, |i| &authority[i + 1..]),
+        );
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 #[cfg(test)]
 mod tests {
+    #[wasm_bindgen_test::wasm_bindgen_test(unsupported = test)]
+    fn a_fetch_error_never_shows_the_origin_s_credentials() {
+        let shown = Rejection::origin_unreachable(
+            "Network connection lost to https://edge:s3cret@origin.example:8443/v1 (retry)\nmore",
+        );
+        assert!(
+            !shown.detail.contains("s3cret") && !shown.detail.contains("edge:"),
+            "{}",
+            shown.detail
+        );
+        assert!(
+            shown
+                .detail
+                .contains("https://origin.example:8443/v1 (retry)"),
+            "{}",
+            shown.detail
+        );
+        assert!(!shown.detail.contains("more"));
+        let unguarded = Rejection::origin_unreachable_unguarded("fetch http://u@[::1]:80/x failed");
+        assert!(
+            unguarded.detail.contains("fetch http://[::1]:80/x failed"),
+            "{}",
+            unguarded.detail
+        );
+        assert_eq!(without_userinfo("no url here"), "no url here");
+        assert_eq!(without_userinfo("a://b@c d://e"), "a://c d://e");
+        assert_eq!(without_userinfo("x://"), "x://");
+    }
+
     use super::super::PROBLEM_CONTENT_TYPE;
     use super::*;
     use wasm_bindgen_test::wasm_bindgen_test;
