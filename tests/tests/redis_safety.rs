@@ -146,3 +146,32 @@ async fn wait_replicas_makes_a_write_count_only_once_replicated() {
         .expect_err("no replica acknowledged it");
     assert!(err.to_string().contains("0 of 1 replicas"), "{err}");
 }
+
+/// A Redis without `maxmemory` is accepted with a warning in the log (its memory is
+/// bounded only by the machine's); with `maxmemory` and `noeviction`, no warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_without_maxmemory_is_warned_about() {
+    let redis = tokio::task::block_in_place(|| RedisProc::start("maxmemory"));
+    let mut warned = Vec::new();
+    for maxmemory in ["0", "100mb"] {
+        assert_eq!(
+            redis.cli(&["config", "set", "maxmemory", maxmemory]).trim(),
+            "OK"
+        );
+        let port = idem_tests::procs::free_port();
+        let (mut origin, _) = OriginProcess::try_spawn_at(
+            port,
+            &["--store", "redis", "--redis-url", &redis.url()],
+            &[],
+        )
+        .await
+        .expect("the origin starts");
+        let _ = origin.kill();
+        let _ = origin.wait();
+        let log = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("../target/idem-reports/origin-{port}.log"));
+        let log = std::fs::read_to_string(log).unwrap();
+        warned.push(log.contains("Redis maxmemory is unset"));
+    }
+    assert_eq!(warned, [true, false], "warned with maxmemory 0, then 100mb");
+}

@@ -414,7 +414,22 @@ impl RedisStore {
                 return Ok(());
             }
         };
-        let evicting: Vec<String> = per_node(&reply)
+        let nodes = per_node(&reply);
+        let unbounded: Vec<&str> = nodes
+            .iter()
+            .filter(|(_, config)| config.iter().any(|(k, v)| k == "maxmemory" && v == "0"))
+            .map(|(node, _)| node.as_str())
+            .collect();
+        if !unbounded.is_empty() {
+            tracing::warn!(
+                nodes = %unbounded.join(", "),
+                "Redis maxmemory is unset (0): nothing bounds its memory but the machine's, \
+                 and the kernel may kill it when that runs out, with every claim and answer \
+                 not yet replicated. Set maxmemory, with maxmemory-policy noeviction: a full \
+                 Redis then refuses new claims (503) and keeps what it holds"
+            );
+        }
+        let evicting: Vec<String> = nodes
             .into_iter()
             .filter_map(|(node, config)| evicts(&config).map(|why| format!("{node}: {why}")))
             .collect();
