@@ -57,6 +57,23 @@ fn scope_rule(var: &impl Fn(&str) -> Option<String>) -> Result<ScopeRule, String
     Ok(ScopeRule { source, anonymous })
 }
 
+/// `EDGE_SECRET`, required: without it the origin never says what it stored, and the
+/// edge would keep nothing while seeming to work. Its value is never echoed.
+fn edge_secret(var: &impl Fn(&str) -> Option<String>) -> Result<EdgeSecret, String> {
+    let Some(secret) = var("EDGE_SECRET") else {
+        return Err(
+            "EDGE_SECRET is not set: the origin tells only an edge that sends its \
+                    --edge-secret-file what it stored (`wrangler secret put EDGE_SECRET`)"
+                .into(),
+        );
+    };
+    // As the origin reads its secret file: a trailing newline is not part of it.
+    let secret = secret.trim_end_matches(['\r', '\n']).to_owned();
+    idem_core::contract::check_edge_secret(secret.as_bytes())
+        .map_err(|e| format!("EDGE_SECRET: {e}"))?;
+    Ok(EdgeSecret(secret))
+}
+
 /// `REQUIRE_KEY_PATHS`: patterns separated by commas, or a list (written as a TOML
 /// array in [vars], it arrives as JSON); each checked as the origin checks its own.
 fn key_paths(value: &str) -> Result<Vec<String>, String> {
@@ -113,6 +130,20 @@ pub struct EdgeConfig {
     /// Who a key belongs to (`SCOPE_FROM`, `JWT_SECRET`, `ANONYMOUS`): it must be the
     /// origin's rule, or the two name different records for one request.
     pub scope: ScopeRule,
+    /// `EDGE_SECRET` (a Worker secret), the origin's `--edge-secret-file`: sent with
+    /// every request forwarded ([`idem_core::contract::EDGE_SECRET`]), it is what makes
+    /// the origin tell the edge what it stored.
+    pub edge_secret: EdgeSecret,
+}
+
+/// The edge's secret; shown by `Debug` as its length only.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct EdgeSecret(pub String);
+
+impl std::fmt::Debug for EdgeSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "EdgeSecret({} bytes)", self.0.len())
+    }
 }
 
 /// Bounds of each number, as (least, most): a value outside them is refused, never
@@ -144,6 +175,7 @@ impl Default for EdgeConfig {
             max_stored_body_bytes: 64 * 1024,
             require_key_paths: vec!["/v1/charges".into()],
             scope: ScopeRule::default(),
+            edge_secret: EdgeSecret::default(),
         }
     }
 }
@@ -203,6 +235,7 @@ impl EdgeConfig {
                     Err(why) => return Err(format!("ORIGIN_URL is not a valid URL: {why}")),
                 },
             };
+        let edge_secret = edge_secret(&var)?;
         let policy = Policy {
             lease_ms: num("LEASE_MS", d.policy.lease_ms)?,
             ttl_ms: num("TTL_MS", d.policy.ttl_ms)?,
@@ -225,6 +258,7 @@ impl EdgeConfig {
                 Some(v) => key_paths(&v).map_err(|e| format!("REQUIRE_KEY_PATHS: {e}"))?,
             },
             scope: scope_rule(&var)?,
+            edge_secret,
         })
     }
 }
@@ -234,11 +268,14 @@ mod tests {
     use super::*;
     use wasm_bindgen_test::wasm_bindgen_test;
 
+    const SECRET: &str = "0123456789abcdef0123456789abcdef";
+
     #[wasm_bindgen_test(unsupported = test)]
     fn strangers_share_no_scope_unless_the_deployment_says_so() {
         let anonymous = |value: Option<&str>| {
             EdgeConfig::from_vars(|n| match n {
                 "ORIGIN_URL" => Some("http://o".into()),
+                "EDGE_SECRET" => Some(SECRET.into()),
                 "ANONYMOUS" => value.map(Into::into),
                 _ => None,
             })
@@ -255,6 +292,7 @@ mod tests {
     fn reads_vars() {
         let c = EdgeConfig::from_vars(|n| match n {
             "ORIGIN_URL" => Some("http://o:1/".into()),
+            "EDGE_SECRET" => Some(SECRET.into()),
             "LEASE_MS" => Some("500".into()),
             "MAX_WAIT_MS" => Some("2000".into()),
             "REQUIRE_KEY_PATHS" => Some("/a, /b".into()),
@@ -278,6 +316,7 @@ mod tests {
         let with = |name: &'static str, value: &'static str| {
             EdgeConfig::from_vars(move |n| match n {
                 "ORIGIN_URL" if name != "ORIGIN_URL" => Some("https://origin.example".into()),
+                "EDGE_SECRET" if name != "EDGE_SECRET" => Some(SECRET.into()),
                 n if n == name => Some(value.into()),
                 _ => None,
             })
@@ -301,6 +340,25 @@ mod tests {
             "the value is not echoed: {bad_host}"
         );
         assert!(with("ORIGIN_URL", "https://api.example:8443/base").is_ok());
+        // The origin tells only the edge what it stored: without the secret, nothing.
+        let unset = EdgeConfig::from_vars(|n| (n == "ORIGIN_URL").then(|| "http://o".into()));
+        assert!(
+            unset.unwrap_err().starts_with("EDGE_SECRET is not set"),
+            "no secret"
+        );
+        let short = with("EDGE_SECRET", "hunter2").unwrap_err();
+        assert!(
+            short.starts_with("EDGE_SECRET: ") && !short.contains("hunter2"),
+            "{short}"
+        );
+        assert_eq!(
+            with("EDGE_SECRET", "0123456789abcdef0123\n")
+                .unwrap()
+                .edge_secret
+                .0,
+            "0123456789abcdef0123",
+            "a trailing newline is not part of it"
+        );
         assert!(with("ORIGIN_URL", "https://api.example/?a=1")
             .unwrap_err()
             .contains("query"));
@@ -338,6 +396,7 @@ mod tests {
         }
         let lease_past_ttl = EdgeConfig::from_vars(|n| match n {
             "ORIGIN_URL" => Some("http://o".into()),
+            "EDGE_SECRET" => Some(SECRET.into()),
             "LEASE_MS" => Some("5000".into()),
             "TTL_MS" => Some("2000".into()),
             _ => None,
@@ -347,6 +406,7 @@ mod tests {
             .contains("the TTL must be longer than the lease"));
         let lease_equal_to_ttl = EdgeConfig::from_vars(|n| match n {
             "ORIGIN_URL" => Some("http://o".into()),
+            "EDGE_SECRET" => Some(SECRET.into()),
             "LEASE_MS" | "TTL_MS" => Some("5000".into()),
             _ => None,
         });
@@ -378,6 +438,7 @@ mod tests {
             let vars = vars.to_vec();
             EdgeConfig::from_vars(move |n| match n {
                 "ORIGIN_URL" => Some("http://o".into()),
+                "EDGE_SECRET" => Some(SECRET.into()),
                 "SCOPE_FROM" => Some("jwt:sub".into()),
                 n => vars.iter().find(|(k, _)| *k == n).map(|(_, v)| v.clone()),
             })

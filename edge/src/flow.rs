@@ -208,7 +208,7 @@ async fn answer_request<R: EdgeRuntime>(
     // a header the edge sends the origin is read as the origin will get it (a client's
     // `X-Forwarded-Host` is not what the origin sees); one the edge does not send (the
     // runtime's own, `CF-Connecting-IP`) as the edge got it.
-    let forwarded = origin_headers(&head);
+    let forwarded = origin_headers(config, &head);
     let values = |name: &str| -> Vec<&[u8]> {
         let sent = contract::edge_sends_request_header(name);
         let headers = if sent { &forwarded } else { &head.headers };
@@ -500,20 +500,23 @@ pub fn outbound<B>(config: &EdgeConfig, head: &Head, body: B) -> Outbound<B> {
     Outbound {
         method: head.method.clone(),
         url: format!("{}{}", config.origin_url, head.path_and_query),
-        headers: origin_headers(head),
+        headers: origin_headers(config, head),
         body: if bodiless { None } else { Some(body) },
     }
 }
 
 /// The request headers the origin gets. The client address is the runtime's
-/// (`CF-Connecting-IP`), never the client's say.
-fn origin_headers(head: &Head) -> Vec<(String, String)> {
-    contract::forwarded_headers(
+/// (`CF-Connecting-IP`), never the client's say; the edge's secret is the edge's own
+/// (a client's is never forwarded: [`contract::forwarded_request_header`]).
+fn origin_headers(config: &EdgeConfig, head: &Head) -> Vec<(String, String)> {
+    let mut headers = contract::forwarded_headers(
         &head.headers,
         head.header("cf-connecting-ip")
             .and_then(|ip| std::str::from_utf8(ip).ok()),
         &head.scheme,
-    )
+    );
+    headers.push((contract::EDGE_SECRET.into(), config.edge_secret.0.clone()));
+    headers
 }
 
 /// The origin's answer to a `method` request as the client gets it.

@@ -166,6 +166,7 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
                 release_header: config.release_header.clone(),
                 unknown_outcome: config.upstream_unknown_outcome,
                 public_hosts: config.public_host.clone().unwrap_or_default(),
+                pass_ambiguous_paths: config.pass_ambiguous_paths,
             })?;
             proxied(layer, upstream).merge(ops(store.clone(), None, metrics_here))
         }
@@ -244,6 +245,16 @@ pub fn layer(config: &Config, store: Arc<dyn Store>) -> Result<IdempotencyLayer,
         }
     }
     let layer = crate::routes::add_routes(layer, &routes);
+    let layer = match &config.edge_secret_file {
+        Some(path) => {
+            let secret =
+                crate::config::read_secret(path).map_err(|e| format!("--edge-secret-file {e}"))?;
+            layer
+                .edge_secret(secret)
+                .map_err(|e| format!("--edge-secret-file {}: {e}", path.display()))?
+        }
+        None => layer,
+    };
     Ok(match (config.max_execution.is_zero(), &config.upstream) {
         (false, _) => layer.max_execution(config.max_execution),
         // An upstream that stalls mid-answer must not hold its key for ever.

@@ -286,6 +286,16 @@ pub struct Config {
     #[arg(long, env = "IDEM_PUBLIC_HOST", value_delimiter = ',')]
     pub public_host: Option<Vec<String>>,
 
+    /// Proxy mode: forward requests idem does not guard even when servers may read
+    /// their path differently (an encoded `/`, a `;`, a `.` or `..` segment…), as an
+    /// API with `%2F` in its resource names needs. Off by default: every such request
+    /// is refused (400 path-ambiguous) whatever its method, since idem cannot tell
+    /// which resource the upstream will take it for. Guarded requests, and every
+    /// request under a base path (`--upstream http://…/base`, which a `..` could climb
+    /// out of), are refused either way.
+    #[arg(long, env = "IDEM_PASS_AMBIGUOUS_PATHS")]
+    pub pass_ambiguous_paths: bool,
+
     /// Proxy mode: what an upstream answer lost after the request was sent means.
     #[arg(long, env = "IDEM_UPSTREAM_UNKNOWN_OUTCOME", value_enum, default_value_t = UnknownOutcome::Store)]
     pub upstream_unknown_outcome: UnknownOutcome,
@@ -316,6 +326,14 @@ pub struct Config {
     /// refreshed token keeps its scope).
     #[arg(long, env = "IDEM_SCOPE_FROM", default_value = "authorization")]
     pub scope_from: String,
+
+    /// The secret idem's edge in front proves itself with (its EDGE_SECRET), read from
+    /// this file (a trailing newline is not part of it; at least 16 visible ASCII
+    /// bytes, e.g. `openssl rand -hex 32`). Only requests that carry it are told what
+    /// idem stored (idem-disposition, idem-stored-headers), which the edge keeps its
+    /// copies by; without it no answer carries them, and an edge in front keeps nothing.
+    #[arg(long, env = "IDEM_EDGE_SECRET_FILE")]
+    pub edge_secret_file: Option<std::path::PathBuf>,
 
     /// The HS256 key for --scope-from jwt:<claim>, read from this file (a trailing
     /// newline is not part of it).
@@ -733,6 +751,7 @@ pub fn parse_release_header(s: &str) -> Result<http::HeaderName, String> {
         contract::ORIGIN_DISPOSITION,
         contract::STORED_HEADERS,
         contract::EXECUTION_TRACE,
+        contract::EDGE_SECRET,
     ];
     if own.contains(&name.as_str()) {
         return Err(format!(

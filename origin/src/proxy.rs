@@ -52,6 +52,9 @@ pub struct UpstreamOptions {
     /// The `Host` values clients may reach the upstream by, sent on as
     /// `X-Forwarded-Host`; a request for any other host goes without it.
     pub public_hosts: Vec<String>,
+    /// Whether requests the layer let through unguarded are forwarded even when their
+    /// path is ambiguous ([`contract::ambiguous_path`]); never under a base path.
+    pub pass_ambiguous_paths: bool,
 }
 
 /// The upstream as a tower service, for the layer to wrap. Cheap to clone: one
@@ -141,14 +144,24 @@ impl Inner {
             );
             return res;
         }
-        if !self.base_path.is_empty() && contract::ambiguous_path(req.uri().path()) {
+        if contract::ambiguous_path(req.uri().path()) {
             // Under a base path, a `..` the upstream resolves climbs out of it (to a path
-            // no route of idem's guards, or outside the API): nothing of the kind is
-            // sent, whatever the method.
-            return release(problem(
-                Problem::PathAmbiguous,
-                "the upstream is reached under a base path, and this path could climb out of it",
-            ));
+            // no route of idem's guards, or outside the API). Without one, the upstream
+            // may still take the path for another resource than idem read (one a route
+            // guards, reached by a method idem let through). Nothing of the kind is
+            // sent, whatever the method, unless the operator said so.
+            if !self.base_path.is_empty() {
+                return release(problem(
+                    Problem::PathAmbiguous,
+                    "the upstream is reached under a base path, and this path could climb out of it",
+                ));
+            }
+            if !self.options.pass_ambiguous_paths {
+                return release(problem(
+                    Problem::PathAmbiguous,
+                    "servers may read this path as different resources; nothing was sent (--pass-ambiguous-paths forwards such requests when idem does not guard them)",
+                ));
+            }
         }
         if let Some(ctx) = req.extensions().get::<IdempotencyContext>() {
             if ctx.took_over && self.options.unknown_outcome == UnknownOutcome::Store {

@@ -18,8 +18,8 @@ pub mod scope_vectors;
 pub mod upstream;
 
 pub use origin::{
-    assert_clock_ahead, charge_body, client, clock_ahead_secs, faketime_lib, post_charge,
-    raw_request, OriginProcess, TestOrigin,
+    assert_clock_ahead, charge_body, client, clock_ahead_secs, edge_secret_file, faketime_lib,
+    post_charge, post_charge_as_edge, raw_request, OriginProcess, TestOrigin, EDGE_SECRET,
 };
 pub use postgres::{connect, database_url, pg_addr, via, with_search_path, TestDb};
 pub use proxy::Proxy;

@@ -21,9 +21,15 @@ pub struct TestOrigin {
 
 impl TestOrigin {
     /// Builds an origin from command-line style arguments and serves it.
+    /// Unless `args` name one, the origin takes [`EDGE_SECRET`] as its edge's secret,
+    /// as a deployment with an edge in front does.
     pub async fn start(args: &[&str]) -> TestOrigin {
         let mut argv = vec!["idem-origin"];
         argv.extend_from_slice(args);
+        let secret_file = edge_secret_file();
+        if !args.contains(&"--edge-secret-file") {
+            argv.extend(["--edge-secret-file", &secret_file]);
+        }
         let config = Config::try_parse_from(argv).expect("valid test arguments");
         let origin = idem_origin::app::build(&config)
             .await
@@ -73,7 +79,9 @@ impl TestOrigin {
             .scope_rule(idem_core::contract::ScopeRule::by_authorization(
                 idem_core::contract::Anonymous::Scoped,
             ))
-            .require_key_on(["/v1/charges"]);
+            .require_key_on(["/v1/charges"])
+            .edge_secret(EDGE_SECRET)
+            .unwrap();
         let demo = idem_origin::charges::Demo::new(ledger.clone());
         let router = idem_origin::app::router(layer, store.clone(), demo);
         (Self::serve_router(router, store).await, ledger)
@@ -88,7 +96,9 @@ impl TestOrigin {
         let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
         let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
             .scope_rule(rule)
-            .require_key_on(["/v1/charges"]);
+            .require_key_on(["/v1/charges"])
+            .edge_secret(EDGE_SECRET)
+            .unwrap();
         let demo = idem_origin::charges::Demo::new(ledger.clone());
         let router = idem_origin::app::router(layer, store.clone(), demo);
         (Self::serve_router(router, store).await, ledger)
@@ -133,14 +143,56 @@ pub async fn post_charge(
     key: Option<&str>,
     body: &str,
 ) -> reqwest::Response {
-    let mut req = client
+    charge_request(client, origin, key, body)
+        .send()
+        .await
+        .expect("origin answers")
+}
+
+fn charge_request(
+    client: &reqwest::Client,
+    origin: &str,
+    key: Option<&str>,
+    body: &str,
+) -> reqwest::RequestBuilder {
+    let req = client
         .post(format!("{origin}/v1/charges"))
         .header("content-type", "application/json")
         .body(body.to_owned());
-    if let Some(key) = key {
-        req = req.header("idempotency-key", key);
+    match key {
+        Some(key) => req.header("idempotency-key", key),
+        None => req,
     }
-    req.send().await.expect("origin answers")
+}
+
+/// The secret the tests' origins and edges share (`--edge-secret-file`, `EDGE_SECRET`).
+pub const EDGE_SECRET: &str = "idem-tests-edge-secret-5d41402abc4b2a76";
+
+/// A file holding [`EDGE_SECRET`], for `--edge-secret-file`.
+pub fn edge_secret_file() -> String {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/idem-reports");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("edge-secret");
+    // Written whole under another name, then renamed: tests in parallel never read half.
+    let tmp = dir.join(format!("edge-secret.{}", std::process::id()));
+    std::fs::write(&tmp, format!("{EDGE_SECRET}\n")).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    path.display().to_string()
+}
+
+/// [`post_charge`] as the edge sends it, with its secret: the origin's answer then
+/// says what it stored (`idem-disposition`).
+pub async fn post_charge_as_edge(
+    client: &reqwest::Client,
+    origin: &str,
+    key: Option<&str>,
+    body: &str,
+) -> reqwest::Response {
+    charge_request(client, origin, key, body)
+        .header(idem_core::contract::EDGE_SECRET, EDGE_SECRET)
+        .send()
+        .await
+        .expect("origin answers")
 }
 
 /// An `idem-origin` process (the binary cargo built next to the test executables).

@@ -105,6 +105,7 @@ fn through_the_proxy(
         release_header: http::HeaderName::from_static("idem-release"),
         unknown_outcome: idem_origin::config::UnknownOutcome::Store,
         public_hosts: Vec::new(),
+        pass_ambiguous_paths: false,
     })
     .unwrap();
     idem_origin::app::proxied(layer, upstream)
@@ -230,7 +231,7 @@ async fn a_released_rejection_frees_the_key_for_the_corrected_retry() {
     let db = TestDb::new("nostore").await;
     let origin = demo(&db, &[]).await;
     let http = client();
-    let bad = post_charge(
+    let bad = idem_tests::post_charge_as_edge(
         &http,
         &origin.url(""),
         Some("fix-1"),

@@ -111,7 +111,11 @@ impl Edge {
         let overrides: Vec<(&str, &str)> = vars
             .iter()
             .copied()
-            .chain([("ORIGIN_URL", origin), ("LEASE_MS", "5000")])
+            .chain([
+                ("ORIGIN_URL", origin),
+                ("LEASE_MS", "5000"),
+                ("EDGE_SECRET", idem_tests::EDGE_SECRET),
+            ])
             .collect();
         let line = |name: &str, value: &str| match value.strip_prefix(UNQUOTED) {
             Some(raw) => format!("{name} = {raw}"),
@@ -632,6 +636,61 @@ async fn the_edge_keeps_nothing_the_origin_did_not_store() {
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
 
+/// idem tells only its own edge what it stored (`idem-disposition`, which the edge keeps
+/// its copies by): an edge that does not send the origin's secret keeps nothing, and
+/// every retry goes to the origin, which replays; a client's `idem-edge-secret` never
+/// passes the edge; no client sees the private headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_edge_that_knows_the_origin_s_secret_is_told_what_it_stored() {
+    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let (origin, ledger) = TestOrigin::demo_on(store).await;
+    let http = client();
+    let another = "another-edge-secret-0123456789";
+    let mut seen = BTreeMap::new();
+    for (edge_secret, client_sends) in [
+        (idem_tests::EDGE_SECRET, None),
+        (another, Some(idem_tests::EDGE_SECRET)),
+    ] {
+        let edge = Edge::start(&origin.url(""), &[("EDGE_SECRET", edge_secret)]).await;
+        let key = format!("secret-{}", seen.len());
+        let mut handled = Vec::new();
+        for _ in 0..2 {
+            let mut req = http
+                .post(format!("{}/v1/charges", edge.base))
+                .header("idempotency-key", &key)
+                .header("content-type", "application/json")
+                .body(charge_body("c", 1, 0));
+            if let Some(secret) = client_sends {
+                req = req.header("idem-edge-secret", secret);
+            }
+            let res = req.send().await.unwrap();
+            assert_eq!(res.status(), 201);
+            for private in ["idem-disposition", "idem-stored-headers"] {
+                assert!(
+                    res.headers().get(private).is_none(),
+                    "{private} reached a client"
+                );
+            }
+            handled.push(res.headers()["idem-edge"].to_str().unwrap().to_owned());
+        }
+        assert_eq!(ledger.count_for_key(&key), 1, "{key}: charged once");
+        seen.insert(edge_secret == another, handled);
+    }
+    report(
+        "edge",
+        &format!(
+            "a charge sent twice through an edge with the origin's secret, and through one \
+             with another (the client sending the origin's): {seen:?} (false: the origin's)"
+        ),
+    );
+    assert_eq!(seen[&false], ["forwarded", "replayed"], "the origin's edge");
+    assert_eq!(
+        seen[&true],
+        ["forwarded", "forwarded"],
+        "an edge with another secret kept the answer (the client's secret passed it)"
+    );
+}
+
 /// A bare origin (not an idem origin) that records every request it gets: method and
 /// path, and answers `/v1/charges` with a redirect, `/landing` with a page, and
 /// anything else with the method it saw.
@@ -779,6 +838,7 @@ async fn a_misconfigured_edge_says_so_and_forwards_nothing() {
             origin.url("").leak() as &str,
         ),
         ("TTL_MS", "junk", origin.url("").leak() as &str),
+        ("EDGE_SECRET", "hunter2", origin.url("").leak() as &str),
         (
             "TTL_MS",
             "99999999999999999999",
@@ -908,7 +968,9 @@ async fn the_edge_scopes_by_the_headers_the_origin_gets() {
             idem_core::contract::Anonymous::Scoped,
         ))
         .require_key_on(["/v1/charges"])
-        .scope_rule(rule);
+        .scope_rule(rule)
+        .edge_secret(idem_tests::EDGE_SECRET)
+        .unwrap();
     let app = axum::Router::new()
         .route(
             "/v1/charges",
@@ -1302,7 +1364,9 @@ async fn origin_storing_at_most(
             idem_core::contract::Anonymous::Scoped,
         ))
         .require_key_on(["/v1/charges"])
-        .ttl(ttl);
+        .ttl(ttl)
+        .edge_secret(idem_tests::EDGE_SECRET)
+        .unwrap();
     let layer = match max_stored {
         Some(limit) => layer.max_stored_body_bytes(limit),
         None => layer,
@@ -2034,7 +2098,9 @@ async fn origin_answering_without_a_body(
         .scope_rule(idem_core::contract::ScopeRule::by_authorization(
             idem_core::contract::Anonymous::Scoped,
         ))
-        .require_key_on(["/v1/charges"]);
+        .require_key_on(["/v1/charges"])
+        .edge_secret(idem_tests::EDGE_SECRET)
+        .unwrap();
     let app = axum::Router::new()
         .route(
             "/v1/charges",

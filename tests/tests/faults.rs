@@ -679,7 +679,13 @@ async fn tiered_sync_claims_go_on_while_redis_hangs() {
     let mut dispositions = BTreeMap::new();
     for n in 0..4 {
         let key = format!("frozen-{n}");
-        let res = post_charge(&http, &origin.url(""), Some(&key), &charge_body("c", 1, 0)).await;
+        let res = idem_tests::post_charge_as_edge(
+            &http,
+            &origin.url(""),
+            Some(&key),
+            &charge_body("c", 1, 0),
+        )
+        .await;
         count(&mut answers, res.status().as_u16());
         // Whether the answer's record was written before it went out (`stored; …`), or
         // the answer went without waiting for it (`pending`, after a second).

@@ -1258,13 +1258,15 @@ async fn shutdown_names_the_keys_it_could_not_write_by_the_drain_deadline() {
         "500ms",
         "--drain-timeout",
         "2s",
+        "--edge-secret-file",
+        &idem_tests::edge_secret_file(),
     ];
     let port = idem_tests::procs::free_port();
     let (mut child, base) = OriginProcess::try_spawn_at(port, &args, &[]).await.unwrap();
     let pending = tokio::spawn({
         let base = base.clone();
         async move {
-            post_charge(
+            idem_tests::post_charge_as_edge(
                 &client(),
                 &base,
                 Some("unwritten-1"),

@@ -70,7 +70,9 @@ impl Api {
             ))
             .require_key_on(["/v1/charges"])
             .max_wait(MAX_WAIT)
-            .max_body_bytes(MAX_BODY);
+            .max_body_bytes(MAX_BODY)
+            .edge_secret(idem_tests::EDGE_SECRET)
+            .unwrap();
         self.router().layer(layer)
     }
 }
@@ -273,6 +275,7 @@ impl EdgeChain {
             scope: idem_core::contract::ScopeRule::by_authorization(
                 idem_core::contract::Anonymous::Scoped,
             ),
+            edge_secret: idem_edge::config::EdgeSecret(idem_tests::EDGE_SECRET.into()),
             ..EdgeConfig::default()
         };
         assert_eq!(config.require_key_paths, ["/v1/charges"]);

@@ -1193,6 +1193,102 @@ async fn no_spelling_of_a_guarded_path_runs_twice() {
     );
 }
 
+/// Proxy mode without a base path: a path servers read differently (a `..` segment, an
+/// encoded `/`, a `;`) is refused whatever the method — the upstream may take it for a
+/// resource a route guards, reached by a method idem let through — unless the operator
+/// names `--pass-ambiguous-paths`, which forwards only what idem does not guard. Before,
+/// only paths under a base path were refused: `DELETE /../internal/users/1` reached the
+/// upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ambiguous_path_is_refused_on_every_method_unless_named() {
+    // An upstream that records what reaches it, whatever the method and path.
+    let reached: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    let r = reached.clone();
+    let upstream = axum::Router::new().fallback(move |req: axum::extract::Request| {
+        let r = r.clone();
+        async move {
+            r.lock()
+                .unwrap()
+                .push(format!("{} {}", req.method(), req.uri()));
+            "reached"
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, upstream).await });
+    let targets = [
+        ("DELETE", "/../internal/users/1"),
+        ("GET", "/v1/charges/..%2f..%2finternal"),
+        ("PUT", "/v1/charges/1;jsessionid=x"),
+        ("GET", "/v1/%2e%2e/admin"),
+    ];
+    let mut seen = Vec::new();
+    for pass in [false, true] {
+        let mut args = vec![
+            "--upstream",
+            &url,
+            "--store",
+            "memory",
+            "--anonymous",
+            "scoped",
+        ];
+        if pass {
+            args.push("--pass-ambiguous-paths");
+        }
+        let origin = TestOrigin::start(&args).await;
+        reached.lock().unwrap().clear();
+        let mut answers = Vec::new();
+        for (method, target) in targets {
+            let (status, body) = raw_request(origin.addr, method, target, &[], b"").await;
+            answers.push(format!(
+                "{method} {target}: {status} {}",
+                problem_kind(&body)
+            ));
+        }
+        // A guarded request (a keyed POST) on an ambiguous path: refused either way.
+        let (status, body) = raw_request(
+            origin.addr,
+            "POST",
+            "/v1/charges/..%2fpayouts",
+            &[
+                ("idempotency-key", "amb-1"),
+                ("content-type", "application/json"),
+            ],
+            b"{}",
+        )
+        .await;
+        answers.push(format!("keyed POST: {status} {}", problem_kind(&body)));
+        let reached = reached.lock().unwrap().clone();
+        seen.push((pass, answers, reached));
+    }
+    report(
+        "upstream",
+        &format!("ambiguous paths without a base path (false: by default; true: --pass-ambiguous-paths): {seen:?}"),
+    );
+    let (_, by_default, reached) = &seen[0];
+    for answer in by_default {
+        assert!(
+            answer.ends_with(": 400 path-ambiguous"),
+            "by default: {answer}"
+        );
+    }
+    assert_eq!(
+        reached,
+        &Vec::<String>::new(),
+        "nothing was sent by default"
+    );
+    let (_, named, reached) = &seen[1];
+    assert!(
+        named.last().unwrap().ends_with(": 400 path-ambiguous"),
+        "a guarded one, named: {named:?}"
+    );
+    assert_eq!(
+        reached.len(),
+        targets.len(),
+        "with --pass-ambiguous-paths every unguarded one is sent: {reached:?}"
+    );
+}
+
 /// The last part of a problem's type (`path-ambiguous`), found in a raw body.
 fn problem_kind(body: &str) -> String {
     body.split("urn:idem:problem:")

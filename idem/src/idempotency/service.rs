@@ -52,6 +52,19 @@ impl<S> IdempotencyService<S> {
         }
     }
 
+    /// Whether the request came from the edge ([`contract::from_edge`]); the proof is
+    /// taken off the request either way, so that no handler or upstream sees it.
+    fn take_edge_proof(&self, headers: &mut HeaderMap) -> bool {
+        let sent = headers.get_all(contract::EDGE_SECRET).iter();
+        let from_edge = self
+            .config
+            .edge_secret
+            .as_deref()
+            .is_some_and(|secret| contract::from_edge(secret, sent.map(|v| v.as_bytes())));
+        headers.remove(contract::EDGE_SECRET);
+        from_edge
+    }
+
     /// The settings for a request, or `None` when its path is spelled so that servers
     /// may read it differently and one reading of it is guarded.
     fn config_for(
@@ -87,14 +100,23 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<B>) -> Self::Future {
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
         // Take the service that was driven to readiness; leave a fresh clone behind.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
+        let from_edge = self.take_edge_proof(req.headers_mut());
         let Some(config) = self.config_for(req.method(), req.uri().path(), req.headers()) else {
             return Box::pin(async { Ok(invalid(&Rejection::new(Problem::PathAmbiguous))) });
         };
-        Box::pin(async move { Ok(handle(config, inner, req).await) })
+        Box::pin(async move {
+            let mut res = handle(config, inner, req).await;
+            if !from_edge {
+                // What idem stored is the edge's to know, never a client's.
+                res.headers_mut().remove(contract::ORIGIN_DISPOSITION);
+                res.headers_mut().remove(contract::STORED_HEADERS);
+            }
+            Ok(res)
+        })
     }
 }
 

@@ -196,7 +196,13 @@ pub fn layer(store: &Arc<dyn Store>) -> IdempotencyLayer {
         ))
         .require_key_on(["/op"])
         .max_body_bytes(1024)
+        .edge_secret(EDGE_SECRET)
+        .unwrap()
 }
+
+/// The secret the rows' requests carry, as an edge in front would: so that the rows
+/// see what idem tells an edge (`idem-disposition`).
+pub const EDGE_SECRET: &str = "rows-edge-secret-0123456789";
 
 /// An answer, read whole.
 pub struct Answer {
@@ -229,7 +235,8 @@ pub fn op(method: &str, key: Option<&str>) -> http::request::Builder {
     let req = Request::builder()
         .method(method)
         .uri("/op")
-        .header("content-type", "application/json");
+        .header("content-type", "application/json")
+        .header("idem-edge-secret", EDGE_SECRET);
     match key {
         Some(key) => req.header("idempotency-key", key),
         None => req,

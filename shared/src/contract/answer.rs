@@ -98,11 +98,12 @@ fn hop_by_hop(name: &str) -> bool {
 }
 
 /// Whether a client's request header is passed on to the origin: not hop-by-hop, not
-/// one the runtime sets itself (`Host`, `Content-Length`, idem's fencing token and
-/// downstream key), and not one a CDN stamps — a client could forge those.
+/// one the runtime sets itself (`Host`, `Content-Length`, idem's fencing token,
+/// downstream key and edge secret), and not one a CDN stamps — a client could forge those.
 pub fn forwarded_request_header(name: &str) -> bool {
-    const SET_BY_THE_RUNTIME: [&str; 12] = [
+    const SET_BY_THE_RUNTIME: [&str; 13] = [
         super::FENCING_TOKEN,
+        super::EDGE_SECRET,
         super::DOWNSTREAM_KEY,
         "host",
         "content-length",

@@ -13,6 +13,9 @@
 //! The runtimes only move bytes: the origin's tower layer and the edge's worker read
 //! their requests into these values and write these answers out.
 
+use alloc::format;
+use alloc::string::String;
+
 pub mod answer;
 pub mod jwt;
 pub mod path;
@@ -82,6 +85,49 @@ pub const FENCING_TOKEN: &str = "idem-fencing-token";
 /// request ([`crate::RecordKey::downstream_key`]): the same for every attempt at one
 /// request, different per scope and key. Never taken from the client.
 pub const DOWNSTREAM_KEY: &str = "idem-downstream-key";
+/// Request header by which the edge proves to the origin that it is the edge: the
+/// secret both were given (the origin's `--edge-secret-file`, the edge's `EDGE_SECRET`).
+/// Only to a request that carries it does the origin tell what it stored
+/// ([`ORIGIN_DISPOSITION`], [`STORED_HEADERS`]); a client never sees those headers. The
+/// edge never forwards a client's, and the origin removes it before the handler (or the
+/// upstream) gets the request.
+pub const EDGE_SECRET: &str = "idem-edge-secret";
+/// The fewest bytes an edge secret may have ([`check_edge_secret`]).
+pub const MIN_EDGE_SECRET_BYTES: usize = 16;
+
+/// Whether `secret` may be the edge's: long enough not to be guessed, and sendable as a
+/// header value (visible ASCII, no spaces at either end).
+pub fn check_edge_secret(secret: &[u8]) -> Result<(), String> {
+    if secret.len() < MIN_EDGE_SECRET_BYTES {
+        return Err(format!(
+            "the edge secret is {} bytes; it needs at least {MIN_EDGE_SECRET_BYTES} \
+             (e.g. `openssl rand -hex 32`)",
+            secret.len()
+        ));
+    }
+    if !secret.iter().all(|b| b.is_ascii_graphic()) {
+        return Err(String::from(
+            "the edge secret must be visible ASCII without spaces (it is sent as a header \
+             value; e.g. `openssl rand -hex 32`)",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a request's [`EDGE_SECRET`] values are exactly one, equal to `secret`: then
+/// it came from the edge. Compared in time independent of where the bytes differ.
+pub fn from_edge<'a>(secret: &[u8], mut sent: impl Iterator<Item = &'a [u8]>) -> bool {
+    let (Some(value), None) = (sent.next(), sent.next()) else {
+        return false;
+    };
+    value.len() == secret.len()
+        && value
+            .iter()
+            .zip(secret)
+            .fold(0u8, |diff, (a, b)| diff | (a ^ b))
+            == 0
+}
+
 /// Response header by which the origin tells the edge what it did with an answer
 /// (the edge strips it): see [`OriginDisposition`].
 pub const ORIGIN_DISPOSITION: &str = "idem-disposition";
@@ -158,5 +204,35 @@ mod tests {
         // Only the private signal releases; statuses and headers are never read.
         assert_eq!(disposition(false), Disposition::Store);
         assert_eq!(disposition(true), Disposition::Release);
+    }
+}
+
+#[cfg(test)]
+mod edge_secret_tests {
+    use super::*;
+
+    #[test]
+    fn only_the_one_secret_value_is_the_edge() {
+        let secret = b"0123456789abcdef0123";
+        let sent = |values: &[&'static [u8]]| from_edge(secret, values.iter().copied());
+        assert!(sent(&[b"0123456789abcdef0123"]));
+        assert!(!sent(&[]));
+        assert!(!sent(&[b"0123456789abcdef012"]), "a prefix");
+        assert!(!sent(&[b"0123456789abcdef01234"]), "longer");
+        assert!(!sent(&[b"0123456789abcdef0124"]), "the last byte");
+        assert!(!sent(&[b"1123456789abcdef0123"]), "the first byte");
+        // Two values: which one would a server read? Neither.
+        assert!(!sent(&[b"0123456789abcdef0123", b"0123456789abcdef0123"]));
+        assert!(!sent(&[b"x", b"0123456789abcdef0123"]));
+    }
+
+    #[test]
+    fn a_secret_is_long_and_sendable() {
+        assert!(check_edge_secret(b"0123456789abcdef").is_ok());
+        let short = check_edge_secret(b"hunter2").unwrap_err();
+        assert!(short.contains("7 bytes"), "{short}");
+        assert!(check_edge_secret(b"0123456789abcdef\n").is_err());
+        assert!(check_edge_secret(b"0123456789 abcdef").is_err());
+        assert!(check_edge_secret("0123456789abcdéf".as_bytes()).is_err());
     }
 }

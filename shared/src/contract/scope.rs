@@ -103,7 +103,16 @@ impl ScopeSource {
             if name.is_empty() || !name.bytes().all(token) {
                 return Err(format!("{name:?} is not a header name"));
             }
-            return Ok(ScopeSource::Header(name.to_ascii_lowercase()));
+            let name = name.to_ascii_lowercase();
+            // idem's own request headers: the key (every key its own caller), or one idem
+            // sets or takes off before the scope is read — absent, every caller would
+            // be the anonymous one.
+            if name == super::IDEMPOTENCY_KEY || name.starts_with("idem-") {
+                return Err(format!(
+                    "header:{name} is one of idem's own headers, not a caller's identity"
+                ));
+            }
+            return Ok(ScopeSource::Header(name));
         }
         if let Some(claim) = spec.strip_prefix("jwt:") {
             let claim = claim.trim();
@@ -775,6 +784,18 @@ mod tests {
             .unwrap_err()
             .contains("secret"));
         assert!(ScopeSource::parse("header:bad name", None).is_err());
+        // Absent when the scope is read (taken off, or set by idem itself): every
+        // caller would be the anonymous one.
+        for own in [
+            "header:Idem-Edge-Secret",
+            "header:idem-fencing-token",
+            "header:idem-downstream-key",
+            "header:Idempotency-Key",
+        ] {
+            let err = ScopeSource::parse(own, None).unwrap_err();
+            assert!(err.contains("idem's own headers"), "{own}: {err}");
+        }
+        assert!(ScopeSource::parse("header:idempotent-client", None).is_ok());
         assert!(ScopeSource::parse("cookie", None)
             .unwrap_err()
             .contains("header:<name>"));
