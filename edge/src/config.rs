@@ -181,6 +181,28 @@ impl Default for EdgeConfig {
 }
 
 impl EdgeConfig {
+    /// Whether the origin is reached by plain `http://` at a host off this machine.
+    pub fn origin_in_clear(&self) -> bool {
+        let Some(rest) = self
+            .origin_url
+            .get(..7)
+            .filter(|s| s.eq_ignore_ascii_case("http://"))
+            .and_then(|_| self.origin_url.get(7..))
+        else {
+            return false;
+        };
+        let authority = rest.split('/').next().unwrap_or("");
+        let host = match authority.strip_prefix('[') {
+            Some(v6) => v6.split(']').next().unwrap_or(""),
+            None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+        };
+        let loopback = host.eq_ignore_ascii_case("localhost")
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback());
+        !loopback
+    }
+
     /// Builds the config from `var(name)` lookups: defaults for absent numbers, an
     /// error naming the var for a missing `ORIGIN_URL` or a value that is malformed or
     /// out of bounds — a misconfigured edge says so rather than guess.
@@ -286,6 +308,24 @@ mod tests {
         assert_eq!(anonymous(None), Anonymous::Refused);
         assert_eq!(anonymous(Some("refused")), Anonymous::Refused);
         assert_eq!(anonymous(Some("scoped")), Anonymous::Scoped);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn an_origin_off_this_machine_in_clear_is_told_apart() {
+        let in_clear = |url: &str| {
+            EdgeConfig {
+                origin_url: url.into(),
+                ..EdgeConfig::default()
+            }
+            .origin_in_clear()
+        };
+        assert!(in_clear("http://origin.example"));
+        assert!(in_clear("HTTP://10.0.0.5:8080/base"));
+        assert!(!in_clear("https://origin.example"));
+        assert!(!in_clear("http://127.0.0.1:8080"));
+        assert!(!in_clear("http://localhost:8080"));
+        assert!(!in_clear("http://[::1]:8080"));
+        assert!(in_clear("http://[2001:db8::1]:8080"));
     }
 
     #[wasm_bindgen_test(unsupported = test)]

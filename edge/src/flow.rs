@@ -52,7 +52,8 @@ impl Head {
 }
 
 /// A request the edge sends to the origin, its body read (`Vec<u8>`) or streamed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// `Debug` shows the edge's secret as `<edge secret>`.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Outbound<B = Vec<u8>> {
     /// The method.
     pub method: String,
@@ -62,6 +63,27 @@ pub struct Outbound<B = Vec<u8>> {
     pub headers: Vec<(String, String)>,
     /// The body; `None` for GET and HEAD, which send none.
     pub body: Option<B>,
+}
+
+impl<B: std::fmt::Debug> std::fmt::Debug for Outbound<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let headers: Vec<(&str, &str)> = self
+            .headers
+            .iter()
+            .map(
+                |(n, v)| match n.eq_ignore_ascii_case(contract::EDGE_SECRET) {
+                    true => (n.as_str(), "<edge secret>"),
+                    false => (n.as_str(), v.as_str()),
+                },
+            )
+            .collect();
+        f.debug_struct("Outbound")
+            .field("method", &self.method)
+            .field("url", &self.url)
+            .field("headers", &headers)
+            .field("body", &self.body)
+            .finish()
+    }
 }
 
 /// An answer as plain values, its body read (`Vec<u8>`) or not.
@@ -183,6 +205,14 @@ pub async fn handle<R: EdgeRuntime>(
     head: Head,
     body: R::Body,
 ) -> Answer<Payload<R::Stream>> {
+    if config.origin_in_clear() {
+        warn_once(
+            runtime,
+            &ORIGIN_IN_CLEAR,
+            "ORIGIN_URL is http:// to a host off this machine: requests, answers and the \
+             EDGE_SECRET cross the network in clear (use https://)",
+        );
+    }
     let answer = answer_request(runtime, config, head, body).await;
     if contract::fetch_can_send_status(answer.status) {
         return answer;
@@ -208,7 +238,7 @@ async fn answer_request<R: EdgeRuntime>(
     // a header the edge sends the origin is read as the origin will get it (a client's
     // `X-Forwarded-Host` is not what the origin sees); one the edge does not send (the
     // runtime's own, `CF-Connecting-IP`) as the edge got it.
-    let forwarded = origin_headers(config, &head);
+    let forwarded = origin_headers(&head);
     let values = |name: &str| -> Vec<&[u8]> {
         let sent = contract::edge_sends_request_header(name);
         let headers = if sent { &forwarded } else { &head.headers };
@@ -272,7 +302,10 @@ async fn guarded<R: EdgeRuntime>(
         fingerprint: fingerprint.clone(),
         token,
     };
-    let answer = match runtime.fetch_whole(outbound(config, &head, body)).await {
+    let answer = match runtime
+        .fetch_whole(outbound_guarded(config, &head, body))
+        .await
+    {
         Ok(answer) => answer,
         Err(e) => {
             // Nothing reached the origin, or its answer was lost: free the key.
@@ -285,6 +318,15 @@ async fn guarded<R: EdgeRuntime>(
     let origin_said = answer
         .header(ORIGIN_DISPOSITION)
         .and_then(OriginDisposition::parse);
+    if origin_said.is_none() && (200..300).contains(&answer.status) {
+        warn_once(
+            runtime,
+            &SILENT_ORIGIN,
+            "the origin said nothing about what it stored (no idem-disposition): it is not an \
+             idem origin, or it does not know this edge's EDGE_SECRET (its --edge-secret-file); \
+             nothing is kept at the edge until it does",
+        );
+    }
     let mut handled = Handled::Forwarded;
     let kept = match contract::edge_keeps(origin_said, &record_key) {
         Ok(expires_at) => match keep(
@@ -494,29 +536,57 @@ async fn send_on<R: EdgeRuntime>(
     }
 }
 
+/// A guarded request as the origin gets it, claimed at the edge: with the edge's
+/// secret, so that the origin says what it stored of the answer. Only these carry it:
+/// nothing else the edge forwards needs the origin's word, and the fewer requests hold
+/// the secret, the fewer places could let it out.
+pub fn outbound_guarded(config: &EdgeConfig, head: &Head, body: Vec<u8>) -> Outbound {
+    let mut outbound = outbound(config, head, body);
+    outbound
+        .headers
+        .push((contract::EDGE_SECRET.into(), config.edge_secret.0.clone()));
+    outbound
+}
+
+thread_local! {
+    /// Whether this isolate warned that the origin says nothing of what it stores.
+    static SILENT_ORIGIN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Whether this isolate warned that the origin is reached in clear.
+    static ORIGIN_IN_CLEAR: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Warns once per isolate (a warning on every request would drown the logs).
+fn warn_once<R: EdgeRuntime>(
+    runtime: &R,
+    warned: &'static std::thread::LocalKey<std::cell::Cell<bool>>,
+    message: &str,
+) {
+    if !warned.with(|w| w.replace(true)) {
+        runtime.warn(message);
+    }
+}
+
 /// The request as the origin gets it.
 pub fn outbound<B>(config: &EdgeConfig, head: &Head, body: B) -> Outbound<B> {
     let bodiless = matches!(head.method.as_str(), "GET" | "HEAD");
     Outbound {
         method: head.method.clone(),
         url: format!("{}{}", config.origin_url, head.path_and_query),
-        headers: origin_headers(config, head),
+        headers: origin_headers(head),
         body: if bodiless { None } else { Some(body) },
     }
 }
 
 /// The request headers the origin gets. The client address is the runtime's
-/// (`CF-Connecting-IP`), never the client's say; the edge's secret is the edge's own
-/// (a client's is never forwarded: [`contract::forwarded_request_header`]).
-fn origin_headers(config: &EdgeConfig, head: &Head) -> Vec<(String, String)> {
-    let mut headers = contract::forwarded_headers(
+/// (`CF-Connecting-IP`), never the client's say; a client's `idem-edge-secret` is never
+/// forwarded ([`contract::forwarded_request_header`]).
+fn origin_headers(head: &Head) -> Vec<(String, String)> {
+    contract::forwarded_headers(
         &head.headers,
         head.header("cf-connecting-ip")
             .and_then(|ip| std::str::from_utf8(ip).ok()),
         &head.scheme,
-    );
-    headers.push((contract::EDGE_SECRET.into(), config.edge_secret.0.clone()));
-    headers
+    )
 }
 
 /// The origin's answer to a `method` request as the client gets it.
@@ -584,4 +654,47 @@ fn header_values<'a>(
         .iter()
         .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
         .map(|(_, v)| v.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasm_bindgen_test::wasm_bindgen_test;
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn only_the_edge_s_own_secret_reaches_the_origin_and_only_on_guarded_requests() {
+        let config = EdgeConfig {
+            origin_url: "http://origin.test".into(),
+            edge_secret: crate::config::EdgeSecret("the-edge-s-secret-0123456789".into()),
+            ..EdgeConfig::default()
+        };
+        let head = Head {
+            method: "POST".into(),
+            path_and_query: "/v1/charges".into(),
+            headers: vec![
+                (
+                    "Idem-Edge-Secret".into(),
+                    "a-client-s-guess-0123456789".into(),
+                ),
+                ("IDEM-EDGE-SECRET".into(), "another-guess-0123456789".into()),
+                ("idempotency-key".into(), "k1".into()),
+            ],
+            scheme: "https".into(),
+        };
+        let secrets = |out: &Outbound| -> Vec<String> {
+            out.headers
+                .iter()
+                .filter(|(n, _)| n.eq_ignore_ascii_case(contract::EDGE_SECRET))
+                .map(|(_, v)| v.clone())
+                .collect()
+        };
+        let guarded = outbound_guarded(&config, &head, Vec::new());
+        assert_eq!(secrets(&guarded), ["the-edge-s-secret-0123456789"]);
+        assert!(
+            !format!("{guarded:?}").contains("0123456789"),
+            "{guarded:?}"
+        );
+        let passed = outbound(&config, &head, Vec::new());
+        assert_eq!(secrets(&passed), Vec::<String>::new(), "unguarded: none");
+    }
 }

@@ -190,3 +190,31 @@ fn an_edge_secret_that_could_be_guessed_is_refused() {
     assert!(layer().edge_secret("with spaces in the secret").is_err());
     assert!(layer().edge_secret(SECRET).is_ok());
 }
+
+#[tokio::test]
+async fn while_rotating_both_secrets_are_the_edge_s() {
+    let new = "the-new-edge-secret-0123456789";
+    let app = Router::new()
+        .route(
+            "/charge",
+            post(|| async { (http::StatusCode::CREATED, "charged") }),
+        )
+        .layer(
+            IdempotencyLayer::new(Arc::new(MemoryStore::new()))
+                .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+                    idem_core::contract::Anonymous::Scoped,
+                ))
+                .edge_secret(SECRET)
+                .unwrap()
+                .edge_secret(new)
+                .unwrap(),
+        );
+    for (key, secret, told) in [
+        ("rot-1", SECRET, true),
+        ("rot-2", new, true),
+        ("rot-3", "neither-of-the-two-0123456789", false),
+    ] {
+        let (private, _) = seen(&app, "/charge", key, &[secret]).await;
+        assert_eq!(!private.is_empty(), told, "{key}: {private:?}");
+    }
+}

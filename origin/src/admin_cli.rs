@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! idem-origin admin get <record-key> [--body]
-//! idem-origin admin get --key <Idempotency-Key> --scope authorization --identity 'Bearer …'
+//! idem-origin admin get --key <Idempotency-Key> --scope authorization --identity-file - <<< 'Bearer …'
 //! idem-origin admin list [--older-than 30s] [--limit 100] [--all]
 //! idem-origin admin purge <record-key> [--force] [--resend] [--token <t> --state <s>]
 //! ```
@@ -13,8 +13,7 @@
 use bytes::Bytes;
 use clap::{Args, Parser, Subcommand};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::TokioIo;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -30,6 +29,11 @@ pub struct AdminCli {
         global = true
     )]
     url: String,
+
+    /// The CA certificates (PEM) that verify an https:// admin listener's certificate
+    /// (its chain and host name): the one its --admin-tls-cert was issued by.
+    #[arg(long, env = "IDEM_ADMIN_CA_FILE", global = true)]
+    ca_file: Option<std::path::PathBuf>,
 
     /// A file holding your token (a bare token, or `<operator>:<token>`: the first such
     /// line is used).
@@ -61,9 +65,11 @@ struct Get {
     /// anonymous.
     #[arg(long)]
     scope: Option<String>,
-    /// The caller's Authorization value, header value or claim value.
-    #[arg(long)]
-    identity: Option<String>,
+    /// A file holding the caller's Authorization value, header value or claim value
+    /// (a trailing newline is not part of it), or `-` to read it from stdin: never an
+    /// argument, which shell history and `ps` show. Sent in a header, never in the URL.
+    #[arg(long, requires = "key")]
+    identity_file: Option<std::path::PathBuf>,
     /// Include the stored body.
     #[arg(long)]
     body: bool,
@@ -152,13 +158,19 @@ pub async fn run(args: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode
 impl AdminCli {
     async fn execute(&self) -> Result<ExitCode, String> {
         let token = self.token()?;
+        let mut identity = None;
         let (method, path) = match &self.command {
-            Command::Get(get) => ("GET", get.path()?),
+            Command::Get(get) => {
+                identity = get.identity()?;
+                ("GET", get.path()?)
+            }
             Command::Purge(purge) => ("DELETE", purge.path()),
             Command::List(list) if list.all => return self.list_all(list, &token).await,
             Command::List(list) => ("GET", list.path(list.cursor.as_deref())),
         };
-        let (status, body) = self.call(method, &path, &token).await?;
+        let (status, body) = self
+            .call(method, &path, &token, identity.as_deref())
+            .await?;
         Ok(self.print(status, &body))
     }
 
@@ -168,7 +180,7 @@ impl AdminCli {
         let mut cursor = list.cursor.clone();
         loop {
             let (status, body) = self
-                .call("GET", &list.path(cursor.as_deref()), token)
+                .call("GET", &list.path(cursor.as_deref()), token, None)
                 .await?;
             if status != 200 {
                 return Ok(self.print(status, &body));
@@ -206,34 +218,64 @@ impl AdminCli {
             .ok_or_else(|| format!("{} holds no token", file.display()))
     }
 
-    async fn call(&self, method: &str, path: &str, token: &str) -> Result<(u16, Bytes), String> {
+    async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: &str,
+        identity: Option<&str>,
+    ) -> Result<(u16, Bytes), String> {
         let base = self.url.trim_end_matches('/');
-        if !base.starts_with("http://") {
-            return Err(format!(
-                "--url {base:?}: the admin API is served over http://"
-            ));
-        }
-        let request = http::Request::builder()
+        let target = AdminUrl::parse(base)?;
+        let mut request = http::Request::builder()
             .method(method)
-            .uri(format!("{base}{path}"))
-            .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
+            .uri(path)
+            .header(http::header::HOST, target.authority.as_str())
+            .header(http::header::AUTHORIZATION, format!("Bearer {token}"));
+        if let Some(identity) = identity {
+            let value = http::HeaderValue::from_str(identity).map_err(|_| {
+                "the identity is not a header value (visible ASCII, no line breaks)".to_owned()
+            })?;
+            request = request.header(idem::admin::IDENTITY_HEADER, value);
+        }
+        let request = request
             .body(Full::new(Bytes::new()))
-            .map_err(|e| format!("cannot make the request: {e}"))?;
-        let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+            .map_err(|_| "cannot make the request: check --url".to_owned())?;
+        let tls = match target.tls {
+            false => None,
+            true => Some(self.tls_connector()?),
+        };
         let answered = tokio::time::timeout(Duration::from_secs(30), async {
-            let response = client.request(request).await.map_err(|e| e.to_string())?;
-            let status = response.status().as_u16();
-            let body = response
-                .into_body()
-                .collect()
+            let stream = tokio::net::TcpStream::connect(target.authority.as_str())
                 .await
-                .map_err(|e| e.to_string())?
-                .to_bytes();
-            Ok::<_, String>((status, body))
+                .map_err(|e| e.to_string())?;
+            match tls {
+                None => exchange(stream, request).await,
+                Some(tls) => {
+                    let name = rustls::pki_types::ServerName::try_from(target.host.clone())
+                        .map_err(|e| format!("{}: {e}", target.host))?;
+                    let stream = tls.connect(name, stream).await.map_err(|e| e.to_string())?;
+                    exchange(stream, request).await
+                }
+            }
         })
         .await
         .map_err(|_| format!("{base} did not answer within 30 s"))?;
         answered.map_err(|e| format!("cannot reach the admin API at {base}: {e}"))
+    }
+
+    /// A TLS client that verifies the listener's chain and host name against
+    /// `--ca-file`.
+    fn tls_connector(&self) -> Result<tokio_rustls::TlsConnector, String> {
+        let ca_file = self.ca_file.as_deref().ok_or(
+            "an https:// --url needs --ca-file (or IDEM_ADMIN_CA_FILE): the CA that issued \
+             the listener's certificate",
+        )?;
+        let config =
+            idem::store::tls::client_config(idem::store::tls::Verify::Full, Some(ca_file))?;
+        Ok(tokio_rustls::TlsConnector::from(std::sync::Arc::new(
+            config,
+        )))
     }
 
     fn print(&self, status: u16, body: &[u8]) -> ExitCode {
@@ -257,6 +299,24 @@ impl AdminCli {
 }
 
 impl Get {
+    /// The caller's identity, from `--identity-file` (or stdin for `-`).
+    fn identity(&self) -> Result<Option<String>, String> {
+        let Some(file) = &self.identity_file else {
+            return Ok(None);
+        };
+        let text = match file.as_os_str() == "-" {
+            true => std::io::read_to_string(std::io::stdin())
+                .map_err(|e| format!("cannot read the identity from stdin: {e}"))?,
+            false => std::fs::read_to_string(file)
+                .map_err(|e| format!("cannot read {}: {e}", file.display()))?,
+        };
+        let identity = text.trim_end_matches(['\r', '\n']);
+        if identity.is_empty() {
+            return Err("--identity-file: the identity is empty".into());
+        }
+        Ok(Some(identity.to_owned()))
+    }
+
     fn path(&self) -> Result<String, String> {
         let body = if self.body { "body=true" } else { "" };
         match (&self.record_key, &self.key, &self.scope) {
@@ -267,9 +327,6 @@ impl Get {
             )),
             (None, Some(key), Some(scope)) => {
                 let mut query = format!("key={}&scope={}", encode(key), encode(scope));
-                if let Some(identity) = &self.identity {
-                    query.push_str(&format!("&identity={}", encode(identity)));
-                }
                 if self.body {
                     query.push_str("&body=true");
                 }
@@ -292,6 +349,72 @@ impl List {
         }
         path
     }
+}
+
+/// Where the admin API is: `http://host:port` or `https://host:port`.
+struct AdminUrl {
+    tls: bool,
+    host: String,
+    authority: String,
+}
+
+impl AdminUrl {
+    fn parse(base: &str) -> Result<AdminUrl, String> {
+        let uri: http::Uri = base
+            .parse()
+            .map_err(|_| format!("--url {base:?} is not a URL"))?;
+        let tls = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => return Err(format!("--url {base:?}: use http:// or https://")),
+        };
+        if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
+            return Err(format!(
+                "--url {base:?}: give the listener's base URL, no path"
+            ));
+        }
+        let host = uri
+            .host()
+            .filter(|h| !h.is_empty())
+            .ok_or_else(|| format!("--url {base:?} has no host"))?;
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
+        let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
+        let authority = match host.contains(':') {
+            true => format!("[{host}]:{port}"),
+            false => format!("{host}:{port}"),
+        };
+        Ok(AdminUrl {
+            tls,
+            host,
+            authority,
+        })
+    }
+}
+
+/// One request on a fresh connection, its answer read whole.
+async fn exchange<IO>(io: IO, request: http::Request<Full<Bytes>>) -> Result<(u16, Bytes), String>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(connection);
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok((status, body))
 }
 
 /// Percent-encodes everything but RFC 3986's unreserved characters.

@@ -245,16 +245,10 @@ pub fn layer(config: &Config, store: Arc<dyn Store>) -> Result<IdempotencyLayer,
         }
     }
     let layer = crate::routes::add_routes(layer, &routes);
-    let layer = match &config.edge_secret_file {
-        Some(path) => {
-            let secret =
-                crate::config::read_secret(path).map_err(|e| format!("--edge-secret-file {e}"))?;
-            layer
-                .edge_secret(secret)
-                .map_err(|e| format!("--edge-secret-file {}: {e}", path.display()))?
-        }
-        None => layer,
-    };
+    let mut layer = layer;
+    for secret in config.edge_secrets()? {
+        layer = layer.edge_secret(secret)?;
+    }
     Ok(match (config.max_execution.is_zero(), &config.upstream) {
         (false, _) => layer.max_execution(config.max_execution),
         // An upstream that stalls mid-answer must not hold its key for ever.

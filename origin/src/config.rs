@@ -328,8 +328,8 @@ pub struct Config {
     pub scope_from: String,
 
     /// The secret idem's edge in front proves itself with (its EDGE_SECRET), read from
-    /// this file (a trailing newline is not part of it; at least 16 visible ASCII
-    /// bytes, e.g. `openssl rand -hex 32`). Only requests that carry it are told what
+    /// this file: one per line, each at least 16 visible ASCII bytes (`openssl rand
+    /// -hex 32`); two lines while rotating. Only requests that carry one are told what
     /// idem stored (idem-disposition, idem-stored-headers), which the edge keeps its
     /// copies by; without it no answer carries them, and an edge in front keeps nothing.
     #[arg(long, env = "IDEM_EDGE_SECRET_FILE")]
@@ -407,6 +407,17 @@ pub struct Config {
     /// characters each.
     #[arg(long, env = "IDEM_ADMIN_TOKEN_FILE")]
     pub admin_token_file: Option<std::path::PathBuf>,
+
+    /// The admin listener's certificate chain (PEM, its own first): the admin API is
+    /// then served over TLS only. Needs --admin-tls-key. Without it the admin API is
+    /// plain HTTP, and its tokens cross the network in clear: keep --admin-listen on
+    /// loopback then (another address is warned about at start-up).
+    #[arg(long, env = "IDEM_ADMIN_TLS_CERT", requires = "admin_tls_key")]
+    pub admin_tls_cert: Option<std::path::PathBuf>,
+
+    /// The private key (PEM) of --admin-tls-cert.
+    #[arg(long, env = "IDEM_ADMIN_TLS_KEY", requires = "admin_tls_cert")]
+    pub admin_tls_key: Option<std::path::PathBuf>,
 
     /// Serve /metrics on the admin listener only, not on --listen.
     #[arg(long, env = "IDEM_METRICS_ON_ADMIN")]
@@ -569,10 +580,52 @@ impl Config {
         }
     }
 
+    /// The secrets of --edge-secret-file, one per line, each checked; none without it.
+    pub fn edge_secrets(&self) -> Result<Vec<Vec<u8>>, String> {
+        let Some(path) = &self.edge_secret_file else {
+            return Ok(Vec::new());
+        };
+        let text = read_file(path).map_err(|e| format!("--edge-secret-file {e}"))?;
+        let secrets: Vec<Vec<u8>> = text
+            .split(|b| *b == b'\n')
+            .map(|line| line.strip_suffix(b"\r").unwrap_or(line).to_vec())
+            .filter(|line| !line.is_empty())
+            .collect();
+        if secrets.is_empty() {
+            return Err(format!(
+                "--edge-secret-file {}: holds no secret",
+                path.display()
+            ));
+        }
+        for (n, secret) in secrets.iter().enumerate() {
+            idem_core::contract::check_edge_secret(secret).map_err(|e| {
+                format!("--edge-secret-file {}: line {}: {e}", path.display(), n + 1)
+            })?;
+        }
+        Ok(secrets)
+    }
+
+    /// The admin listener's TLS acceptor, when --admin-tls-cert is given.
+    pub fn admin_tls(&self) -> Result<Option<tokio_rustls::TlsAcceptor>, String> {
+        match (&self.admin_tls_cert, &self.admin_tls_key) {
+            (Some(cert), Some(key)) => {
+                if self.admin_listen.is_none() {
+                    return Err("--admin-tls-cert is for --admin-listen, which is not set".into());
+                }
+                crate::serve::tls_acceptor(cert, key)
+                    .map(Some)
+                    .map_err(|e| format!("--admin-tls-cert, --admin-tls-key: {e}"))
+            }
+            _ => Ok(None),
+        }
+    }
+
     pub fn validate(&self) -> Result<(), String> {
         self.scope_rule()?;
         self.check_limits()?;
         self.admin_tokens()?;
+        self.admin_tls()?;
+        self.edge_secrets()?;
         if let Some(endpoint) = &self.otlp_endpoint {
             crate::telemetry::traces_url(endpoint)?;
         }

@@ -33,6 +33,9 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if config.pass_ambiguous_paths {
+        tracing::warn!("--pass-ambiguous-paths: unguarded requests whose path servers read differently reach the upstream, which may take them for another resource than idem did");
+    }
     if config.store_kind() == StoreKind::Memory {
         tracing::warn!(
             "store = memory: records live in this process only — NOT durable, NOT shared between \
@@ -59,12 +62,18 @@ async fn main() -> ExitCode {
     let admin = match (&origin.admin, config.admin_listen) {
         (Some(router), Some(addr)) => match tokio::net::TcpListener::bind(addr).await {
             Ok(listener) => {
-                tracing::info!(listen = %addr, "admin API listening");
+                // Checked by `validate`.
+                let tls = config.admin_tls().ok().flatten();
+                tracing::info!(listen = %addr, tls = tls.is_some(), "admin API listening");
+                if tls.is_none() && !addr.ip().is_loopback() {
+                    tracing::warn!(listen = %addr, "the admin API is plain HTTP on an address off this machine: its tokens, and the identities looked up, cross the network in clear (--admin-tls-cert and --admin-tls-key serve it over TLS)");
+                }
                 let limits = config.limits();
-                Some(tokio::spawn(idem_origin::serve::serve(
+                Some(tokio::spawn(idem_origin::serve::serve_with(
                     listener,
                     router.clone(),
                     limits,
+                    tls,
                     std::future::pending(),
                 )))
             }

@@ -59,6 +59,18 @@ pub async fn serve(
     limits: Limits,
     shutdown: impl Future<Output = ()>,
 ) {
+    serve_with(listener, router, limits, None, shutdown).await;
+}
+
+/// [`serve`], over TLS when `tls` is given: a handshake not done within the
+/// header-read time closes the connection.
+pub async fn serve_with(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    shutdown: impl Future<Output = ()>,
+) {
     let connections = Arc::new(Semaphore::new(limits.max_connections));
     let requests = Arc::new(Semaphore::new(limits.max_requests));
     let probes = Arc::new(Semaphore::new(PROBES_AT_ONCE));
@@ -103,13 +115,19 @@ pub async fn serve(
             requests: requests.clone(),
             probes: probes.clone(),
         };
-        let io = TokioIo::new(WriteDeadline::new(stream, limits.write_idle));
-        // No upgrades (WebSocket): hyper-util cannot shut an upgradeable HTTP/1 connection
-        // down gracefully, and nothing idem serves upgrades.
-        let connection = http.serve_connection(io, service);
-        let connection = graceful.watch(connection);
+        let (http, watcher, tls) = (http.clone(), graceful.watcher(), tls.clone());
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
+            let ended = match tls {
+                None => serve_connection(&http, watcher, stream, service).await,
+                Some(tls) => {
+                    match tokio::time::timeout(limits.header_read, tls.accept(stream)).await {
+                        Ok(Ok(stream)) => serve_connection(&http, watcher, stream, service).await,
+                        Ok(Err(e)) => Err(format!("TLS handshake failed: {e}")),
+                        Err(_) => Err("TLS handshake not done within the header-read time".into()),
+                    }
+                }
+            };
+            if let Err(e) = ended {
                 tracing::debug!(error = %e, %peer, "connection ended");
             }
             drop(permit);
@@ -124,6 +142,50 @@ pub async fn serve(
     {
         tracing::warn!(drain = ?limits.drain, "connections still open after the drain time; no longer waiting for them");
     }
+}
+
+/// One connection's requests, until it closes or the server shuts down.
+async fn serve_connection<IO>(
+    http: &hyper::server::conn::http1::Builder,
+    watcher: hyper_util::server::graceful::Watcher,
+    stream: IO,
+    service: PeerService,
+) -> Result<(), String>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let io = TokioIo::new(WriteDeadline::new(stream, service.limits.write_idle));
+    // No upgrades (WebSocket): hyper-util cannot shut an upgradeable HTTP/1 connection
+    // down gracefully, and nothing idem serves upgrades.
+    let connection = http.serve_connection(io, service);
+    watcher.watch(connection).await.map_err(|e| e.to_string())
+}
+
+/// A TLS acceptor for the certificate chain in `cert` (PEM, the server's first) and its
+/// private key in `key` (PEM). The error names the file and what is wrong.
+pub fn tls_acceptor(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Result<tokio_rustls::TlsAcceptor, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .map_err(|e| format!("{}: cannot read certificates: {e}", cert.display()))?
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{}: not PEM certificates: {e}", cert.display()))?;
+    if chain.is_empty() {
+        return Err(format!("{}: holds no certificate", cert.display()));
+    }
+    let key = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| format!("{}: no usable private key (PEM): {e}", key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| format!("the certificate and its key: {e}"))?;
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
 /// The router, for the requests of one connection.

@@ -333,3 +333,25 @@ fn proxy_mode_without_a_named_store_and_limits_that_turn_themselves_off_are_refu
         stderr(&o)
     );
 }
+
+#[test]
+fn an_edge_secret_that_could_be_guessed_is_refused_at_start_up() {
+    let dir = std::env::temp_dir().join(format!("idem-cli-edge-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("edge-secret");
+    for (content, says) in [
+        ("hunter2\n", "line 1: the edge secret is 7 bytes"),
+        ("\n\n", "holds no secret"),
+        (
+            "0123456789abcdef0123\nwith a space in it, long enough\n",
+            "line 2: the edge secret must be visible ASCII",
+        ),
+    ] {
+        std::fs::write(&file, content).unwrap();
+        let o = run(&["--edge-secret-file", file.to_str().unwrap()], &[]);
+        assert_eq!(o.status.code(), Some(2), "{content:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{content:?}: {}", stderr(&o));
+        assert!(!stderr(&o).contains("hunter2"), "the secret was echoed");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -4,6 +4,7 @@
 //! the demo's `charges` table.
 
 use idem_tests::{charge_body, client, proof, report, OriginProcess, TestDb};
+use std::collections::BTreeMap;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -105,15 +106,18 @@ async fn admin(method: &str, url: &str, token: Option<&str>) -> (u16, serde_json
 
 /// The record key of `key` for the test's caller, from the admin API.
 async fn record_key(r: &Replica, key: &str) -> String {
-    let (status, body) = admin(
-        "GET",
-        &format!(
-            "{}/admin/v1/records?key={key}&scope=authorization&identity=Bearer%20customer-1",
+    let res = client()
+        .get(format!(
+            "{}/admin/v1/records?key={key}&scope=authorization",
             r.admin
-        ),
-        Some(TOKEN),
-    )
-    .await;
+        ))
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("idem-admin-identity", "Bearer customer-1")
+        .send()
+        .await
+        .expect("admin API answers");
+    let status = res.status().as_u16();
+    let body: serde_json::Value = res.json().await.unwrap_or_default();
     assert_eq!(status, 200, "{body}");
     body["record"]["record_key"].as_str().unwrap().to_owned()
 }
@@ -253,8 +257,11 @@ async fn a_missing_or_wrong_admin_token_is_refused_and_changes_nothing() {
         ("/admin/v1/in-progress?cursor=%00", "GET"),
         // Not a record key: Postgres's cursors are.
         ("/admin/v1/in-progress?cursor=zz", "GET"),
+        ("/admin/v1/records?key=auth-1&scope=cookie", "GET"),
+        // A customer's credential in a query string, which access logs keep: refused,
+        // and not echoed.
         (
-            "/admin/v1/records?key=auth-1&scope=cookie&identity=x",
+            "/admin/v1/records?key=auth-1&scope=authorization&identity=Bearer%20customer-1",
             "GET",
         ),
         ("/admin/v1/records?key=auth-1", "GET"),
@@ -287,6 +294,10 @@ async fn a_missing_or_wrong_admin_token_is_refused_and_changes_nothing() {
     ] {
         let (status, body) = admin(method, &format!("{}{path}", r.admin), Some(TOKEN)).await;
         assert_eq!(status, 400, "{method} {path}: {body}");
+        assert!(
+            !body.to_string().contains("customer-1"),
+            "the identity was echoed: {body}"
+        );
         refused += 1;
         assert!(body["type"]
             .as_str()
@@ -296,6 +307,53 @@ async fn a_missing_or_wrong_admin_token_is_refused_and_changes_nothing() {
     let (status, replayed, _) = charge(&r.url, "auth-1", 0).await;
     assert_eq!((status, replayed), (201, true));
     assert_eq!(db.charges_for("auth-1").await, 1);
+
+    // Guessing tokens: past 10 failures in a minute, the peer is refused (429) — its
+    // right token too — and another peer is not.
+    let listing = format!("{}/admin/v1/in-progress", r.admin);
+    let mut guesses = BTreeMap::new();
+    for n in 0..12 {
+        let (status, _) = admin("GET", &listing, Some(&format!("guess-{n:016}"))).await;
+        *guesses.entry(status).or_insert(0) += 1;
+    }
+    let res = client()
+        .get(&listing)
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .send()
+        .await
+        .unwrap();
+    let (locked_out, retry_after) = (
+        res.status().as_u16(),
+        res.headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok()),
+    );
+    let other_peer = reqwest::Client::builder()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .build()
+        .unwrap()
+        .get(&listing)
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16();
+    report(
+        "admin",
+        &format!("12 guessed tokens from one peer: {guesses:?}; then its right token {locked_out} (Retry-After {retry_after:?}), another peer's {other_peer}"),
+    );
+    assert_eq!(
+        guesses,
+        BTreeMap::from([(403, 10), (429, 2)]),
+        "10 guesses a minute, then refused"
+    );
+    assert_eq!(locked_out, 429, "the guessing peer, with the right token");
+    assert!(
+        retry_after.is_some_and(|s| (1..=60).contains(&s)),
+        "{retry_after:?}"
+    );
+    assert_eq!(other_peer, 200, "another peer");
     report(
         "admin",
         "a wrong or missing token: 401/403, the record unchanged, 1 charge",
@@ -303,7 +361,7 @@ async fn a_missing_or_wrong_admin_token_is_refused_and_changes_nothing() {
     proof::record(
         "admin",
         "auth",
-        &[&format!("401 without a token and with an empty one, 403 with 2 wrong ones, 400 problems for {refused} bad requests; the record unchanged, the retry replayed, 1 charge")],
+        &[&format!("401 without a token and with an empty one, 403 with 2 wrong ones, 400 problems for {refused} bad requests; the record unchanged, the retry replayed, 1 charge; 12 guesses from one peer: 10 × 403, then 429 (its right token too), another peer 200")],
     );
 }
 
@@ -477,7 +535,18 @@ async fn a_replica_that_lost_the_purge_channel_forgets_its_cache() {
 }
 
 fn cli(admin: &str, tokens: &std::path::Path, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(OriginProcess::binary())
+    cli_with_stdin(admin, tokens, args, "")
+}
+
+/// [`cli`], with `stdin` written to its standard input.
+fn cli_with_stdin(
+    admin: &str,
+    tokens: &std::path::Path,
+    args: &[&str],
+    stdin: &str,
+) -> (i32, String, String) {
+    use std::io::Write;
+    let mut child = Command::new(OriginProcess::binary())
         .args([
             "admin",
             "--url",
@@ -486,8 +555,15 @@ fn cli(admin: &str, tokens: &std::path::Path, args: &[&str]) -> (i32, String, St
             tokens.to_str().unwrap(),
         ])
         .args(args)
-        .output()
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).unwrap();
+    drop(input);
+    let out = child.wait_with_output().unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -564,7 +640,8 @@ async fn an_attempt_orphaned_by_kill_9_is_listed_and_purged() {
 
     let (status, replayed, _) = charge(&b.url, "orphan-1", 5_000).await;
     assert_eq!((status, replayed), (201, false));
-    let (code, out, err) = cli(
+    // The caller's credential from stdin, never an argument.
+    let (code, out, err) = cli_with_stdin(
         &b.admin,
         &tokens,
         &[
@@ -573,10 +650,11 @@ async fn an_attempt_orphaned_by_kill_9_is_listed_and_purged() {
             "orphan-1",
             "--scope",
             "authorization",
-            "--identity",
-            "Bearer customer-1",
+            "--identity-file",
+            "-",
             "--body",
         ],
+        "Bearer customer-1\n",
     );
     assert_eq!(code, 0, "{err}");
     assert!(
@@ -702,4 +780,71 @@ async fn tiered_async_a_fast_clock_cannot_purge_a_live_lease() {
         "tiered async",
     )
     .await;
+}
+
+/// The admin API over TLS (`--admin-tls-cert`, `--admin-tls-key`): the CLI reaches it
+/// with the CA that issued its certificate, by IP and by name; a CA that did not sign
+/// it, no CA, and plain HTTP get nothing — so a token never crosses in clear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_over_tls_is_reached_only_with_its_ca() {
+    let ca = idem_tests::procs::TestCa::new("admin-tls");
+    let db = TestDb::new("admin_tls").await;
+    let tokens = token_file("tls");
+    let mut args = postgres_args(&db);
+    args.extend([
+        "--admin-tls-cert".into(),
+        ca.server_cert.display().to_string(),
+        "--admin-tls-key".into(),
+        ca.server_key.display().to_string(),
+    ]);
+    let r = replica(&args, &tokens).await;
+    let port = r.admin.rsplit(':').next().unwrap().to_owned();
+    let (ca_file, wrong_ca) = (
+        ca.ca.display().to_string(),
+        ca.wrong_ca.display().to_string(),
+    );
+    let mut seen = Vec::new();
+    for (url, ca_args, ok) in [
+        (
+            format!("https://127.0.0.1:{port}"),
+            vec!["--ca-file", &ca_file],
+            true,
+        ),
+        (
+            format!("https://localhost:{port}"),
+            vec!["--ca-file", &ca_file],
+            true,
+        ),
+        (
+            format!("https://127.0.0.1:{port}"),
+            vec!["--ca-file", &wrong_ca],
+            false,
+        ),
+        (format!("https://127.0.0.1:{port}"), vec![], false),
+        (format!("http://127.0.0.1:{port}"), vec![], false),
+    ] {
+        let mut cli_args = vec!["list"];
+        cli_args.extend(ca_args.iter().copied());
+        let (code, out, err) = cli(&url, &tokens, &cli_args);
+        seen.push(format!("{url} {ca_args:?}: exit {code}"));
+        match ok {
+            true => {
+                assert_eq!(code, 0, "{url}: {err}");
+                assert!(out.contains("\"records\""), "{url}: {out}");
+            }
+            false => {
+                assert_eq!(code, 2, "{url} {ca_args:?} reached the API: {out}");
+                assert!(!err.is_empty());
+            }
+        }
+    }
+    let (_, _, no_ca) = cli(&format!("https://127.0.0.1:{port}"), &tokens, &["list"]);
+    assert!(no_ca.contains("--ca-file"), "{no_ca}");
+    let (_, _, wrong) = cli(
+        &format!("https://127.0.0.1:{port}"),
+        &tokens,
+        &["list", "--ca-file", &wrong_ca],
+    );
+    assert!(wrong.contains("UnknownIssuer"), "{wrong}");
+    report("admin", &format!("the admin API over TLS: {seen:?}"));
 }

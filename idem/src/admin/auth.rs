@@ -1,6 +1,9 @@
 //! Who may use the admin API: bearer tokens read from a file, compared in constant time.
 
 use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
 /// Shortest token accepted: a guessable token would make the admin listener a way in.
 pub const MIN_TOKEN_LEN: usize = 16;
@@ -91,6 +94,87 @@ fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
     std::hint::black_box(difference) == 0
 }
 
+/// Failed logins per peer: past [`FailedLogins::LIMIT`] in a window of
+/// [`FailedLogins::WINDOW`], every request from that peer is refused until the window
+/// ends — the right token too, or guessing would go on at full speed between two
+/// successes. A success clears the peer's count. IPv6 peers count by their /64, which
+/// one client usually holds whole. At most [`FailedLogins::PEERS`] peers are tracked;
+/// past that, the one tracked longest is forgotten.
+#[derive(Debug, Default)]
+pub struct FailedLogins {
+    peers: std::sync::Mutex<HashMap<IpAddr, Failures>>,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Failures {
+    count: u32,
+    since: Instant,
+}
+
+impl FailedLogins {
+    /// Failed logins a peer may make in one window.
+    pub const LIMIT: u32 = 10;
+    /// The window failures are counted over, from the first.
+    pub const WINDOW: Duration = Duration::from_secs(60);
+    /// Peers tracked at once.
+    pub const PEERS: usize = 10_000;
+
+    /// How long `peer` must wait, if it made [`Self::LIMIT`] failures in the window.
+    pub fn blocked(&self, peer: IpAddr, now: Instant) -> Option<Duration> {
+        let peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        let failures = peers.get(&counted(peer))?;
+        let left = Self::WINDOW.checked_sub(now.saturating_duration_since(failures.since))?;
+        (failures.count >= Self::LIMIT && !left.is_zero()).then_some(left)
+    }
+
+    /// Counts a failed login by `peer`; returns its failures in the window.
+    pub fn failed(&self, peer: IpAddr, now: Instant) -> u32 {
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        let peer = counted(peer);
+        if !peers.contains_key(&peer) && peers.len() >= Self::PEERS {
+            peers.retain(|_, f| now.saturating_duration_since(f.since) < Self::WINDOW);
+            if peers.len() >= Self::PEERS {
+                let oldest = peers.iter().min_by_key(|(_, f)| f.since).map(|(p, _)| *p);
+                if let Some(oldest) = oldest {
+                    peers.remove(&oldest);
+                }
+            }
+        }
+        let failures = peers.entry(peer).or_insert(Failures {
+            count: 0,
+            since: now,
+        });
+        if now.saturating_duration_since(failures.since) >= Self::WINDOW {
+            *failures = Failures {
+                count: 0,
+                since: now,
+            };
+        }
+        failures.count = failures.count.saturating_add(1);
+        failures.count
+    }
+
+    /// Clears `peer`'s failures (it presented a valid token).
+    pub fn succeeded(&self, peer: IpAddr) {
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        peers.remove(&counted(peer));
+    }
+}
+
+/// The address failures are counted by: an IPv4 address, or an IPv6 address's /64.
+fn counted(peer: IpAddr) -> IpAddr {
+    match peer {
+        IpAddr::V4(_) => peer,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let prefix = u128::from(v6) & !((1u128 << 64) - 1);
+                IpAddr::V6(std::net::Ipv6Addr::from(prefix))
+            }
+        },
+    }
+}
+
 /// What an `Authorization` header presents.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Presented<'a> {
@@ -113,6 +197,58 @@ pub fn presented(value: Option<&[u8]>) -> Presented<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peer_past_its_failures_waits_out_the_window() {
+        let logins = FailedLogins::default();
+        let t0 = Instant::now();
+        let a: IpAddr = "192.0.2.1".parse().unwrap();
+        let b: IpAddr = "192.0.2.2".parse().unwrap();
+        for n in 1..FailedLogins::LIMIT {
+            assert_eq!(logins.failed(a, t0), n);
+            assert_eq!(logins.blocked(a, t0), None, "after {n}");
+        }
+        logins.failed(a, t0);
+        let later = t0 + Duration::from_secs(20);
+        assert_eq!(logins.blocked(a, later), Some(Duration::from_secs(40)));
+        assert_eq!(logins.blocked(b, later), None, "another peer");
+        let after = t0 + FailedLogins::WINDOW;
+        assert_eq!(logins.blocked(a, after), None, "the window is over");
+        assert_eq!(logins.failed(a, after), 1, "a new window");
+        logins.succeeded(a);
+        assert_eq!(logins.failed(a, after), 1, "a success clears the count");
+    }
+
+    #[test]
+    fn an_ipv6_client_counts_as_its_64() {
+        let logins = FailedLogins::default();
+        let t0 = Instant::now();
+        for n in 0..FailedLogins::LIMIT {
+            let peer: IpAddr = format!("2001:db8:1:2::{n:x}").parse().unwrap();
+            logins.failed(peer, t0);
+        }
+        let same_64: IpAddr = "2001:db8:1:2:ffff::1".parse().unwrap();
+        let other_64: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert!(logins.blocked(same_64, t0).is_some());
+        assert!(logins.blocked(other_64, t0).is_none());
+        let mapped: IpAddr = "::ffff:192.0.2.9".parse().unwrap();
+        logins.failed(mapped, t0);
+        assert_eq!(logins.failed("192.0.2.9".parse().unwrap(), t0), 2);
+    }
+
+    #[test]
+    fn tracking_is_bounded() {
+        let logins = FailedLogins::default();
+        let t0 = Instant::now();
+        for n in 0..(FailedLogins::PEERS as u32 + 5) {
+            logins.failed(IpAddr::V4(std::net::Ipv4Addr::from(n)), t0);
+        }
+        assert_eq!(
+            logins.peers.lock().unwrap().len(),
+            FailedLogins::PEERS,
+            "never more peers than the bound"
+        );
+    }
 
     #[test]
     fn names_operators_and_refuses_short_or_missing_tokens() {

@@ -1,10 +1,12 @@
 //! The admin API: what idem holds for a key, the attempts a crash orphaned, and
 //! purging a record — for the on-call engineer, on a listener of its own.
 //!
-//! * `GET /admin/v1/records?key=…&scope=…&identity=…` — a record by the request's
-//!   `Idempotency-Key` and its caller, given as the request gives it (`scope` is
-//!   `authorization`, `header:<name>`, `jwt:<claim>` or `anonymous`; `identity` is the
-//!   `Authorization` value, the header's value or the claim's value).
+//! * `GET /admin/v1/records?key=…&scope=…` with the caller's identity in the
+//!   [`IDENTITY_HEADER`] header — a record by the request's `Idempotency-Key` and its
+//!   caller, given as the request gives it (`scope` is `authorization`,
+//!   `header:<name>`, `jwt:<claim>` or `anonymous`; the identity is the
+//!   `Authorization` value, the header's value or the claim's value). Never in the
+//!   query: a customer's credential would be in every access log on the way.
 //! * `GET /admin/v1/records/{record_key}` — a record by its record key (64 hex digits,
 //!   as logs and listings show it). Both take `body=true` to include the stored body.
 //! * `GET /admin/v1/in-progress?older_than=30s&limit=100&cursor=…` — in-progress
@@ -53,6 +55,7 @@ struct Admin {
     store: Arc<dyn Store>,
     resends: Resends,
     tokens: Arc<Tokens>,
+    failed_logins: Arc<auth::FailedLogins>,
     status: Option<(StatusInputs, Arc<status::History>)>,
 }
 
@@ -96,6 +99,7 @@ pub fn router(
         store,
         resends,
         tokens: Arc::new(tokens),
+        failed_logins: Arc::default(),
         status,
     };
     let api = Router::new()
@@ -179,16 +183,37 @@ fn ok(body: Value) -> Response {
         .into_response()
 }
 
-fn peer(request: &Request) -> String {
+fn peer(request: &Request) -> Option<SocketAddr> {
     request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
-        .map_or_else(|| "unknown".to_owned(), |c| c.0.to_string())
+        .map(|c| c.0)
 }
 
 async fn authenticate(State(admin): State<Admin>, mut request: Request, next: Next) -> Response {
-    let peer = peer(&request);
+    let peer_addr = peer(&request);
+    let peer = peer_addr.map_or_else(|| "unknown".to_owned(), |p| p.to_string());
+    // Served without the peer's address, every client counts as one.
+    let peer_ip = peer_addr.map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |p| p.ip());
     let action = format!("{} {}", request.method(), request.uri().path());
+    let now = std::time::Instant::now();
+    if let Some(wait) = admin.failed_logins.blocked(peer_ip, now) {
+        tracing::warn!(target: "idem::admin", %peer, %action, "admin request refused: too many failed logins from this peer");
+        let mut refused = problem(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too-many-failures",
+            format!(
+                "more than {} failed logins from this address within {} s; wait and retry",
+                auth::FailedLogins::LIMIT - 1,
+                auth::FailedLogins::WINDOW.as_secs()
+            ),
+        );
+        let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        if let Ok(v) = HeaderValue::from_str(&secs.to_string()) {
+            refused.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        return refused;
+    }
     let value = request
         .headers()
         .get(header::AUTHORIZATION)
@@ -208,9 +233,13 @@ async fn authenticate(State(admin): State<Admin>, mut request: Request, next: Ne
             return refused;
         }
         auth::Presented::Bearer(token) => match admin.tokens.operator(token) {
-            Some(operator) => operator.to_owned(),
+            Some(operator) => {
+                admin.failed_logins.succeeded(peer_ip);
+                operator.to_owned()
+            }
             None => {
-                tracing::warn!(target: "idem::admin", %peer, %action, "admin request refused: unknown token");
+                let failures = admin.failed_logins.failed(peer_ip, now);
+                tracing::warn!(target: "idem::admin", %peer, %action, failures, "admin request refused: unknown token");
                 return problem(
                     StatusCode::FORBIDDEN,
                     "forbidden",
@@ -329,13 +358,19 @@ fn unavailable(e: &StoreError) -> Response {
     )
 }
 
-/// The scope a request would get, from the identity it would carry.
+/// The request header that carries the identity of the caller whose record is looked
+/// up (`GET /admin/v1/records?key=…&scope=…`): a customer's credential, never put in a
+/// query string, which access logs keep.
+pub const IDENTITY_HEADER: &str = "idem-admin-identity";
+
+/// The scope a request would get, from the identity it would carry. Errors never show
+/// the identity (a customer's credential).
 fn scope_of(scope: &str, identity: Option<&str>, issuer: Option<&str>) -> Result<Scope, String> {
-    let needs = |what: &str| format!("scope={scope} needs identity=<{what}>");
+    let needs = |what: &str| format!("scope={scope} needs the {IDENTITY_HEADER} header: {what}");
     if scope.trim() == "anonymous" {
         return match identity {
             None => Ok(Scope::anonymous()),
-            Some(_) => Err("scope=anonymous takes no identity".into()),
+            Some(_) => Err(format!("scope=anonymous takes no {IDENTITY_HEADER}")),
         };
     }
     // Any JWT verifier parses the spec: the claim's value is given, not a token.
@@ -352,7 +387,7 @@ fn scope_of(scope: &str, identity: Option<&str>, issuer: Option<&str>) -> Result
             rule.scope(|_| Some(value.as_bytes()), 0)
                 .map_err(|rejection| {
                     format!(
-                        "identity={value:?} is not a caller under scope=authorization ({})",
+                        "the {IDENTITY_HEADER} given is not a caller under scope=authorization ({})",
                         rejection.detail
                     )
                 })
@@ -370,7 +405,7 @@ fn scope_of(scope: &str, identity: Option<&str>, issuer: Option<&str>) -> Result
             let json = match idem_core::json::canonicalize(value.as_bytes()) {
                 Ok(canonical) => canonical,
                 Err(_) => idem_core::json::canonicalize(json!(value).to_string().as_bytes())
-                    .map_err(|_| format!("{value:?} is not a claim's value"))?,
+                    .map_err(|_| format!("the {IDENTITY_HEADER} given is not a claim's value"))?,
             };
             // A token's `iss` is part of its scope where the origin pins no issuer: the
             // operator gives it as the token carries it.
@@ -388,11 +423,45 @@ fn scope_of(scope: &str, identity: Option<&str>, issuer: Option<&str>) -> Result
 async fn lookup(
     State(admin): State<Admin>,
     Extension(actor): Extension<Actor>,
+    headers: http::HeaderMap,
     query: Params,
 ) -> Response {
     let params = match params(query, &["key", "scope", "identity", "issuer", "body"]) {
         Ok(p) => p,
         Err(refused) => return refused,
+    };
+    if params.contains_key("identity") {
+        // Refused whatever it holds, and not echoed: it is in the query now, and in
+        // whatever logged it on the way; the operator should know.
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "bad-request",
+            format!(
+                "identity= in the query is refused (access logs keep query strings): send \
+                 the caller's identity in the {IDENTITY_HEADER} header"
+            ),
+        );
+    }
+    let mut identities = headers.get_all(IDENTITY_HEADER).iter();
+    let identity = match (identities.next(), identities.next()) {
+        (None, _) => None,
+        (Some(v), None) => match v.to_str() {
+            Ok(v) => Some(v),
+            Err(_) => {
+                return problem(
+                    StatusCode::BAD_REQUEST,
+                    "bad-request",
+                    format!("the {IDENTITY_HEADER} header is not visible ASCII"),
+                )
+            }
+        },
+        (Some(_), Some(_)) => {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "bad-request",
+                format!("the {IDENTITY_HEADER} header is given more than once"),
+            )
+        }
     };
     let Some(key) = params.get("key") else {
         return problem(
@@ -412,11 +481,7 @@ async fn lookup(
             "scope=authorization|header:<name>|jwt:<claim>|anonymous is required",
         );
     };
-    let scope = match scope_of(
-        scope,
-        params.get("identity").map(String::as_str),
-        params.get("issuer").map(String::as_str),
-    ) {
+    let scope = match scope_of(scope, identity, params.get("issuer").map(String::as_str)) {
         Ok(s) => s,
         Err(e) => return problem(StatusCode::BAD_REQUEST, "bad-request", e),
     };

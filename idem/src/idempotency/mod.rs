@@ -142,8 +142,8 @@ pub(crate) struct Config {
     pub(crate) max_stored_body_bytes: usize,
     /// Whether a route's pattern matches paths only in the same case.
     pub(crate) case_sensitive: bool,
-    /// The secret an edge in front proves itself with ([`contract::EDGE_SECRET`]).
-    pub(crate) edge_secret: Option<Arc<[u8]>>,
+    /// The secrets an edge in front proves itself with ([`contract::EDGE_SECRET`]).
+    pub(crate) edge_secrets: Vec<Arc<[u8]>>,
     /// Per-path settings, first match wins; resolved when the layer wraps a service.
     pub(crate) routes: Vec<RouteSettings>,
     /// Where handlers commit their effects with their answer, when enabled.
@@ -186,7 +186,7 @@ impl IdempotencyLayer {
                 executions: Executions::default(),
                 max_stored_body_bytes: 1024 * 1024,
                 case_sensitive: false,
-                edge_secret: None,
+                edge_secrets: Vec::new(),
                 routes: Vec::new(),
                 #[cfg(feature = "postgres")]
                 authority: None,
@@ -291,13 +291,16 @@ impl IdempotencyLayer {
         self.with(|c| c.case_sensitive = yes)
     }
 
-    /// The secret idem's edge in front sends with every request it forwards
+    /// A secret idem's edge in front sends with the requests it claimed
     /// ([`contract::EDGE_SECRET`]; the edge's `EDGE_SECRET`). Only requests that carry
-    /// it are told what idem stored — the private headers the edge keeps its copies by
-    /// ([`contract::ORIGIN_DISPOSITION`], [`contract::STORED_HEADERS`]); every other
+    /// one are told what idem stored — the private headers the edge keeps its copies
+    /// by ([`contract::ORIGIN_DISPOSITION`], [`contract::STORED_HEADERS`]); every other
     /// answer goes without them, so a client never sees them. Unset (the default), no
-    /// answer carries them and an edge in front keeps nothing. The header is removed
-    /// from every request before the service this layer wraps gets it.
+    /// answer carries them and an edge in front keeps nothing. Called again, it accepts
+    /// one more (to rotate: accept the new one, move the edge to it, drop the old).
+    /// Layer-wide: set on a route's layer it is ignored. The header is removed from
+    /// every request before the service this layer wraps gets it — so wrap every route
+    /// the edge forwards to, or a route outside the layer gets the secret.
     ///
     /// # Errors
     ///
@@ -306,7 +309,7 @@ impl IdempotencyLayer {
     pub fn edge_secret(self, secret: impl Into<Vec<u8>>) -> Result<Self, String> {
         let secret: Vec<u8> = secret.into();
         contract::check_edge_secret(&secret)?;
-        Ok(self.with(|c| c.edge_secret = Some(secret.into())))
+        Ok(self.with(|c| c.edge_secrets.push(secret.into())))
     }
 
     /// The settings of each route, made from this layer's.

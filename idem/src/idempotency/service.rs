@@ -55,12 +55,26 @@ impl<S> IdempotencyService<S> {
     /// Whether the request came from the edge ([`contract::from_edge`]); the proof is
     /// taken off the request either way, so that no handler or upstream sees it.
     fn take_edge_proof(&self, headers: &mut HeaderMap) -> bool {
-        let sent = headers.get_all(contract::EDGE_SECRET).iter();
+        if !headers.contains_key(contract::EDGE_SECRET) {
+            return false;
+        }
+        let sent = || {
+            headers
+                .get_all(contract::EDGE_SECRET)
+                .iter()
+                .map(|v| v.as_bytes())
+        };
+        // Every secret is compared: which one matched does not show in the time taken.
         let from_edge = self
             .config
-            .edge_secret
-            .as_deref()
-            .is_some_and(|secret| contract::from_edge(secret, sent.map(|v| v.as_bytes())));
+            .edge_secrets
+            .iter()
+            .fold(false, |matched, secret| {
+                matched | contract::from_edge(secret, sent())
+            });
+        if !from_edge {
+            warn_unknown_edge_secret();
+        }
         headers.remove(contract::EDGE_SECRET);
         from_edge
     }
@@ -367,6 +381,31 @@ where
     res.headers_mut().remove(contract::ORIGIN_DISPOSITION);
     res.headers_mut().remove(contract::STORED_HEADERS);
     res
+}
+
+/// Warns, at most once a minute, that a request carried an edge secret this layer does
+/// not accept: an edge whose `EDGE_SECRET` is not the origin's (its cache silently off),
+/// or a client guessing.
+fn warn_unknown_edge_secret() {
+    static LAST_WARNED_SECS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let last = LAST_WARNED_SECS.load(std::sync::atomic::Ordering::Relaxed);
+    if now >= last.saturating_add(60)
+        && LAST_WARNED_SECS
+            .compare_exchange(
+                last,
+                now,
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+            )
+            .is_ok()
+    {
+        tracing::warn!(
+            "a request carried an idem-edge-secret this origin does not accept (an edge whose EDGE_SECRET is not in --edge-secret-file, or a client guessing): it is told nothing of what idem stored, and an edge in front keeps nothing; warned at most once a minute"
+        );
+    }
 }
 
 fn invalid(rejection: &Rejection) -> Response<Body> {
