@@ -50,6 +50,7 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
                 allow_eviction: config.redis_allow_eviction,
                 wait_replicas: config.redis_wait_replicas,
                 layout: config.redis_layout.into(),
+                allow_hosts: config.redis_allow_host.clone(),
             };
             Some(
                 RedisStore::connect(urls, options)

@@ -136,6 +136,14 @@ pub struct Config {
     #[arg(long, env = "IDEM_REDIS_ALLOW_EVICTION")]
     pub redis_allow_eviction: bool,
 
+    /// Redis Cluster: where else than the nodes --redis-url names the URLs' credentials
+    /// may go, comma-separated: host names or IP addresses (any port), host:port, or
+    /// networks (10.0.0.0/8). The cluster announces its own nodes; when the URLs carry
+    /// a user or a password, one announced elsewhere is refused at start-up and never
+    /// sent them later.
+    #[arg(long, env = "IDEM_REDIS_ALLOW_HOST", value_delimiter = ',')]
+    pub redis_allow_host: Vec<String>,
+
     /// Replicas that must acknowledge every claim and completion (Redis WAIT) before
     /// it counts; 0 = don't wait. Narrows the window in which a master that dies
     /// loses an acknowledged claim.

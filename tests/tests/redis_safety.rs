@@ -175,3 +175,82 @@ async fn a_redis_without_maxmemory_is_warned_about() {
     }
     assert_eq!(warned, [true, false], "warned with maxmemory 0, then 100mb");
 }
+
+/// A cluster whose URLs carry a password: the password goes only to the nodes the
+/// operator listed (`--redis-url`) or allowed (`--redis-allow-host`). With one seed URL
+/// of six, the cluster announces masters nobody listed: refused at start-up, naming
+/// them (before, every announced master was sent the password). Allowed by host, or
+/// with every node listed, it starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_s_password_goes_only_to_nodes_listed_or_allowed() {
+    const PASSWORD: &str = "s3cret-cluster-pw";
+    let cluster = tokio::task::block_in_place(|| RedisClusterProc::start("password-cluster"));
+    for node in &cluster.nodes {
+        assert_eq!(
+            node.cli(&["config", "set", "masterauth", PASSWORD]).trim(),
+            "OK"
+        );
+        assert_eq!(
+            node.cli(&["config", "set", "requirepass", PASSWORD]).trim(),
+            "OK"
+        );
+    }
+    let url = |n: &RedisProc| format!("redis://:{PASSWORD}@127.0.0.1:{}", n.port);
+    let one = url(&cluster.nodes[0]);
+    let all = cluster.nodes.iter().map(url).collect::<Vec<_>>().join(",");
+    let mut started = Vec::new();
+    for (label, urls, extra) in [
+        ("one seed", &one, vec![]),
+        (
+            "one seed, 127.0.0.1 allowed",
+            &one,
+            vec!["--redis-allow-host", "127.0.0.1"],
+        ),
+        ("every node listed", &all, vec![]),
+    ] {
+        let port = idem_tests::procs::free_port();
+        let mut args = vec!["--store", "redis", "--redis-cluster", "--redis-url", urls];
+        args.extend(extra);
+        let spawned = OriginProcess::try_spawn_at(port, &args, &[]).await;
+        let log = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("../target/idem-reports/origin-{port}.log"));
+        let log = std::fs::read_to_string(log).unwrap_or_default();
+        assert!(
+            !log.contains(PASSWORD),
+            "{label}: the log shows the password"
+        );
+        match spawned {
+            Ok((mut origin, base)) => {
+                let ready = idem_tests::client()
+                    .get(format!("{base}/readyz"))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16();
+                let _ = origin.kill();
+                let _ = origin.wait();
+                started.push((label, format!("started, /readyz {ready}")));
+            }
+            Err(_) => {
+                let named = log.contains("that no --redis-url names");
+                started.push((label, format!("refused (names the masters: {named})")));
+            }
+        }
+    }
+    idem_tests::report(
+        "redis",
+        &format!("a password-protected cluster: {started:?}"),
+    );
+    assert_eq!(
+        started,
+        [
+            ("one seed", "refused (names the masters: true)".to_owned()),
+            (
+                "one seed, 127.0.0.1 allowed",
+                "started, /readyz 200".to_owned()
+            ),
+            ("every node listed", "started, /readyz 200".to_owned()),
+        ]
+    );
+}

@@ -100,6 +100,11 @@ pub struct RedisOptions {
     pub wait_replicas: u32,
     /// How records are written (both layouts are read).
     pub layout: RedisLayout,
+    /// Besides the nodes of the URLs given, where a cluster's credentials may go
+    /// (`--redis-allow-host`: hosts, `host:port`, networks). A cluster that announces
+    /// a master elsewhere is refused at start-up when the URLs carry credentials, and
+    /// such a node is never sent them later.
+    pub allow_hosts: Vec<String>,
 }
 
 impl Default for RedisOptions {
@@ -112,6 +117,7 @@ impl Default for RedisOptions {
             allow_eviction: false,
             wait_replicas: 0,
             layout: RedisLayout::String,
+            allow_hosts: Vec::new(),
         }
     }
 }
@@ -179,9 +185,12 @@ impl SelfHealingCluster {
     }
 }
 
+mod allow;
 mod nodes;
 mod purge;
 mod slots;
+
+pub use allow::NodeAllowList;
 
 /// Redis-backed [`Store`].
 pub struct RedisStore {
@@ -268,7 +277,12 @@ impl RedisStore {
             }
         };
         let conn = if cluster {
-            Self::cluster(&nodes, timeout, ca.as_ref(), options.wait_replicas).await?
+            let allowed = NodeAllowList::new(
+                nodes.iter().filter_map(|url| slots::host_port(url)),
+                options.allow_hosts.iter().map(String::as_str),
+            )
+            .map_err(StoreError::Unavailable)?;
+            Self::cluster(&nodes, timeout, ca.as_ref(), options.wait_replicas, allowed).await?
         } else {
             Self::single(nodes[0], timeout, ca.as_ref()).await?
         };
@@ -323,6 +337,7 @@ impl RedisStore {
         timeout: Duration,
         ca: Option<&Vec<u8>>,
         wait_replicas: u32,
+        allowed: NodeAllowList,
     ) -> Result<Conn, StoreError> {
         let mut builder = redis::cluster::ClusterClientBuilder::new(nodes.to_vec());
         if let Some(ca) = ca {
@@ -357,20 +372,36 @@ impl RedisStore {
             })?
             .map_err(unavailable)?;
         let node_connections =
-            Arc::new(nodes::NodeConnections::new(nodes[0], ca.cloned(), timeout));
-        let slots = match wait_replicas {
-            0 => {
-                let seeds = nodes
-                    .iter()
-                    .filter_map(|url| slots::host_port(url))
-                    .collect();
-                let router = Arc::new(slots::SlotRouter::new(seeds));
-                if let Err(e) = router.refresh(&node_connections).await {
-                    // Requests go through the cluster connection until a reading works.
-                    tracing::warn!(error = %e, "reading the Redis Cluster's slots failed");
-                }
-                Some(router)
+            Arc::new(nodes::NodeConnections::new(nodes[0], ca.cloned(), timeout).allowing(allowed));
+        let seeds = nodes
+            .iter()
+            .filter_map(|url| slots::host_port(url))
+            .collect();
+        let router = Arc::new(slots::SlotRouter::new(seeds));
+        if let Err(e) = router.refresh(&node_connections).await {
+            // Requests go through the cluster connection until a reading works.
+            tracing::warn!(error = %e, "reading the Redis Cluster's slots failed");
+        }
+        // redis-rs's own connection sends the URL's credentials to every master the
+        // cluster announces: refuse one it would send them to unasked.
+        if node_connections.sends_credentials() {
+            let outside: Vec<String> = router
+                .masters()
+                .into_iter()
+                .filter(|m| !node_connections.allows(m))
+                .collect();
+            if !outside.is_empty() {
+                return Err(StoreError::Unavailable(format!(
+                    "the Redis Cluster announces masters at {} that no --redis-url names: \
+                     idem sends the URLs' credentials only to addresses you list — add them \
+                     to --redis-url, or allow them with --redis-allow-host (a host, \
+                     host:port or network)",
+                    outside.join(", ")
+                )));
             }
+        }
+        let slots = match wait_replicas {
+            0 => Some(router),
             _ => None,
         };
         Ok(Conn::Cluster(Arc::new(SelfHealingCluster {

@@ -9,7 +9,7 @@
 //! 503s during a rebalance: tests/tests/reshard.rs). A node's own connection leaves
 //! the data path alone.
 
-use super::{client_for, unavailable};
+use super::{client_for, unavailable, NodeAllowList};
 use crate::store::StoreError;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, FromRedisValue, Value};
@@ -28,6 +28,10 @@ pub(super) enum NodeFailure {
 pub(super) struct NodeConnections {
     /// The first URL given: every node shares its scheme, credentials and database.
     template: String,
+    /// Where the template's credentials may go.
+    allowed: NodeAllowList,
+    /// The nodes refused for not being allowed, each logged once.
+    refused: Mutex<std::collections::HashSet<String>>,
     ca: Option<Vec<u8>>,
     timeout: Duration,
     open: Mutex<HashMap<String, MultiplexedConnection>>,
@@ -37,10 +41,33 @@ impl NodeConnections {
     pub(super) fn new(template: &str, ca: Option<Vec<u8>>, timeout: Duration) -> Self {
         NodeConnections {
             template: template.to_owned(),
+            allowed: NodeAllowList::default(),
+            refused: Mutex::default(),
             ca,
             timeout,
             open: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// These connections, sending credentials only to the nodes `allowed` names.
+    pub(super) fn allowing(mut self, allowed: NodeAllowList) -> Self {
+        self.allowed = allowed;
+        self
+    }
+
+    /// Whether the URLs carry credentials (a user or a password).
+    pub(super) fn sends_credentials(&self) -> bool {
+        let rest = self
+            .template
+            .split_once("://")
+            .map_or(self.template.as_str(), |(_, r)| r);
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+        authority.contains('@')
+    }
+
+    /// Whether credentials may be sent to `node`.
+    pub(super) fn allows(&self, node: &str) -> bool {
+        self.allowed.allows(node)
     }
 
     /// The template URL pointed at `node` (`host:port`).
@@ -66,8 +93,24 @@ impl NodeConnections {
         format!("{scheme}://{userinfo}{node}{tail}")
     }
 
-    /// A client for `node`, verifying TLS servers with the configured CA.
+    /// A client for `node`, verifying TLS servers with the configured CA; refused for
+    /// a node the credentials may not go to.
     pub(super) fn client(&self, node: &str) -> Result<redis::Client, StoreError> {
+        if self.sends_credentials() && !self.allows(node) {
+            let first = self
+                .refused
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(node.to_owned());
+            let why = format!(
+                "redis: the cluster names {node}, which no --redis-url names and \
+                 --redis-allow-host does not allow: it is not sent the credentials"
+            );
+            if first {
+                tracing::error!("{why}");
+            }
+            return Err(StoreError::Unavailable(why));
+        }
         client_for(self.url_for(node), self.ca.as_deref()).map_err(unavailable)
     }
 
@@ -163,6 +206,35 @@ impl NodeConnections {
 mod tests {
     use super::NodeConnections;
     use std::time::Duration;
+
+    #[test]
+    fn credentials_go_only_where_allowed() {
+        let allowed = super::NodeAllowList::new(["127.0.0.1:7000".to_owned()], []).unwrap();
+        let with_password =
+            NodeConnections::new("redis://:pw@127.0.0.1:7000", None, Duration::from_secs(1))
+                .allowing(allowed.clone());
+        assert!(with_password.sends_credentials());
+        assert!(with_password.client("127.0.0.1:7000").is_ok());
+        let refused = with_password
+            .client("10.9.9.9:7000")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            refused.contains("10.9.9.9:7000") && !refused.contains("pw"),
+            "{refused}"
+        );
+        let without = NodeConnections::new("redis://127.0.0.1:7000", None, Duration::from_secs(1))
+            .allowing(allowed);
+        assert!(!without.sends_credentials());
+        assert!(
+            without.client("10.9.9.9:7000").is_ok(),
+            "no credentials to keep"
+        );
+        let user_only =
+            NodeConnections::new("rediss://idem@h:7000/0", None, Duration::from_secs(1));
+        assert!(user_only.sends_credentials());
+    }
 
     #[test]
     fn a_node_url_keeps_the_first_urls_scheme_credentials_and_database() {

@@ -157,6 +157,11 @@ impl SlotRouter {
         }
     }
 
+    /// The masters the map names, each once.
+    pub(super) fn masters(&self) -> Vec<String> {
+        self.map.read().unwrap_or_else(|p| p.into_inner()).masters()
+    }
+
     /// The master that serves `key`, as far as the map knows.
     pub(super) fn owner(&self, key: &[u8]) -> Option<String> {
         let map = self.map.read().unwrap_or_else(|p| p.into_inner()).clone();
