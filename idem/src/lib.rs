@@ -27,6 +27,7 @@ pub mod admin;
 pub mod idempotency;
 pub mod limits;
 pub mod metrics;
+pub mod quota;
 pub mod store;
 
 pub use idem_core as core;

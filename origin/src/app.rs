@@ -231,6 +231,13 @@ pub fn layer(config: &Config, store: Arc<dyn Store>) -> Result<IdempotencyLayer,
         .max_body_bytes(config.max_body_bytes)
         .max_buffered_body_bytes(config.max_buffered_body_bytes)
         .max_in_progress(config.max_requests)
+        .scope_quota(idem::quota::ScopeQuota {
+            in_progress: (config.scope_max_in_progress > 0).then_some(config.scope_max_in_progress),
+            new_keys: (config.scope_max_new_keys > 0).then_some(idem::quota::NewKeys {
+                count: config.scope_max_new_keys,
+                per: config.scope_new_keys_window,
+            }),
+        })
         .max_stored_body_bytes(config.max_stored_body_bytes);
     let routes = config.routes()?;
     let flags_scope = config.scope_rule()?;

@@ -248,6 +248,24 @@ pub struct Config {
     #[arg(long, env = "IDEM_MAX_REQUESTS", default_value_t = 10_000)]
     pub max_requests: usize,
 
+    /// Guarded requests one caller (one scope) may have in progress at once, in this
+    /// process; more get 429 (scope-quota) and nothing runs, while other callers go on.
+    /// 0 (the default): no limit, and one caller may take every place of
+    /// --max-requests. Anonymous callers (--anonymous scoped) are one scope.
+    #[arg(long, env = "IDEM_SCOPE_MAX_IN_PROGRESS", default_value_t = 0)]
+    pub scope_max_in_progress: usize,
+
+    /// New keys one caller may make per --scope-new-keys-window, in this process; past
+    /// it, its new keys get 429 (scope-quota) with Retry-After, and its stored answers
+    /// still replay. Bounds the records one caller can put in a bounded store. 0: no
+    /// limit.
+    #[arg(long, env = "IDEM_SCOPE_MAX_NEW_KEYS", default_value_t = 0)]
+    pub scope_max_new_keys: u32,
+
+    /// The window of --scope-max-new-keys.
+    #[arg(long, env = "IDEM_SCOPE_NEW_KEYS_WINDOW", default_value = "1m", value_parser = parse_duration)]
+    pub scope_new_keys_window: Duration,
+
     /// Largest answer body stored for replay, in bytes; a larger answer is delivered to
     /// the attempt that ran and replays get a problem.
     #[arg(long, env = "IDEM_MAX_STORED_BODY_BYTES", default_value_t = 1024 * 1024)]
@@ -483,6 +501,11 @@ impl Config {
         }
         if self.memory_max_records == 0 || self.memory_max_bytes == 0 {
             return Err("--memory-max-records and --memory-max-bytes must be at least 1".into());
+        }
+        if self.scope_max_new_keys > 0 && self.scope_new_keys_window.is_zero() {
+            return Err(
+                "--scope-new-keys-window must be more than 0 with --scope-max-new-keys".into(),
+            );
         }
         Ok(())
     }

@@ -4,6 +4,7 @@
 //! leaving a claim behind.
 
 use idem_tests::{report, OriginProcess, TestDb};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -409,6 +410,109 @@ async fn requests_in_progress_are_capped_even_when_their_clients_hang_up() {
         let (status, body) = charge(format!("\"gone-{n}\""), "cus_gone", 3_000).await;
         assert_eq!(status, 201, "gone-{n}: {body}");
     }
+    let _ = origin.kill();
+    let _ = origin.wait();
+}
+
+/// One caller (one scope) cannot take every place of the server or fill its store:
+/// with `--scope-max-in-progress 2`, tenant A's four concurrent charges run two and
+/// get `429 …:scope-quota` for the others while tenant B's runs; with
+/// `--scope-max-new-keys 5`, A's sixth and seventh new keys get `429` with
+/// `Retry-After`, its stored answers still replay, and B still makes new keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_caller_cannot_take_every_place_or_fill_the_store() {
+    let (mut origin, base) = OriginProcess::spawn(&[
+        "--scope-max-in-progress",
+        "2",
+        "--scope-max-new-keys",
+        "5",
+        "--scope-new-keys-window",
+        "1m",
+    ])
+    .await;
+    let http = idem_tests::client();
+    let send = |tenant: &'static str, key: String, latency_ms: u64| {
+        let http = http.clone();
+        let url = format!("{base}/v1/charges");
+        async move {
+            let res = http
+                .post(url)
+                .header("authorization", format!("Bearer {tenant}"))
+                .header("idempotency-key", key)
+                .header("content-type", "application/json")
+                .body(idem_tests::charge_body(tenant, 100, latency_ms))
+                .send()
+                .await
+                .unwrap();
+            let status = res.status().as_u16();
+            let replayed = res.headers().contains_key("idempotent-replayed");
+            let retry_after = res
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            let body = res.text().await.unwrap();
+            let quota = body.contains("urn:idem:problem:scope-quota");
+            (status, quota, replayed, retry_after)
+        }
+    };
+    // Four of A's at once, and one of B's while they run.
+    let a: Vec<_> = (0..4)
+        .map(|n| tokio::spawn(send("tenant-a", format!("\"a-{n}\""), 1_500)))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b = send("tenant-b", "\"b-0\"".into(), 0).await;
+    let mut at_once = BTreeMap::new();
+    for handle in a {
+        let (status, quota, _, _) = handle.await.unwrap();
+        *at_once.entry((status, quota)).or_insert(0) += 1;
+    }
+    // A's new keys, one after the other (2 of its 5 made above).
+    let mut new_keys = Vec::new();
+    for n in 10..15 {
+        let (status, quota, _, retry_after) = send("tenant-a", format!("\"a-{n}\""), 0).await;
+        new_keys.push((status, quota, retry_after));
+    }
+    let stored = send("tenant-a", "\"a-10\"".into(), 0).await;
+    let b_new = send("tenant-b", "\"b-1\"".into(), 0).await;
+    let charges = |customer: &'static str| {
+        let http = http.clone();
+        let url = format!("{base}/v1/charges?customer={customer}");
+        async move {
+            let list: serde_json::Value = http.get(url).send().await.unwrap().json().await.unwrap();
+            list["data"].as_array().map_or(0, Vec::len)
+        }
+    };
+    let (a_charges, b_charges) = (charges("tenant-a").await, charges("tenant-b").await);
+    report(
+        "hardening",
+        &format!(
+            "per-scope quotas (2 in progress, 5 new keys a minute): A's 4 at once {at_once:?}, B's meanwhile {}; \
+             A's next 5 new keys {new_keys:?}; A's stored key again {} (replayed {}); B's new key {}; charges A {a_charges}, B {b_charges}",
+            b.0, stored.0, stored.2, b_new.0
+        ),
+    );
+    assert_eq!(
+        at_once,
+        BTreeMap::from([((201, false), 2), ((429, true), 2)]),
+        "A's four at once"
+    );
+    assert_eq!(b.0, 201, "B is not held up by A");
+    let statuses: Vec<u16> = new_keys.iter().map(|(s, ..)| *s).collect();
+    assert_eq!(statuses, [201, 201, 201, 429, 429], "A's new keys");
+    for (status, quota, retry_after) in &new_keys[3..] {
+        assert!(*quota, "{status}: not a scope-quota problem");
+        assert!(
+            retry_after.is_some_and(|s| (1..=60).contains(&s)),
+            "Retry-After {retry_after:?}"
+        );
+    }
+    assert_eq!(
+        (stored.0, stored.2),
+        (201, true),
+        "a stored key still replays"
+    );
+    assert_eq!(b_new.0, 201, "B still makes new keys");
+    assert_eq!((a_charges, b_charges), (5, 2));
     let _ = origin.kill();
     let _ = origin.wait();
 }

@@ -136,7 +136,7 @@ pub(crate) async fn execute<S>(
     inner: S,
     req: Request<Body>,
     claimed: Claimed,
-    in_progress: tokio::sync::OwnedSemaphorePermit,
+    in_progress: InProgress,
 ) -> Response<Body>
 where
     S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
@@ -220,7 +220,14 @@ impl<F: Future + Send + 'static> Drop for FinishOnDrop<F> {
 /// tracker (a drain waits for it) and its place among the requests in progress.
 struct Running {
     _token: TaskTrackerToken,
-    _in_progress: tokio::sync::OwnedSemaphorePermit,
+    _in_progress: InProgress,
+}
+
+/// A guarded request's places among the layer's requests in progress and among its
+/// caller's ([`crate::quota`]), held until its record is written.
+pub(crate) struct InProgress {
+    pub(crate) _layer: tokio::sync::OwnedSemaphorePermit,
+    pub(crate) _scope: crate::quota::ScopePermit,
 }
 
 /// A future that, dropped before it finishes, is spawned to finish on its own.

@@ -137,6 +137,8 @@ pub(crate) struct Config {
     pub(crate) body_budget: crate::limits::BodyBudget,
     /// Guarded requests between their body and their answer, shared by every route.
     pub(crate) in_progress: Arc<tokio::sync::Semaphore>,
+    /// What one caller may hold, shared by every route.
+    pub(crate) quotas: crate::quota::ScopeQuotas,
     pub(crate) max_execution: Option<Duration>,
     pub(crate) executions: Executions,
     pub(crate) max_stored_body_bytes: usize,
@@ -182,6 +184,7 @@ impl IdempotencyLayer {
                 max_body_bytes: 1024 * 1024,
                 body_budget: crate::limits::BodyBudget::new(DEFAULT_BUFFERED_BODY_BYTES),
                 in_progress: Arc::new(tokio::sync::Semaphore::new(DEFAULT_MAX_IN_PROGRESS)),
+                quotas: crate::quota::ScopeQuotas::new(crate::quota::ScopeQuota::default()),
                 max_execution: None,
                 executions: Executions::default(),
                 max_stored_body_bytes: 1024 * 1024,
@@ -427,6 +430,18 @@ impl IdempotencyLayer {
     /// does not, so clients that send and hang up cannot start handlers without bound.
     pub fn max_in_progress(self, limit: usize) -> Self {
         self.with(|c| c.in_progress = Arc::new(tokio::sync::Semaphore::new(limit)))
+    }
+}
+
+impl IdempotencyLayer {
+    /// What one caller (one scope) may hold, across every route (no quota unless set:
+    /// [`crate::quota::ScopeQuota::default`]): guarded requests in progress at once,
+    /// and new keys in a window. Past either, its guarded requests get `429`
+    /// (`…:scope-quota`) and nothing is claimed or run — its stored answers still replay
+    /// — while other callers go on. Without it, one tenant could take every place of
+    /// [`max_in_progress`](Self::max_in_progress), or fill a bounded store.
+    pub fn scope_quota(self, quota: crate::quota::ScopeQuota) -> Self {
+        self.with(|c| c.quotas = crate::quota::ScopeQuotas::new(quota))
     }
 }
 

@@ -1,6 +1,6 @@
 //! The per-request logic of [`super::IdempotencyLayer`].
 
-use super::execution::{execute, Claimed, FinishOnDrop};
+use super::execution::{execute, Claimed, FinishOnDrop, InProgress};
 use super::response::{refusal, replay};
 use super::trace;
 #[cfg(feature = "postgres")]
@@ -179,6 +179,11 @@ where
         Ok(scope) => scope,
         Err(rejection) => return invalid(&rejection),
     };
+    // Its place among its own requests in progress, before its body takes memory.
+    let scope_permit = match config.quotas.enter(scope, std::time::Instant::now()) {
+        Ok(permit) => permit,
+        Err(rejection) => return invalid(&rejection),
+    };
     let body = match read_body(&parts, body, config.max_body_bytes, &config.body_budget).await {
         Ok(body) => body,
         Err(rejection) => return invalid(&rejection),
@@ -215,6 +220,10 @@ where
             "the server is at its limit of guarded requests in progress; nothing was run, retry later",
         ));
     };
+    let in_progress = InProgress {
+        _layer: in_progress,
+        _scope: scope_permit,
+    };
     let layer_config = Arc::clone(&config);
     let left = Arc::new(AtomicBool::new(false));
     let run = claim_and_execute(
@@ -229,6 +238,7 @@ where
             ms: wait_ms,
             left: left.clone(),
             in_progress,
+            scope,
         },
     );
     FinishOnDrop::new(
@@ -245,7 +255,10 @@ where
 struct Wait {
     ms: u64,
     left: Arc<AtomicBool>,
-    in_progress: tokio::sync::OwnedSemaphorePermit,
+    in_progress: InProgress,
+    /// Who is asking: its quota of new keys is checked before a claim, and counted
+    /// after one that made a record.
+    scope: idem_core::Scope,
 }
 
 /// Claims the key — waiting while another attempt holds it, if asked to — then replays,
@@ -268,6 +281,9 @@ where
     // The wait is measured on the runtime's monotonic clock, from here.
     let started = Instant::now();
     let mut waiting = Waiting::new(0, wait.ms);
+    if let Some(refused) = new_key_refused(&config, &wait.scope, &record_key).await {
+        return refused;
+    }
 
     loop {
         let store = &config.store;
@@ -281,7 +297,12 @@ where
         .await;
         let (claim, took_over) = match decision {
             Err(e) => return unavailable(&e),
-            Ok(Decision::Execute(claim)) => (claim, false),
+            Ok(Decision::Execute(claim)) => {
+                config
+                    .quotas
+                    .created(&wait.scope, std::time::Instant::now());
+                (claim, false)
+            }
             Ok(Decision::TakeOver(claim)) => (claim, true),
             Ok(Decision::Replay {
                 response,
@@ -366,6 +387,36 @@ where
     }
 }
 
+/// A caller past its quota of new keys may still get what the store holds for this key
+/// (a replay, a 409); a key the store does not hold is refused (`429`), and the
+/// refusal says when a new one may be made.
+async fn new_key_refused(
+    config: &Config,
+    scope: &idem_core::Scope,
+    record_key: &RecordKey,
+) -> Option<Response<Body>> {
+    let wait = config
+        .quotas
+        .new_keys_refused(scope, std::time::Instant::now())?;
+    match config.store.get(record_key).await {
+        Ok(Some(_)) => None,
+        Ok(None) => {
+            let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+            let mut refused = invalid(&Rejection::with_detail(
+                Problem::ScopeQuota,
+                format!(
+                    "this caller made as many new keys lately as it may; nothing was run, retry in {secs} s"
+                ),
+            ));
+            if let Ok(v) = http::HeaderValue::from_str(&secs.to_string()) {
+                refused.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+            Some(refused)
+        }
+        Err(e) => Some(unavailable(&e)),
+    }
+}
+
 async fn pass_through<S, B>(inner: S, req: Request<B>) -> Response<Body>
 where
     S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
@@ -411,6 +462,7 @@ fn warn_unknown_edge_secret() {
 fn invalid(rejection: &Rejection) -> Response<Body> {
     metrics::outcome(match rejection.problem {
         Problem::Busy => Outcome::Busy,
+        Problem::ScopeQuota => Outcome::ScopeQuota,
         _ => Outcome::Invalid,
     });
     refusal(rejection)

@@ -59,7 +59,7 @@ use Kind::{Counter, Gauge, Histogram};
 
 /// Every metric idem records.
 pub const CATALOG: &[Metric] = &[
-    metric("idem_requests_total", Counter, &["outcome"], "`executed`, `replayed`, `in_flight`, `mismatch`, `invalid`, `unavailable`, `busy`, `store_full`", "guarded requests by what idem did"),
+    metric("idem_requests_total", Counter, &["outcome"], "`executed`, `replayed`, `in_flight`, `mismatch`, `invalid`, `unavailable`, `busy`, `store_full`, `scope_quota`", "guarded requests by what idem did"),
     metric("idem_takeovers_total", Counter, &[], "", "executions that took over an expired lease"),
     metric("idem_released_total", Counter, &[], "", "executions whose handler freed the key with the release signal"),
     metric("idem_fenced_writes_total", Counter, &["op"], "`heartbeat`, `complete`, `release`", "holder writes refused because another attempt took over"),

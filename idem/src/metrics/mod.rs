@@ -30,6 +30,8 @@ pub enum Outcome {
     Busy,
     /// 503: the store is at its capacity.
     StoreFull,
+    /// 429: the caller is at its quota.
+    ScopeQuota,
 }
 
 impl Outcome {
@@ -44,6 +46,7 @@ impl Outcome {
             Outcome::Unavailable => "unavailable",
             Outcome::Busy => "busy",
             Outcome::StoreFull => "store_full",
+            Outcome::ScopeQuota => "scope_quota",
         }
     }
 }

@@ -27,6 +27,9 @@ pub enum Problem {
     /// 503: the store is at its configured capacity (the memory store's cap on
     /// records or bytes). Nothing was claimed or run.
     StoreFull,
+    /// 429: this caller (its scope) is at its quota of requests in progress or of new
+    /// keys in a window. Nothing was claimed or run.
+    ScopeQuota,
     /// 409: the same request is still running.
     InFlight,
     /// 422: the key was used for a different request.
@@ -74,7 +77,7 @@ pub enum Problem {
 
 impl Problem {
     /// All problems, for documentation and tests.
-    pub const ALL: [Problem; 21] = [
+    pub const ALL: [Problem; 22] = [
         Problem::KeyMissing,
         Problem::KeyMalformed,
         Problem::BodyTooLarge,
@@ -82,6 +85,7 @@ impl Problem {
         Problem::BodyTimeout,
         Problem::Busy,
         Problem::StoreFull,
+        Problem::ScopeQuota,
         Problem::InFlight,
         Problem::Mismatch,
         Problem::StoreUnavailable,
@@ -108,6 +112,7 @@ impl Problem {
             Problem::BodyTooLarge => 413,
             Problem::BodyTimeout => 408,
             Problem::Busy | Problem::StoreFull => 503,
+            Problem::ScopeQuota => 429,
             Problem::IdentityMissing | Problem::IdentityInvalid => 401,
             Problem::InFlight | Problem::Fenced => 409,
             Problem::Mismatch => 422,
@@ -131,6 +136,7 @@ impl Problem {
             Problem::BodyTimeout => "urn:idem:problem:body-timeout",
             Problem::Busy => "urn:idem:problem:server-busy",
             Problem::StoreFull => "urn:idem:problem:store-full",
+            Problem::ScopeQuota => "urn:idem:problem:scope-quota",
             Problem::InFlight => "urn:idem:problem:request-in-flight",
             Problem::Mismatch => "urn:idem:problem:idempotency-key-reused",
             Problem::StoreUnavailable => "urn:idem:problem:store-unavailable",
@@ -158,6 +164,7 @@ impl Problem {
             Problem::BodyTimeout => "Request body not received in time",
             Problem::Busy => "The server is at its limit of requests in progress",
             Problem::StoreFull => "The idempotency store is full",
+            Problem::ScopeQuota => "This caller is at its quota",
             Problem::InFlight => "A request with this Idempotency-Key is still being processed",
             Problem::Mismatch => "Idempotency-Key reused with a different request",
             Problem::StoreUnavailable => "Idempotency store unavailable",
@@ -189,6 +196,7 @@ impl Problem {
             Problem::BodyTimeout => "the request body did not arrive within the time this server allows; nothing was run",
             Problem::Busy => "the server is at its limit of requests or request bodies in progress; nothing was run, retry later",
             Problem::StoreFull => "the idempotency store holds as many records as it is allowed to; nothing was run",
+            Problem::ScopeQuota => "this caller has as many requests in progress, or has made as many new keys lately, as it is allowed to; nothing was run, retry later",
             Problem::InFlight => "retry later, or send Prefer: wait=<seconds> to wait for it",
             Problem::Mismatch => "this Idempotency-Key was already used with a different method, path, content type or body",
             Problem::StoreUnavailable => {
@@ -217,7 +225,8 @@ impl Problem {
             | Problem::StoreUnavailable
             | Problem::Fenced
             | Problem::OriginUnreachable
-            | Problem::Busy => Some(1),
+            | Problem::Busy
+            | Problem::ScopeQuota => Some(1),
             Problem::StoreFull => Some(30),
             _ => None,
         }
