@@ -177,6 +177,39 @@ async fn postgres_over_tls_verifies_the_server() {
     assert!(err.contains("CA file"), "{err}");
 }
 
+/// compose.yaml's Postgres serves the certificate `scripts/compose-certs` makes, and
+/// its origin connects with `sslmode=verify-full` and the script's CA: the same
+/// certificates here, by name, encrypted; another CA refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_compose_certificates_serve_verify_full() {
+    let ca = TestCa::from_compose_script("compose-certs");
+    let pg = tokio::task::block_in_place(|| PgProc::start_tls("compose-certs", &ca));
+    let url = |ca_file: &std::path::Path| {
+        format!(
+            "postgres://postgres@localhost:{}/postgres?sslmode=verify-full&sslrootcert={}",
+            pg.port,
+            ca_file.display()
+        )
+    };
+    let store = PostgresStore::connect(&url(&ca.ca), PgOptions::default())
+        .await
+        .expect("verify-full with the script's CA");
+    assert!(uses_ssl(&store).await, "the connection is encrypted");
+    claims(&store).await;
+    let err = PostgresStore::connect(&url(&ca.wrong_ca), PgOptions::default())
+        .await
+        .err()
+        .expect("another CA is refused")
+        .to_string();
+    assert!(err.contains("UnknownIssuer") || err.contains("certificate"), "{err}");
+    let compose = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../compose.yaml"))
+        .unwrap();
+    assert!(
+        compose.contains("sslmode=verify-full&sslrootcert=/certs/ca.pem"),
+        "compose.yaml's origin verifies Postgres"
+    );
+}
+
 /// A man in the middle in front of Postgres on `upstream`: it answers every client's
 /// SSLRequest with `N` ("no TLS here"), as one that strips TLS does, then relays the
 /// session in plain text. Its port.

@@ -99,6 +99,37 @@ impl TestCa {
     }
 }
 
+impl TestCa {
+    /// The certificates `scripts/compose-certs` makes for compose.yaml (the server's
+    /// for `postgres`, `localhost` and 127.0.0.1), with a wrong CA of [`TestCa::new`]'s.
+    pub fn from_compose_script(label: &str) -> TestCa {
+        let dir = temp_dir(label);
+        let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let out = Command::new(repo.join("scripts/compose-certs"))
+            .arg(&dir)
+            .output()
+            .expect("scripts/compose-certs runs");
+        assert!(
+            out.status.success(),
+            "scripts/compose-certs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let other = TestCa::new(&format!("{label}-other"));
+        let wrong_ca = dir.join("wrong.pem");
+        std::fs::copy(&other.ca, &wrong_ca).unwrap();
+        let _ = Command::new("chmod")
+            .args(["-R", "a+rX", dir.to_str().unwrap()])
+            .status();
+        TestCa {
+            ca: dir.join("ca.pem"),
+            server_cert: dir.join("server.pem"),
+            server_key: dir.join("server.key"),
+            wrong_ca,
+            dir,
+        }
+    }
+}
+
 impl Drop for TestCa {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
