@@ -100,34 +100,64 @@ impl ScopeQuotas {
         Ok(ScopePermit(Some((self.clone(), scope))))
     }
 
-    /// How long until `scope` may make a new key, when it is past its quota of them.
-    pub(crate) fn new_keys_refused(&self, scope: &Scope, now: Instant) -> Option<Duration> {
-        let NewKeys { count, per } = self.quota.new_keys?;
-        let usage = self.lock();
-        let entry = usage.get(scope)?;
-        let left = per.checked_sub(now.saturating_duration_since(entry.window_start))?;
-        (entry.new_keys >= count && !left.is_zero()).then_some(left)
-    }
-
-    /// Counts a new record made by `scope`.
-    pub(crate) fn created(&self, scope: &Scope, now: Instant) {
-        let Some(NewKeys { per, .. }) = self.quota.new_keys else {
-            return;
+    /// One of `scope`'s new keys, taken from its quota until the reservation is
+    /// dropped uncommitted (the claim made no record: a replay, a 409, an error); or,
+    /// past the quota, how long until a new key may be made. Taken and checked under one
+    /// lock, so concurrent new keys cannot all pass a check meant for one.
+    pub(crate) fn reserve_new_key(
+        &self,
+        scope: Scope,
+        now: Instant,
+    ) -> Result<NewKeyReservation, Duration> {
+        let Some(NewKeys { count, per }) = self.quota.new_keys else {
+            return Ok(NewKeyReservation(None));
         };
         let mut usage = self.lock();
-        if !usage.contains_key(scope) && usage.len() >= TRACKED {
+        if !usage.contains_key(&scope) && usage.len() >= TRACKED {
             self.forget_idle(&mut usage, now);
         }
-        let entry = usage.entry(*scope).or_insert(Usage {
+        let entry = usage.entry(scope).or_insert(Usage {
             in_progress: 0,
             window_start: now,
             new_keys: 0,
         });
-        if now.saturating_duration_since(entry.window_start) >= per {
+        let elapsed = now.saturating_duration_since(entry.window_start);
+        if elapsed >= per {
             entry.window_start = now;
             entry.new_keys = 0;
         }
-        entry.new_keys = entry.new_keys.saturating_add(1);
+        if entry.new_keys >= count {
+            let elapsed = now.saturating_duration_since(entry.window_start);
+            return Err(per.saturating_sub(elapsed).max(Duration::from_millis(1)));
+        }
+        entry.new_keys += 1;
+        Ok(NewKeyReservation(Some((
+            self.clone(),
+            scope,
+            entry.window_start,
+        ))))
+    }
+
+    /// Counts a new record `scope` made without a reservation (its key was past the
+    /// quota, but the store held a live record for it, which expired meanwhile).
+    pub(crate) fn created(&self, scope: &Scope, now: Instant) {
+        match self.reserve_new_key(*scope, now) {
+            Ok(reservation) => reservation.commit(),
+            Err(_) => {
+                if let Some(entry) = self.lock().get_mut(scope) {
+                    entry.new_keys = entry.new_keys.saturating_add(1);
+                }
+            }
+        }
+    }
+
+    fn give_back(&self, scope: &Scope, window_start: Instant) {
+        if let Some(entry) = self.lock().get_mut(scope) {
+            // Only within the window it was taken from: a new window started afresh.
+            if entry.window_start == window_start {
+                entry.new_keys = entry.new_keys.saturating_sub(1);
+            }
+        }
     }
 
     /// Drops scopes with nothing in progress: those whose window is over, then, if
@@ -143,8 +173,13 @@ impl ScopeQuotas {
                 .filter(|(_, u)| u.in_progress == 0)
                 .map(|(s, u)| (u.window_start, *s))
                 .collect();
-            idle.sort_by_key(|(start, _)| *start);
-            for (_, scope) in idle.iter().take(usage.len() + 1 - TRACKED) {
+            // A tenth at once, the oldest windows (found in linear time): a crowd of new
+            // scopes pays for this once per ten thousand, not on every request.
+            let evict = (TRACKED / 10).min(idle.len());
+            if evict > 0 && evict < idle.len() {
+                idle.select_nth_unstable_by_key(evict, |(start, _)| *start);
+            }
+            for (_, scope) in idle.iter().take(evict) {
                 usage.remove(scope);
             }
         }
@@ -166,6 +201,27 @@ impl ScopeQuotas {
     #[cfg(test)]
     fn tracked(&self) -> usize {
         self.lock().len()
+    }
+}
+
+/// A new key taken from a scope's quota: given back when dropped, unless committed
+/// (the claim made a record).
+#[derive(Debug)]
+#[must_use]
+pub(crate) struct NewKeyReservation(Option<(ScopeQuotas, Scope, Instant)>);
+
+impl NewKeyReservation {
+    /// The claim made a record: the key stays counted.
+    pub(crate) fn commit(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for NewKeyReservation {
+    fn drop(&mut self) {
+        if let Some((quotas, scope, window_start)) = &self.0 {
+            quotas.give_back(scope, *window_start);
+        }
     }
 }
 
@@ -225,28 +281,38 @@ mod tests {
             }),
         });
         let t0 = Instant::now();
-        for _ in 0..3 {
-            assert_eq!(quotas.new_keys_refused(&scope(1), t0), None);
-            quotas.created(&scope(1), t0);
-        }
+        // Three taken at once (concurrent new keys): a fourth is refused before any of
+        // them made its record.
+        let held: Vec<_> = (0..3)
+            .map(|_| quotas.reserve_new_key(scope(1), t0).unwrap())
+            .collect();
+        assert_eq!(
+            quotas.reserve_new_key(scope(1), t0).err(),
+            Some(Duration::from_secs(60))
+        );
+        // One made no record (a replay): given back. The others made theirs.
+        let mut held = held.into_iter();
+        drop(held.next());
+        held.for_each(NewKeyReservation::commit);
+        quotas.reserve_new_key(scope(1), t0).unwrap().commit();
         let later = t0 + Duration::from_secs(45);
         assert_eq!(
-            quotas.new_keys_refused(&scope(1), later),
+            quotas.reserve_new_key(scope(1), later).err(),
             Some(Duration::from_secs(15))
         );
-        assert_eq!(
-            quotas.new_keys_refused(&scope(2), later),
-            None,
-            "another scope"
-        );
+        quotas
+            .reserve_new_key(scope(2), later)
+            .expect("another scope")
+            .commit();
         let next = t0 + Duration::from_secs(60);
-        assert_eq!(
-            quotas.new_keys_refused(&scope(1), next),
-            None,
-            "a new window"
+        let fresh = quotas
+            .reserve_new_key(scope(1), next)
+            .expect("a new window");
+        drop(fresh);
+        assert!(
+            quotas.reserve_new_key(scope(1), next).is_ok(),
+            "1 of 3, given back"
         );
-        quotas.created(&scope(1), next);
-        assert_eq!(quotas.new_keys_refused(&scope(1), next), None, "1 of 3");
     }
 
     #[test]
@@ -261,10 +327,11 @@ mod tests {
         let t0 = Instant::now();
         let busy = quotas.enter(scope(0), t0).unwrap();
         for n in 0..(TRACKED as u32 + 10) {
-            quotas.created(
-                &Scope::from_tenant(&format!("idle-{n}")),
-                t0 + Duration::from_millis(n.into()),
-            );
+            let at = t0 + Duration::from_millis(n.into());
+            quotas
+                .reserve_new_key(Scope::from_tenant(&format!("idle-{n}")), at)
+                .unwrap()
+                .commit();
         }
         assert!(quotas.tracked() <= TRACKED, "{}", quotas.tracked());
         // The scope with a request in progress was kept, and gives its place back.

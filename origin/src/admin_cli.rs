@@ -30,6 +30,11 @@ pub struct AdminCli {
     )]
     url: String,
 
+    /// Send the token over plain http:// to a host off this machine (it crosses the
+    /// network in clear). Refused without it.
+    #[arg(long, global = true)]
+    insecure_http: bool,
+
     /// The CA certificates (PEM) that verify an https:// admin listener's certificate
     /// (its chain and host name): the one its --admin-tls-cert was issued by.
     #[arg(long, env = "IDEM_ADMIN_CA_FILE", global = true)]
@@ -233,8 +238,10 @@ impl AdminCli {
             .header(http::header::HOST, target.authority.as_str())
             .header(http::header::AUTHORIZATION, format!("Bearer {token}"));
         if let Some(identity) = identity {
-            let value = http::HeaderValue::from_str(identity).map_err(|_| {
-                "the identity is not a header value (visible ASCII, no line breaks)".to_owned()
+            // Sent as UTF-8 bytes: a claim's value may be any text.
+            let value = http::HeaderValue::from_bytes(identity.as_bytes()).map_err(|_| {
+                "the identity is not a header value (no line breaks or control characters)"
+                    .to_owned()
             })?;
             request = request.header(idem::admin::IDENTITY_HEADER, value);
         }
@@ -242,7 +249,21 @@ impl AdminCli {
             .body(Full::new(Bytes::new()))
             .map_err(|_| "cannot make the request: check --url".to_owned())?;
         let tls = match target.tls {
-            false => None,
+            false => {
+                if self.ca_file.is_some() {
+                    return Err(format!(
+                        "--url {base:?} is http://, and --ca-file is for https://: nothing \
+                         would be verified (use https://)"
+                    ));
+                }
+                if !target.loopback() && !self.insecure_http {
+                    return Err(format!(
+                        "--url {base:?}: the token would cross the network in clear; use \
+                         https:// (the listener's --admin-tls-cert), or --insecure-http"
+                    ));
+                }
+                None
+            }
             true => Some(self.tls_connector()?),
         };
         let answered = tokio::time::timeout(Duration::from_secs(30), async {
@@ -359,6 +380,15 @@ struct AdminUrl {
 }
 
 impl AdminUrl {
+    /// Whether the host is this machine.
+    fn loopback(&self) -> bool {
+        self.host.eq_ignore_ascii_case("localhost")
+            || self
+                .host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    }
+
     fn parse(base: &str) -> Result<AdminUrl, String> {
         let uri: http::Uri = base
             .parse()

@@ -62,8 +62,15 @@ async fn main() -> ExitCode {
     let admin = match (&origin.admin, config.admin_listen) {
         (Some(router), Some(addr)) => match tokio::net::TcpListener::bind(addr).await {
             Ok(listener) => {
-                // Checked by `validate`.
-                let tls = config.admin_tls().ok().flatten();
+                // Read again here (checked by `validate`): a certificate that cannot be
+                // read now stops the process, never serves the admin API in clear.
+                let tls = match config.admin_tls() {
+                    Ok(tls) => tls,
+                    Err(e) => {
+                        eprintln!("idem-origin: error: {e}");
+                        return ExitCode::FAILURE;
+                    }
+                };
                 tracing::info!(listen = %addr, tls = tls.is_some(), "admin API listening");
                 if tls.is_none() && !addr.ip().is_loopback() {
                     tracing::warn!(listen = %addr, "the admin API is plain HTTP on an address off this machine: its tokens, and the identities looked up, cross the network in clear (--admin-tls-cert and --admin-tls-key serve it over TLS)");

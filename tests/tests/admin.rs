@@ -846,5 +846,16 @@ async fn the_admin_api_over_tls_is_reached_only_with_its_ca() {
         &["list", "--ca-file", &wrong_ca],
     );
     assert!(wrong.contains("UnknownIssuer"), "{wrong}");
+    // The CLI never sends a token in clear off this machine, nor "verifies" http://.
+    let (code, _, off_host) = cli("http://192.0.2.1:9090", &tokens, &["list"]);
+    assert!(
+        code == 2 && off_host.contains("--insecure-http"),
+        "{off_host}"
+    );
+    let (code, _, ca_on_http) = cli(&r.admin, &tokens, &["list", "--ca-file", &ca_file]);
+    assert!(
+        code == 2 && ca_on_http.contains("is for https://"),
+        "{ca_on_http}"
+    );
     report("admin", &format!("the admin API over TLS: {seen:?}"));
 }

@@ -515,4 +515,51 @@ async fn one_caller_cannot_take_every_place_or_fill_the_store() {
     assert_eq!((a_charges, b_charges), (5, 2));
     let _ = origin.kill();
     let _ = origin.wait();
+
+    // New keys sent all at once, with no quota on requests in progress: each takes its
+    // place in the quota before its claim, so a burst cannot pass a check meant for
+    // one. (Counted only after the claim, as first written, the burst still got 3 here:
+    // the window between check and count is one claim's round trip, which this load
+    // does not hit; the unit test `new_keys_past_the_quota_wait_for_the_window` holds
+    // three places at once.)
+    let (mut origin, base) = OriginProcess::spawn(&["--scope-max-new-keys", "3"]).await;
+    let burst: Vec<_> = (0..8)
+        .map(|n| {
+            let http = http.clone();
+            let url = format!("{base}/v1/charges");
+            tokio::spawn(async move {
+                http.post(url)
+                    .header("authorization", "Bearer tenant-c")
+                    .header("idempotency-key", format!("\"c-{n}\""))
+                    .header("content-type", "application/json")
+                    .body(idem_tests::charge_body("tenant-c", 100, 300))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16()
+            })
+        })
+        .collect();
+    let mut burst_statuses = BTreeMap::new();
+    for handle in burst {
+        *burst_statuses.entry(handle.await.unwrap()).or_insert(0) += 1;
+    }
+    let list: serde_json::Value = http
+        .get(format!("{base}/v1/charges?customer=tenant-c"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let burst_charges = list["data"].as_array().map_or(0, Vec::len);
+    report(
+        "hardening",
+        &format!("8 new keys at once with --scope-max-new-keys 3: {burst_statuses:?}, {burst_charges} charges"),
+    );
+    assert_eq!(burst_statuses, BTreeMap::from([(201, 3), (429, 5)]));
+    assert_eq!(burst_charges, 3);
+    let _ = origin.kill();
+    let _ = origin.wait();
 }

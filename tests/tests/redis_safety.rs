@@ -178,9 +178,9 @@ async fn a_redis_without_maxmemory_is_warned_about() {
 
 /// A cluster whose URLs carry a password: the password goes only to the nodes the
 /// operator listed (`--redis-url`) or allowed (`--redis-allow-host`). With one seed URL
-/// of six, the cluster announces masters nobody listed: refused at start-up, naming
-/// them (before, every announced master was sent the password). Allowed by host, or
-/// with every node listed, it starts.
+/// of six, the cluster announces nodes nobody listed: refused at start-up, naming
+/// them, before any of them is sent the password (logins counted on every other node).
+/// Allowed by host, or with every node listed, it starts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_s_password_goes_only_to_nodes_listed_or_allowed() {
     const PASSWORD: &str = "s3cret-cluster-pw";
@@ -211,7 +211,32 @@ async fn a_cluster_s_password_goes_only_to_nodes_listed_or_allowed() {
         let port = idem_tests::procs::free_port();
         let mut args = vec!["--store", "redis", "--redis-cluster", "--redis-url", urls];
         args.extend(extra);
+        let auth = ["-a", PASSWORD, "--no-auth-warning"];
+        for node in &cluster.nodes {
+            node.cli(&[&auth[..], &["config", "resetstat"]].concat());
+        }
         let spawned = OriginProcess::try_spawn_at(port, &args, &[]).await;
+        // Every node but the seed: did anything log in to it? (Less this query's own
+        // login, counted before it reads the stats.)
+        let logins: usize = cluster.nodes[1..]
+            .iter()
+            .map(|node| {
+                let stats = node.cli(&[&auth[..], &["info", "commandstats"]].concat());
+                stats
+                    .lines()
+                    .filter(|l| l.starts_with("cmdstat_auth:") || l.starts_with("cmdstat_hello:"))
+                    .filter_map(|l| {
+                        l.split("calls=")
+                            .nth(1)?
+                            .split(',')
+                            .next()?
+                            .parse::<usize>()
+                            .ok()
+                    })
+                    .sum::<usize>()
+                    .saturating_sub(1)
+            })
+            .sum();
         let log = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join(format!("../target/idem-reports/origin-{port}.log"));
         let log = std::fs::read_to_string(log).unwrap_or_default();
@@ -234,7 +259,10 @@ async fn a_cluster_s_password_goes_only_to_nodes_listed_or_allowed() {
             }
             Err(_) => {
                 let named = log.contains("that no --redis-url names");
-                started.push((label, format!("refused (names the masters: {named})")));
+                started.push((
+                    label,
+                    format!("refused (names the nodes: {named}; logins elsewhere: {logins})"),
+                ));
             }
         }
     }
@@ -245,7 +273,10 @@ async fn a_cluster_s_password_goes_only_to_nodes_listed_or_allowed() {
     assert_eq!(
         started,
         [
-            ("one seed", "refused (names the masters: true)".to_owned()),
+            (
+                "one seed",
+                "refused (names the nodes: true; logins elsewhere: 0)".to_owned()
+            ),
             (
                 "one seed, 127.0.0.1 allowed",
                 "started, /readyz 200".to_owned()

@@ -184,9 +184,10 @@ async fn postgres_over_tls_verifies_the_server() {
 async fn the_compose_certificates_serve_verify_full() {
     let ca = TestCa::from_compose_script("compose-certs");
     let pg = tokio::task::block_in_place(|| PgProc::start_tls("compose-certs", &ca));
+    // By the name compose's origin uses (`postgres`), at this machine's address.
     let url = |ca_file: &std::path::Path| {
         format!(
-            "postgres://postgres@localhost:{}/postgres?sslmode=verify-full&sslrootcert={}",
+            "postgres://postgres@postgres:{}/postgres?hostaddr=127.0.0.1&sslmode=verify-full&sslrootcert={}",
             pg.port,
             ca_file.display()
         )
@@ -201,9 +202,12 @@ async fn the_compose_certificates_serve_verify_full() {
         .err()
         .expect("another CA is refused")
         .to_string();
-    assert!(err.contains("UnknownIssuer") || err.contains("certificate"), "{err}");
-    let compose = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../compose.yaml"))
-        .unwrap();
+    assert!(
+        err.contains("UnknownIssuer") || err.contains("certificate"),
+        "{err}"
+    );
+    let compose =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../compose.yaml")).unwrap();
     assert!(
         compose.contains("sslmode=verify-full&sslrootcert=/certs/ca.pem"),
         "compose.yaml's origin verifies Postgres"

@@ -109,6 +109,8 @@ pub struct FailedLogins {
 struct Failures {
     count: u32,
     since: Instant,
+    /// Whether a refusal in this window was logged.
+    logged: bool,
 }
 
 impl FailedLogins {
@@ -143,15 +145,25 @@ impl FailedLogins {
         let failures = peers.entry(peer).or_insert(Failures {
             count: 0,
             since: now,
+            logged: false,
         });
         if now.saturating_duration_since(failures.since) >= Self::WINDOW {
             *failures = Failures {
                 count: 0,
                 since: now,
+                logged: false,
             };
         }
         failures.count = failures.count.saturating_add(1);
         failures.count
+    }
+
+    /// Whether this is the first refusal of `peer` in its window (to log it once).
+    pub fn first_refusal(&self, peer: IpAddr) -> bool {
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        peers
+            .get_mut(&counted(peer))
+            .is_some_and(|f| !std::mem::replace(&mut f.logged, true))
     }
 
     /// Clears `peer`'s failures (it presented a valid token).

@@ -197,8 +197,13 @@ async fn authenticate(State(admin): State<Admin>, mut request: Request, next: Ne
     let peer_ip = peer_addr.map_or(std::net::Ipv4Addr::UNSPECIFIED.into(), |p| p.ip());
     let action = format!("{} {}", request.method(), request.uri().path());
     let now = std::time::Instant::now();
+    if peer_addr.is_none() {
+        warn_no_peer_once();
+    }
     if let Some(wait) = admin.failed_logins.blocked(peer_ip, now) {
-        tracing::warn!(target: "idem::admin", %peer, %action, "admin request refused: too many failed logins from this peer");
+        if admin.failed_logins.first_refusal(peer_ip) {
+            tracing::warn!(target: "idem::admin", %peer, %action, "admin requests refused: too many failed logins from this peer; refused until the window ends (logged once a window)");
+        }
         let mut refused = problem(
             StatusCode::TOO_MANY_REQUESTS,
             "too-many-failures",
@@ -250,6 +255,15 @@ async fn authenticate(State(admin): State<Admin>, mut request: Request, next: Ne
     };
     request.extensions_mut().insert(Actor { operator, peer });
     next.run(request).await
+}
+
+/// Warns once that the admin API is served without the peer's address: every client
+/// then counts as one for the failed-login limit.
+fn warn_no_peer_once() {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(target: "idem::admin", "the admin API is served without the peer's address (serve it with into_make_service_with_connect_info::<SocketAddr>()): every client counts as one for the failed-login limit, so one can lock the others out");
+    }
 }
 
 /// The query as sent, pairs in order: a map would keep only the last of a repeated name,
@@ -445,13 +459,14 @@ async fn lookup(
     let mut identities = headers.get_all(IDENTITY_HEADER).iter();
     let identity = match (identities.next(), identities.next()) {
         (None, _) => None,
-        (Some(v), None) => match v.to_str() {
+        // UTF-8, not only ASCII: a claim's value may be any text.
+        (Some(v), None) => match std::str::from_utf8(v.as_bytes()) {
             Ok(v) => Some(v),
             Err(_) => {
                 return problem(
                     StatusCode::BAD_REQUEST,
                     "bad-request",
-                    format!("the {IDENTITY_HEADER} header is not visible ASCII"),
+                    format!("the {IDENTITY_HEADER} header is not UTF-8"),
                 )
             }
         },

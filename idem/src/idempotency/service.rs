@@ -281,9 +281,18 @@ where
     // The wait is measured on the runtime's monotonic clock, from here.
     let started = Instant::now();
     let mut waiting = Waiting::new(0, wait.ms);
-    if let Some(refused) = new_key_refused(&config, &wait.scope, &record_key).await {
-        return refused;
-    }
+    // A new key of this caller's quota, taken before the claim (concurrent new keys
+    // take one each) and given back unless the claim makes a record.
+    let mut new_key = match config
+        .quotas
+        .reserve_new_key(wait.scope, std::time::Instant::now())
+    {
+        Ok(reservation) => Some(reservation),
+        Err(wait_for) => match past_quota(&config, &record_key, wait_for).await {
+            Some(refused) => return refused,
+            None => None,
+        },
+    };
 
     loop {
         let store = &config.store;
@@ -298,9 +307,12 @@ where
         let (claim, took_over) = match decision {
             Err(e) => return unavailable(&e),
             Ok(Decision::Execute(claim)) => {
-                config
-                    .quotas
-                    .created(&wait.scope, std::time::Instant::now());
+                match new_key.take() {
+                    Some(reservation) => reservation.commit(),
+                    None => config
+                        .quotas
+                        .created(&wait.scope, std::time::Instant::now()),
+                }
                 (claim, false)
             }
             Ok(Decision::TakeOver(claim)) => (claim, true),
@@ -387,20 +399,18 @@ where
     }
 }
 
-/// A caller past its quota of new keys may still get what the store holds for this key
-/// (a replay, a 409); a key the store does not hold is refused (`429`), and the
-/// refusal says when a new one may be made.
-async fn new_key_refused(
+/// A caller past its quota of new keys may still get what the store holds, live, for
+/// this key (a replay, a 409); for any other key it is refused (`429`), and told when a
+/// new one may be made. `None`: go on to the claim.
+async fn past_quota(
     config: &Config,
-    scope: &idem_core::Scope,
     record_key: &RecordKey,
+    wait: Duration,
 ) -> Option<Response<Body>> {
-    let wait = config
-        .quotas
-        .new_keys_refused(scope, std::time::Instant::now())?;
-    match config.store.get(record_key).await {
-        Ok(Some(_)) => None,
-        Ok(None) => {
+    let store = &config.store;
+    match store.get(record_key).await {
+        Ok(Some(record)) if record.expires_at() > store.now() => None,
+        Ok(_) => {
             let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
             let mut refused = invalid(&Rejection::with_detail(
                 Problem::ScopeQuota,

@@ -339,6 +339,18 @@ impl RedisStore {
         wait_replicas: u32,
         allowed: NodeAllowList,
     ) -> Result<Conn, StoreError> {
+        let node_connections =
+            Arc::new(nodes::NodeConnections::new(nodes[0], ca.cloned(), timeout).allowing(allowed));
+        let seeds: Vec<String> = nodes
+            .iter()
+            .filter_map(|url| slots::host_port(url))
+            .collect();
+        // redis-rs's cluster client sends the URLs' credentials to every node the
+        // cluster announces as soon as it connects: what the cluster announces is
+        // checked first, through the seeds alone.
+        if node_connections.sends_credentials() {
+            Self::check_announced(&node_connections, &seeds).await?;
+        }
         let mut builder = redis::cluster::ClusterClientBuilder::new(nodes.to_vec());
         if let Some(ca) = ca {
             builder = builder.certs(tls_certificates(ca));
@@ -371,34 +383,10 @@ impl RedisStore {
                 StoreError::Unavailable(format!("redis cluster: no connection within {timeout:?}"))
             })?
             .map_err(unavailable)?;
-        let node_connections =
-            Arc::new(nodes::NodeConnections::new(nodes[0], ca.cloned(), timeout).allowing(allowed));
-        let seeds = nodes
-            .iter()
-            .filter_map(|url| slots::host_port(url))
-            .collect();
         let router = Arc::new(slots::SlotRouter::new(seeds));
         if let Err(e) = router.refresh(&node_connections).await {
             // Requests go through the cluster connection until a reading works.
             tracing::warn!(error = %e, "reading the Redis Cluster's slots failed");
-        }
-        // redis-rs's own connection sends the URL's credentials to every master the
-        // cluster announces: refuse one it would send them to unasked.
-        if node_connections.sends_credentials() {
-            let outside: Vec<String> = router
-                .masters()
-                .into_iter()
-                .filter(|m| !node_connections.allows(m))
-                .collect();
-            if !outside.is_empty() {
-                return Err(StoreError::Unavailable(format!(
-                    "the Redis Cluster announces masters at {} that no --redis-url names: \
-                     idem sends the URLs' credentials only to addresses you list — add them \
-                     to --redis-url, or allow them with --redis-allow-host (a host, \
-                     host:port or network)",
-                    outside.join(", ")
-                )));
-            }
         }
         let slots = match wait_replicas {
             0 => Some(router),
@@ -413,6 +401,45 @@ impl RedisStore {
             nodes: node_connections,
             slots,
         })))
+    }
+
+    /// Refuses a cluster that announces a node (master or replica) the URLs' credentials
+    /// may not go to, or whose nodes no seed would tell.
+    async fn check_announced(
+        node_connections: &nodes::NodeConnections,
+        seeds: &[String],
+    ) -> Result<(), StoreError> {
+        let mut last = StoreError::Unavailable("redis: no seed node to ask".into());
+        for seed in seeds {
+            let reply: Result<Value, StoreError> = node_connections
+                .query(seed, redis::cmd("CLUSTER").arg("SLOTS"))
+                .await;
+            let announced = match reply.and_then(|r| slots::announced_nodes(&r, seed)) {
+                Ok(announced) => announced,
+                Err(e) => {
+                    last = e;
+                    continue;
+                }
+            };
+            let outside: Vec<String> = announced
+                .into_iter()
+                .filter(|n| !node_connections.allows(n))
+                .collect();
+            if !outside.is_empty() {
+                return Err(StoreError::Unavailable(format!(
+                    "the Redis Cluster announces nodes at {} that no --redis-url names: idem \
+                     sends the URLs' credentials only to addresses you list — add them to \
+                     --redis-url, or allow them with --redis-allow-host (a host, host:port \
+                     or network)",
+                    outside.join(", ")
+                )));
+            }
+            return Ok(());
+        }
+        Err(StoreError::Unavailable(format!(
+            "redis: no seed told which nodes the cluster has, so idem cannot check where \
+             the URLs' credentials would go: {last}"
+        )))
     }
 
     async fn cluster_enabled(&self) -> Result<bool, StoreError> {

@@ -95,39 +95,72 @@ impl SlotMap {
             else {
                 return Err(corrupt());
             };
-            let host = match master.first() {
-                Some(Value::BulkString(host)) => String::from_utf8_lossy(host).into_owned(),
-                Some(Value::SimpleString(host)) => host.clone(),
-                Some(Value::Nil) => String::new(),
-                _ => return Err(corrupt()),
-            };
-            let Some(Value::Int(port)) = master.get(1) else {
-                return Err(corrupt());
-            };
-            let (Ok(first), Ok(last), Ok(port)) = (
-                u16::try_from(*first),
-                u16::try_from(*last),
-                u16::try_from(*port),
-            ) else {
+            let (Ok(first), Ok(last)) = (u16::try_from(*first), u16::try_from(*last)) else {
                 return Err(corrupt());
             };
             if first > last || last >= SLOTS {
                 return Err(corrupt());
             }
-            let host = match host.as_str() {
-                "?" => continue,
-                "" | "0.0.0.0" | "::" | "[::]" => asked_host.to_owned(),
-                _ => host,
-            };
-            let node = match host.contains(':') && !host.starts_with('[') {
-                true => format!("[{host}]:{port}"),
-                false => format!("{host}:{port}"),
+            let Some(node) = node_address(master, asked_host).ok_or_else(corrupt)? else {
+                continue;
             };
             ranges.push((first, last, node));
         }
         ranges.sort();
         Ok(SlotMap { ranges })
     }
+}
+
+/// A node of a `CLUSTER SLOTS` entry (`[host, port, id, …]`) as `host:port`: an empty,
+/// null or wildcard host is the node that answered; `Some(None)` for `?` (unknown);
+/// `None` when malformed.
+fn node_address(node: &[Value], asked_host: &str) -> Option<Option<String>> {
+    let host = match node.first()? {
+        Value::BulkString(host) => String::from_utf8_lossy(host).into_owned(),
+        Value::SimpleString(host) => host.clone(),
+        Value::Nil => String::new(),
+        _ => return None,
+    };
+    let Value::Int(port) = node.get(1)? else {
+        return None;
+    };
+    let port = u16::try_from(*port).ok()?;
+    let host = match host.as_str() {
+        "?" => return Some(None),
+        "" | "0.0.0.0" | "::" | "[::]" => asked_host.to_owned(),
+        _ => host,
+    };
+    Some(Some(match host.contains(':') && !host.starts_with('[') {
+        true => format!("[{host}]:{port}"),
+        false => format!("{host}:{port}"),
+    }))
+}
+
+/// Every node a `CLUSTER SLOTS` reply from `asked` names, masters and replicas, each
+/// once: where a cluster client would connect.
+pub(super) fn announced_nodes(reply: &Value, asked: &str) -> Result<Vec<String>, StoreError> {
+    let corrupt = || StoreError::Corrupt(format!("CLUSTER SLOTS: {reply:?}"));
+    let Value::Array(entries) = reply else {
+        return Err(corrupt());
+    };
+    let asked_host = asked.rsplit_once(':').map_or(asked, |(host, _)| host);
+    let mut nodes = Vec::new();
+    for entry in entries {
+        let Value::Array(fields) = entry else {
+            return Err(corrupt());
+        };
+        for node in fields.iter().skip(2) {
+            let Value::Array(node) = node else {
+                return Err(corrupt());
+            };
+            if let Some(address) = node_address(node, asked_host).ok_or_else(corrupt)? {
+                nodes.push(address);
+            }
+        }
+    }
+    nodes.sort();
+    nodes.dedup();
+    Ok(nodes)
 }
 
 /// The slot map, read again in the background when a request finds it wrong.
@@ -155,11 +188,6 @@ impl SlotRouter {
             last_refresh: Mutex::new(None),
             turn: std::sync::atomic::AtomicUsize::new(0),
         }
-    }
-
-    /// The masters the map names, each once.
-    pub(super) fn masters(&self) -> Vec<String> {
-        self.map.read().unwrap_or_else(|p| p.into_inner()).masters()
     }
 
     /// The master that serves `key`, as far as the map knows.
@@ -306,6 +334,37 @@ mod tests {
             Some("127.0.0.1:7002")
         );
         assert_eq!(host_port("redis://"), None);
+    }
+
+    #[test]
+    fn every_node_announced_is_listed_replicas_too() {
+        let node = |host: &str, port: i64| {
+            Value::Array(vec![
+                Value::BulkString(host.as_bytes().to_vec()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ])
+        };
+        let reply = Value::Array(vec![
+            Value::Array(vec![
+                Value::Int(0),
+                Value::Int(100),
+                node("10.0.0.1", 7000),
+                node("10.0.0.9", 7003),
+            ]),
+            Value::Array(vec![
+                Value::Int(101),
+                Value::Int(16383),
+                node("", 7001),
+                node("?", 7004),
+                node("10.0.0.9", 7003),
+            ]),
+        ]);
+        assert_eq!(
+            announced_nodes(&reply, "seed.example:7001").unwrap(),
+            ["10.0.0.1:7000", "10.0.0.9:7003", "seed.example:7001"]
+        );
+        assert!(announced_nodes(&Value::Int(1), "s:1").is_err());
     }
 
     #[test]
