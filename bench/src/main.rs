@@ -15,6 +15,7 @@ mod backend;
 mod cpu;
 mod edge_hash;
 mod fingerprint;
+mod guard;
 mod load;
 mod mode;
 mod origin;
@@ -99,6 +100,12 @@ struct Args {
     /// Leave the comparison with the `idempotent` crate out.
     #[arg(long)]
     skip_peer: bool,
+    /// Only the performance guard: idem on the standalone Redis against the
+    /// `idempotent` crate, --repeat rounds at each --peer-concurrency, as each server's
+    /// CPU per request ÷ the load generator's; exits non-zero when the median round's
+    /// idem ÷ peer is above the bound (1.5× on new keys, 1.0× on replays).
+    #[arg(long, conflicts_with_all = ["scale", "edge_hash", "fingerprint_only"])]
+    guard: bool,
     /// Instead of the store modes: the stores filled to each of these record counts in
     /// turn (e.g. 10k,1m,10m), and at each, new keys and replays of stored keys, bytes
     /// per record, then the sweeper deleting --sweep-rows expired rows under load.
@@ -171,6 +178,9 @@ struct Args {
     #[arg(long, default_value = "target/idem-bench")]
     out: PathBuf,
 }
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     // This binary under another name is the peer, or the proxy comparison's upstream.
@@ -282,6 +292,9 @@ async fn run(args: Args) -> Result<()> {
     };
     if !args.scale.is_empty() {
         return run_scale(&args, &bin, &targets, nonce).await;
+    }
+    if args.guard {
+        return run_guard(&args, &bin, &targets, nonce).await;
     }
     if args.edge_hash {
         if args.edge_hash_rounds == 0 {
@@ -531,6 +544,54 @@ fn date_utc() -> String {
 
 /// The `idempotent` crate and idem on the same standalone Redis, alternately, each
 /// with new keys then replays, at each concurrency and round.
+/// The performance guard ([`guard`]): the peer comparison alone, judged.
+async fn run_guard(
+    args: &Args,
+    bin: &std::path::Path,
+    targets: &Targets,
+    nonce: u128,
+) -> Result<()> {
+    connect_services(args).await?;
+    eprintln!(
+        "performance guard: the idempotent crate, then idem, on the standalone Redis, {} rounds…",
+        args.repeat
+    );
+    let rows = compare_with_peer(args, bin, targets, nonce).await?;
+    let unexpected: u64 = rows.iter().map(|r| r.unexpected).sum();
+    if unexpected > 0 {
+        anyhow::bail!("{unexpected} requests were not answered as expected");
+    }
+    let verdicts = guard::verdicts(&rows);
+    print!("{}", peer::table(&rows));
+    println!();
+    print!("{}", guard::table(&rows, &verdicts));
+    std::fs::create_dir_all(&args.out)?;
+    let path = args.out.join("guard.json");
+    std::fs::write(
+        &path,
+        serde_json::to_string_pretty(&serde_json::json!({ "rows": rows, "verdicts": verdicts }))?,
+    )
+    .with_context(|| format!("writing {}", path.display()))?;
+    let failed: Vec<String> = verdicts
+        .iter()
+        .filter(|v| !v.passed)
+        .map(|v| {
+            format!(
+                "{} at {} conns: {:.2}× > {:.1}×",
+                v.phase, v.concurrency, v.median, v.bound
+            )
+        })
+        .collect();
+    if !failed.is_empty() {
+        anyhow::bail!(
+            "the performance guard failed: idem's CPU per request, relative to the idempotent \
+             crate's, is past its bound ({})",
+            failed.join("; ")
+        );
+    }
+    Ok(())
+}
+
 async fn compare_with_peer(
     args: &Args,
     bin: &std::path::Path,

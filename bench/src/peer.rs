@@ -187,6 +187,9 @@ pub struct PeerRow {
     pub p99_ms: f64,
     /// CPU of the server (idem-origin or the peer) per request, µs.
     pub server_cpu_us: f64,
+    /// CPU of the load generator (this process) per request, µs: the same work for
+    /// either server, so the server's ÷ this cancels the shared machine's speed.
+    pub loader_cpu_us: f64,
     pub unexpected: u64,
 }
 
@@ -244,6 +247,7 @@ pub async fn measure(
         p50_ms: result.quantile_ms(0.5),
         p99_ms: result.quantile_ms(0.99),
         server_cpu_us: cpu.seconds_of(program) / answered * 1e6,
+        loader_cpu_us: cpu.seconds_of("idem-bench") / answered * 1e6,
         unexpected: result.unexpected,
     })
 }

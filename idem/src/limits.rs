@@ -57,12 +57,17 @@ impl BodyTimeout {
 pin_project_lite::pin_project! {
     /// A body that fails with [`BodyTimeout`] when it is not all read within `total`,
     /// or when no frame arrives for `idle`. Its clock starts when it is made (when the
-    /// request's head has arrived).
+    /// request's head has arrived). Its timers are set only when it has to wait for the
+    /// client: a body that has arrived by the time it is read (most do) costs a clock
+    /// reading per frame, and no timer.
     pub struct DeadlineBody<B> {
         #[pin]
         inner: B,
         idle: Duration,
         total: Duration,
+        total_due: Instant,
+        // When the last frame (or the head) arrived.
+        last: Instant,
         #[pin]
         idle_timer: Sleep,
         #[pin]
@@ -79,6 +84,8 @@ impl<B> DeadlineBody<B> {
             inner,
             idle,
             total,
+            total_due: now + total,
+            last: now,
             idle_timer: tokio::time::sleep_until(now + idle),
             total_timer: tokio::time::sleep_until(now + total),
             done: false,
@@ -103,20 +110,18 @@ where
         if *this.done {
             return Poll::Ready(None);
         }
+        let total_timeout =
+            |after: Duration| Poll::Ready(Some(Err(BodyTimeout { idle: false, after }.into())));
         // The whole body's deadline first: a client trickling a byte at a time is
         // always "ready", and would otherwise never be timed.
-        if this.total_timer.as_mut().poll(cx).is_ready() {
+        let now = Instant::now();
+        if now >= *this.total_due {
             *this.done = true;
-            let timeout = BodyTimeout {
-                idle: false,
-                after: *this.total,
-            };
-            return Poll::Ready(Some(Err(timeout.into())));
+            return total_timeout(*this.total);
         }
         match this.inner.poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                let next = Instant::now() + *this.idle;
-                this.idle_timer.reset(next);
+                *this.last = now;
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e.into()))),
@@ -125,6 +130,15 @@ where
                 Poll::Ready(None)
             }
             Poll::Pending => {
+                // Waiting for the client: now the timers, to be woken at either deadline.
+                let idle_due = *this.last + *this.idle;
+                if this.idle_timer.deadline() != idle_due {
+                    this.idle_timer.as_mut().reset(idle_due);
+                }
+                if this.total_timer.as_mut().poll(cx).is_ready() {
+                    *this.done = true;
+                    return total_timeout(*this.total);
+                }
                 if this.idle_timer.poll(cx).is_ready() {
                     *this.done = true;
                     let timeout = BodyTimeout {

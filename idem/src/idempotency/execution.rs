@@ -350,7 +350,7 @@ where
         .map(|c| c.key.as_str().to_owned())
         .unwrap_or_default();
     // Renews the lease until its final write consumes it, or it is dropped on any unwind.
-    let mut guard = ClaimGuard::hold(
+    let (mut guard, woke_keeper) = ClaimGuard::hold(
         &config,
         key.clone(),
         holder,
@@ -358,10 +358,12 @@ where
         claimed_at,
         &idempotency_key,
     );
-    // Let the heartbeat's task run once before the handler: spawned from this worker,
-    // it sits in the worker's LIFO slot, which no other worker may take, and a handler
-    // that blocks this thread would keep it from ever renewing.
-    tokio::task::yield_now().await;
+    if woke_keeper {
+        // Let the keeper run before the handler: woken from this worker, it sits in
+        // the worker's LIFO slot, which no other worker may take, and a handler that
+        // blocks this thread would keep it from starting any heartbeat.
+        tokio::task::yield_now().await;
+    }
     let limit = config.max_stored_body_bytes;
     let run = AssertUnwindSafe(async move {
         let res = match inner.oneshot(req).await {
@@ -530,7 +532,7 @@ struct ClaimGuard {
     config: Arc<Config>,
     key: RecordKey,
     holder: Holder,
-    heartbeat: Option<Heartbeat>,
+    heartbeat: Option<super::keeper::Registration>,
     _unwritten: Unwritten,
 }
 
@@ -542,20 +544,29 @@ impl ClaimGuard {
         lease_lost: CancellationToken,
         claimed_at: Instant,
         idempotency_key: &str,
-    ) -> ClaimGuard {
-        ClaimGuard {
+    ) -> (ClaimGuard, bool) {
+        // The heartbeat starts when the first renewal is due, if the claim is still
+        // held then (most handlers are done long before).
+        let due = claimed_at + renewal_every(&config.policy);
+        let span = tracing::Span::current();
+        let start = {
+            let (config, key) = (config.clone(), key.clone());
+            Box::new(move || {
+                tokio::spawn(tracing::Instrument::instrument(
+                    keep_alive(config, key, holder, lease_lost, claimed_at),
+                    span,
+                ))
+            })
+        };
+        let registered = config.keeper.register(due, start);
+        let guard = ClaimGuard {
             _unwritten: config.executions.pending(&key, idempotency_key),
-            heartbeat: Some(Heartbeat::start(
-                config.clone(),
-                key.clone(),
-                holder,
-                lease_lost,
-                claimed_at,
-            )),
+            heartbeat: Some(registered.registration),
             config: config.clone(),
             key,
             holder,
-        }
+        };
+        (guard, registered.woke_keeper)
     }
 
     /// Stops renewing the lease before the final write.
@@ -752,36 +763,19 @@ async fn write_final(
     }
 }
 
-/// The lease's keeper: renews it every eighth of the lease (sooner after a failure)
-/// until dropped, and tells the handler — through `lease_lost` — when the lease is
+/// How often a lease is renewed: every eighth of it.
+fn renewal_every(policy: &idem_core::Policy) -> Duration {
+    (Duration::from_millis(policy.lease_ms) / 8).max(Duration::from_millis(1))
+}
+
+/// The heartbeat: renews the lease every eighth of the lease (sooner after a failure)
+/// until aborted, and tells the handler — through `lease_lost` — when the lease is
 /// lost: fenced out, or not renewed by the time it may end on the store's clock.
 ///
-/// A task of its own, not a future polled beside the handler: a handler that blocks
-/// its thread (synchronous work in an async handler) must not stop the renewals, or
-/// its lease could end under it and a retry run it a second time. (The execution
-/// yields once after starting it, so that it leaves the worker it was spawned on.)
-struct Heartbeat(tokio::task::JoinHandle<()>);
-
-impl Heartbeat {
-    fn start(
-        config: Arc<Config>,
-        key: RecordKey,
-        holder: Holder,
-        lease_lost: CancellationToken,
-        claimed_at: Instant,
-    ) -> Heartbeat {
-        Heartbeat(tokio::spawn(tracing::Instrument::in_current_span(
-            keep_alive(config, key, holder, lease_lost, claimed_at),
-        )))
-    }
-}
-
-impl Drop for Heartbeat {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
+/// A task of its own ([`super::keeper`] starts it when the first renewal is due), not
+/// a future polled beside the handler: a handler that blocks its thread (synchronous
+/// work in an async handler) must not stop the renewals, or its lease could end under
+/// it and a retry run it a second time.
 async fn keep_alive(
     config: Arc<Config>,
     key: RecordKey,
@@ -797,7 +791,7 @@ async fn keep_alive(
     // on the store's clock (the tolerance). 1 − 1/8 − 1/12 − 1/24 − 1/10 = 0.65 of the
     // lease, as the README promises. (Every third, a sixth and a twelfth left 0.32:
     // a 0.63-lease outage starting just before a renewal let retries take over.)
-    let every = (lease / 8).max(Duration::from_millis(1));
+    let every = renewal_every(&config.policy);
     let after_failure = (lease / 24).max(Duration::from_millis(5));
     // A heartbeat that doesn't answer within this is given up and sent again.
     let attempt_timeout = (lease / 12).max(Duration::from_millis(20));

@@ -307,6 +307,14 @@ pub fn check_pattern(pattern: &str) -> Result<(), String> {
 /// to ASCII ([`CONFUSABLES`]), or an escape some decoder reads otherwise (`%00`, `%u…`,
 /// overlong UTF-8 `%C0`/`%C1`).
 pub fn ambiguous_path(path: &str) -> bool {
+    // Most paths: ASCII without an escape, a `;` or a `\` — then only a dot segment
+    // can make them ambiguous (every confusable is non-ASCII or escaped).
+    if path
+        .bytes()
+        .all(|b| b.is_ascii() && !matches!(b, b'%' | b';' | b'\\'))
+    {
+        return path.split('/').any(|s| s == "." || s == "..");
+    }
     let lower = |i: usize| path.as_bytes().get(i).map(u8::to_ascii_lowercase);
     let odd_escape = path.match_indices('%').any(|(i, _)| {
         let pair = (lower(i + 1), lower(i + 2));
@@ -325,9 +333,10 @@ pub fn ambiguous_path(path: &str) -> bool {
         let bare = decoded.split(';').next().unwrap_or("");
         bare == "." || bare == ".."
     };
+    let lowered = path.to_ascii_lowercase();
     let confusable = CONFUSABLES
         .iter()
-        .any(|(raw, encoded, _)| path.contains(raw) || path.to_ascii_lowercase().contains(encoded));
+        .any(|(raw, encoded, _)| path.contains(raw) || lowered.contains(encoded));
     odd_escape
         || path.contains(';')
         || path.contains('\\')
