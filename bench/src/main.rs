@@ -551,12 +551,16 @@ async fn run_guard(
     targets: &Targets,
     nonce: u128,
 ) -> Result<()> {
-    connect_services(args).await?;
+    let mut services = connect_services(args).await?;
+    cleanup(&mut services).await?;
     eprintln!(
         "performance guard: the idempotent crate, then idem, on the standalone Redis, {} rounds…",
         args.repeat
     );
-    let rows = compare_with_peer(args, bin, targets, nonce).await?;
+    let rows = compare_with_peer(args, bin, targets, nonce).await;
+    // Its keys go whatever the outcome: left behind, they slow every SCAN of this Redis.
+    cleanup(&mut services).await?;
+    let rows = rows?;
     let unexpected: u64 = rows.iter().map(|r| r.unexpected).sum();
     if unexpected > 0 {
         anyhow::bail!("{unexpected} requests were not answered as expected");

@@ -360,3 +360,77 @@ async fn a_handler_that_blocks_its_thread_keeps_its_lease() {
     );
     assert_eq!(runs, 1, "ran once");
 }
+
+/// A handler that blocks its thread holds back no other claim's lease: a slow async
+/// charge is claimed, then, before its first renewal is due, another request's handler
+/// blocks its worker for 4 s. The heartbeats are started by the layer's keeper (a thread
+/// of its own) into the runtime's shared queue: the slow charge keeps its lease, its
+/// retry is refused while it runs, and it runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_blocked_worker_holds_back_no_other_claim_s_heartbeat() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let db = TestDb::new("blocking_other").await;
+    let store: Arc<dyn Store> = pg_store(&db).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (slow_runs, blocking_runs) = (runs.clone(), runs.clone());
+    let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
+        .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+            idem_core::contract::Anonymous::Scoped,
+        ))
+        .require_key_on(["/v1/slow", "/v1/blocking"])
+        .lease(Duration::from_secs(1));
+    let app = axum::Router::new()
+        .route(
+            "/v1/slow",
+            axum::routing::post(move || {
+                slow_runs.fetch_add(1, Ordering::SeqCst);
+                async {
+                    tokio::time::sleep(Duration::from_millis(3_000)).await;
+                    http::StatusCode::CREATED
+                }
+            }),
+        )
+        .route(
+            "/v1/blocking",
+            axum::routing::post(move || {
+                blocking_runs.fetch_add(100, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(4_000));
+                async { http::StatusCode::CREATED }
+            }),
+        )
+        .layer(layer);
+    let origin = TestOrigin::serve_router(app, store).await;
+    let send = |path: &'static str| {
+        let url = origin.url(path);
+        async move {
+            client()
+                .post(url)
+                .header("idempotency-key", path)
+                .body("{}")
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    let busy = tokio::spawn(async {
+        loop {
+            tokio::task::yield_now().await;
+        }
+    });
+    let slow = tokio::spawn(send("/v1/slow"));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let blocking = tokio::spawn(send("/v1/blocking"));
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let retry = send("/v1/slow").await;
+    let (slow, blocking) = (slow.await.unwrap(), blocking.await.unwrap());
+    busy.abort();
+    let runs = runs.load(Ordering::SeqCst);
+    idem_tests::report(
+        "contract",
+        &format!("a slow charge under a 1 s lease while another handler blocks its worker 4 s: the slow one {slow}, its retry at 1.5 s {retry}, the blocking one {blocking}; runs {runs} (slow + 100 × blocking)"),
+    );
+    assert_eq!(retry, 409, "the slow charge kept its lease");
+    assert_eq!((slow, blocking, runs), (201, 201, 101), "each ran once");
+}

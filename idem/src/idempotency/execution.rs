@@ -350,7 +350,7 @@ where
         .map(|c| c.key.as_str().to_owned())
         .unwrap_or_default();
     // Renews the lease until its final write consumes it, or it is dropped on any unwind.
-    let (mut guard, woke_keeper) = ClaimGuard::hold(
+    let mut guard = ClaimGuard::hold(
         &config,
         key.clone(),
         holder,
@@ -358,12 +358,6 @@ where
         claimed_at,
         &idempotency_key,
     );
-    if woke_keeper {
-        // Let the keeper run before the handler: woken from this worker, it sits in
-        // the worker's LIFO slot, which no other worker may take, and a handler that
-        // blocks this thread would keep it from starting any heartbeat.
-        tokio::task::yield_now().await;
-    }
     let limit = config.max_stored_body_bytes;
     let run = AssertUnwindSafe(async move {
         let res = match inner.oneshot(req).await {
@@ -544,29 +538,30 @@ impl ClaimGuard {
         lease_lost: CancellationToken,
         claimed_at: Instant,
         idempotency_key: &str,
-    ) -> (ClaimGuard, bool) {
+    ) -> ClaimGuard {
         // The heartbeat starts when the first renewal is due, if the claim is still
-        // held then (most handlers are done long before).
+        // held then (most handlers are done long before), on this request's runtime —
+        // from the keeper's thread, into the runtime's shared queue, which any worker
+        // may take, whatever this one is doing.
         let due = claimed_at + renewal_every(&config.policy);
         let span = tracing::Span::current();
+        let runtime = tokio::runtime::Handle::current();
         let start = {
             let (config, key) = (config.clone(), key.clone());
             Box::new(move || {
-                tokio::spawn(tracing::Instrument::instrument(
+                runtime.spawn(tracing::Instrument::instrument(
                     keep_alive(config, key, holder, lease_lost, claimed_at),
                     span,
                 ))
             })
         };
-        let registered = config.keeper.register(due, start);
-        let guard = ClaimGuard {
+        ClaimGuard {
             _unwritten: config.executions.pending(&key, idempotency_key),
-            heartbeat: Some(registered.registration),
+            heartbeat: Some(config.keeper.register(due, start)),
             config: config.clone(),
             key,
             holder,
-        };
-        (guard, registered.woke_keeper)
+        }
     }
 
     /// Stops renewing the lease before the final write.

@@ -1,15 +1,17 @@
-//! The leases' keeper: one task per layer that starts a claim's heartbeat only once its
-//! handler has run for an eighth of its lease — when the first renewal is due. Most
-//! handlers finish long before, and then their claim cost an entry in a map: no task
-//! spawned, no timer set, no other worker woken.
+//! The leases' keeper: starts a claim's heartbeat only once its handler has run for an
+//! eighth of its lease — when the first renewal is due. Most handlers finish long
+//! before, and then their claim cost an entry in a map: no task spawned, no timer set,
+//! no other worker woken.
 //!
-//! A claim's heartbeat, once started, is the same task as before (its own, so that a
-//! handler blocking its thread cannot stop the renewals). The keeper is a task of its
-//! own too; a registration that wakes it moves the registering request off its worker
-//! before its handler runs ([`Registered::woke_keeper`]), for the same reason.
+//! The keeper is a thread of its own per layer, not a task: no handler that blocks a
+//! runtime's worker, no stalled or dropped runtime, can keep it from starting the
+//! heartbeats of every other claim. It starts each heartbeat — the same task as before,
+//! so that a handler blocking its thread cannot stop the renewals — on the runtime of
+//! the request that claimed, from outside it: the task goes to the runtime's shared
+//! queue, which any worker may take.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
@@ -24,7 +26,7 @@ pub(crate) struct Keeper {
 #[derive(Default)]
 struct Inner {
     state: Mutex<State>,
-    wake: tokio::sync::Notify,
+    wake: Condvar,
 }
 
 #[derive(Default)]
@@ -34,6 +36,7 @@ struct State {
     due: BTreeMap<(Instant, u64), Start>,
     /// Heartbeats started, by registration.
     running: HashMap<u64, JoinHandle<()>>,
+    /// Whether the keeper's thread runs.
     started: bool,
 }
 
@@ -50,19 +53,11 @@ pub(crate) struct Registration {
     key: (Instant, u64),
 }
 
-/// What [`Keeper::register`] did.
-pub(crate) struct Registered {
-    pub(crate) registration: Registration,
-    /// Whether the keeper was woken (this claim is due before any other): the keeper
-    /// then sits in this worker's LIFO slot, which no other worker may take, and the
-    /// request should yield once before its handler, which could block the thread.
-    pub(crate) woke_keeper: bool,
-}
-
 impl Keeper {
     /// Starts the heartbeat `start` makes at `due`, unless the registration is dropped
-    /// first. Call within a Tokio runtime.
-    pub(crate) fn register(&self, due: Instant, start: Start) -> Registered {
+    /// first. `start` runs on the keeper's thread, outside any runtime: it spawns with
+    /// a runtime's `Handle`.
+    pub(crate) fn register(&self, due: Instant, start: Start) -> Registration {
         let mut state = self.lock();
         let id = state.next_id;
         state.next_id += 1;
@@ -72,20 +67,27 @@ impl Keeper {
             .next()
             .is_none_or(|(first, _)| due < *first);
         state.due.insert((due, id), start);
-        let spawn_keeper = !std::mem::replace(&mut state.started, true);
-        drop(state);
-        if spawn_keeper {
-            tokio::spawn(keep(Arc::downgrade(&self.inner)));
-        }
-        if earliest {
+        if !state.started {
+            state.started = true;
+            let inner = Arc::downgrade(&self.inner);
+            let spawned = std::thread::Builder::new()
+                .name("idem-keeper".into())
+                .spawn(move || keep(inner));
+            if let Err(e) = spawned {
+                // No thread: the heartbeats start as the claims do (as a registration's
+                // own task), so no lease goes unrenewed.
+                state.started = false;
+                tracing::error!(error = %e, "the lease keeper's thread could not start; heartbeats start with their claims");
+                let start = state.due.remove(&(due, id)).expect("just inserted");
+                let heartbeat = start();
+                state.running.insert(id, heartbeat);
+            }
+        } else if earliest {
             self.inner.wake.notify_one();
         }
-        Registered {
-            registration: Registration {
-                inner: self.inner.clone(),
-                key: (due, id),
-            },
-            woke_keeper: earliest || spawn_keeper,
+        Registration {
+            inner: self.inner.clone(),
+            key: (due, id),
         }
     }
 
@@ -119,35 +121,35 @@ impl Drop for Registration {
 /// When nothing is due: how often the keeper looks whether its layer is gone.
 const IDLE: Duration = Duration::from_secs(1);
 
-/// The keeper's task: starts each heartbeat when due; ends with its layer.
-async fn keep(inner: Weak<Inner>) {
+/// The keeper's thread: starts each heartbeat when due; ends with its layer.
+fn keep(inner: Weak<Inner>) {
     loop {
         let Some(inner) = inner.upgrade() else {
             return;
         };
+        let mut state = lock(&inner);
         let now = Instant::now();
-        let next = {
-            let mut state = lock(&inner);
-            while let Some(entry) = state.due.first_entry() {
-                if entry.key().0 > now {
-                    break;
-                }
-                let ((_, id), start) = entry.remove_entry();
-                let heartbeat = start();
+        while let Some(entry) = state.due.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let ((_, id), start) = entry.remove_entry();
+            // A start that panics (no runtime left to spawn on) loses that heartbeat
+            // only: the claim's lease runs out, and a retry takes over.
+            if let Ok(heartbeat) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(start)) {
                 state.running.insert(id, heartbeat);
             }
-            state.due.keys().next().map(|(at, _)| *at)
-        };
-        let wait = next.map_or(IDLE, |at| at.saturating_duration_since(now).min(IDLE));
-        let woken = inner.wake.notified();
-        tokio::pin!(woken);
-        // Registered before sleeping: a registration meanwhile is not missed. (The
-        // layer is held at most `IDLE` longer: the next turn finds it gone.)
-        woken.as_mut().enable();
-        tokio::select! {
-            () = woken => {}
-            () = tokio::time::sleep(wait) => {}
         }
+        let wait = state
+            .due
+            .keys()
+            .next()
+            .map_or(IDLE, |(at, _)| at.saturating_duration_since(now).min(IDLE));
+        // Woken early by a registration due before everything else.
+        let _ = inner
+            .wake
+            .wait_timeout(state, wait)
+            .unwrap_or_else(|p| p.into_inner());
     }
 }
 
@@ -158,9 +160,10 @@ mod tests {
 
     fn counting(started: &Arc<AtomicUsize>) -> Start {
         let started = started.clone();
+        let runtime = tokio::runtime::Handle::current();
         Box::new(move || {
             started.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(std::future::pending())
+            runtime.spawn(std::future::pending())
         })
     }
 
@@ -170,21 +173,15 @@ mod tests {
         let started = Arc::new(AtomicUsize::new(0));
         let soon = Instant::now() + Duration::from_millis(50);
         // Done before its first renewal: nothing ever started.
-        let quick = keeper.register(soon, counting(&started));
-        assert!(quick.woke_keeper, "the first claim wakes the keeper");
-        drop(quick.registration);
+        drop(keeper.register(soon, counting(&started)));
         // Still held when due: started, and stopped when the claim ends.
         let slow = keeper.register(soon, counting(&started));
         let later = keeper.register(soon + Duration::from_secs(60), counting(&started));
-        assert!(
-            !later.woke_keeper,
-            "due after another: the keeper is not woken"
-        );
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(started.load(Ordering::SeqCst), 1);
         assert_eq!(keeper.counts(), (1, 1));
-        drop(slow.registration);
-        drop(later.registration);
+        drop(slow);
+        drop(later);
         assert_eq!(keeper.counts(), (0, 0));
     }
 
@@ -201,9 +198,50 @@ mod tests {
             Instant::now() + Duration::from_millis(30),
             counting(&started),
         );
-        assert!(near.woke_keeper);
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(started.load(Ordering::SeqCst), 1, "the near one started");
         drop((far, near));
+    }
+
+    /// A runtime whose only worker is blocked does not hold back the heartbeats of
+    /// claims made on another runtime (the keeper is a thread, and each heartbeat goes
+    /// to its own claim's runtime).
+    #[test]
+    fn a_blocked_runtime_holds_back_no_other_claim_s_heartbeat() {
+        let keeper = Keeper::default();
+        let started = Arc::new(AtomicUsize::new(0));
+        let blocked = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let other = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        // A claim on the first runtime, then that runtime's thread blocks (and is
+        // dropped after: its heartbeat's spawn fails without harm).
+        let first = blocked.block_on(async {
+            keeper.register(
+                Instant::now() + Duration::from_millis(10),
+                counting(&started),
+            )
+        });
+        let second = other.block_on(async {
+            keeper.register(
+                Instant::now() + Duration::from_millis(30),
+                counting(&started),
+            )
+        });
+        drop(blocked);
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            started.load(Ordering::SeqCst),
+            2,
+            "both due heartbeats started"
+        );
+        assert_eq!(keeper.counts(), (0, 2));
+        drop((first, second));
+        assert_eq!(keeper.counts(), (0, 0));
     }
 }
