@@ -333,18 +333,28 @@ async fn claim_expiries(pg: &tokio_postgres::Client) -> (usize, i64, i64) {
 async fn a_replica_frozen_holding_a_claim_lock_frees_it_after_the_store_timeout() {
     use idem_core::{IdempotencyKey, RecordKey, Scope};
     let db = TestDb::new("frozen_lock").await;
-    let args = [
-        "--store",
-        "postgres",
-        "--pg-strategy",
-        "advisory-lock",
-        "--database-url",
-        &db.url,
-        "--store-timeout",
-        "2s",
-    ];
-    let (mut a, a_url) = OriginProcess::spawn(&args).await;
-    let (mut b, b_url) = OriginProcess::spawn(&args).await;
+    // A's sessions carry a name of their own: the fault's evidence below is read from
+    // them alone (another session waiting on or holding an advisory lock — a replica's
+    // schema set-up, say — must not stand for A's).
+    let a_db = db.url_named("frozen-a");
+    let args = |url: &str| {
+        [
+            "--store",
+            "postgres",
+            "--pg-strategy",
+            "advisory-lock",
+            "--database-url",
+            url,
+            "--store-timeout",
+            "2s",
+        ]
+        .map(str::to_owned)
+    };
+    let (a_args, b_args) = (args(&a_db), args(&db.url));
+    let a_args: Vec<&str> = a_args.iter().map(String::as_str).collect();
+    let b_args: Vec<&str> = b_args.iter().map(String::as_str).collect();
+    let (mut a, a_url) = OriginProcess::spawn(&a_args).await;
+    let (mut b, b_url) = OriginProcess::spawn(&b_args).await;
     let key = "frozen-1";
     let record_key = RecordKey::new(
         &Scope::anonymous(),
@@ -371,7 +381,7 @@ async fn a_replica_frozen_holding_a_claim_lock_frees_it_after_the_store_timeout(
         }
     });
     let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-                   AND query LIKE '%pg_advisory_xact_lock%' AND pid <> pg_backend_pid()";
+                   AND query LIKE '%pg_advisory_xact_lock%' AND application_name = 'frozen-a'";
     let deadline = Instant::now() + Duration::from_secs(5);
     while db.count(waiting).await == 0 {
         assert!(
@@ -395,7 +405,7 @@ async fn a_replica_frozen_holding_a_claim_lock_frees_it_after_the_store_timeout(
     // The fault's own evidence: the lock went to A's claim, whose session now sits
     // idle in its transaction, A being frozen.
     let idle = "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' \
-                AND query LIKE '%pg_advisory_xact_lock%' AND pid <> pg_backend_pid()";
+                AND query LIKE '%pg_advisory_xact_lock%' AND application_name = 'frozen-a'";
     while db.count(idle).await == 0 {
         assert!(
             frozen_at.elapsed() < Duration::from_secs(1),

@@ -8,7 +8,8 @@
 //! heartbeats of every other claim. It starts each heartbeat — the same task as before,
 //! so that a handler blocking its thread cannot stop the renewals — on the runtime of
 //! the request that claimed, from outside it: the task goes to the runtime's shared
-//! queue, which any worker may take.
+//! queue, which any worker may take. (On a current-thread runtime there is no other
+//! worker: a handler that blocks its thread holds back every task, its heartbeat too.)
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Condvar, Mutex, Weak};
@@ -38,6 +39,10 @@ struct State {
     running: HashMap<u64, JoinHandle<()>>,
     /// Whether the keeper's thread runs.
     started: bool,
+    /// Whether it could not be started (heartbeats then start with their claims).
+    failed: bool,
+    /// When the keeper's thread wakes next by itself: a claim due earlier wakes it.
+    sleeping_until: Option<Instant>,
 }
 
 impl std::fmt::Debug for Keeper {
@@ -61,11 +66,17 @@ impl Keeper {
         let mut state = self.lock();
         let id = state.next_id;
         state.next_id += 1;
-        let earliest = state
-            .due
-            .keys()
-            .next()
-            .is_none_or(|(first, _)| due < *first);
+        let registration = Registration {
+            inner: self.inner.clone(),
+            key: (due, id),
+        };
+        if state.failed {
+            // No keeper: the heartbeat starts with its claim, as it did before there
+            // was one (`keep_alive` waits until its first renewal is due).
+            let heartbeat = start();
+            state.running.insert(id, heartbeat);
+            return registration;
+        }
         state.due.insert((due, id), start);
         if !state.started {
             state.started = true;
@@ -74,21 +85,23 @@ impl Keeper {
                 .name("idem-keeper".into())
                 .spawn(move || keep(inner));
             if let Err(e) = spawned {
-                // No thread: the heartbeats start as the claims do (as a registration's
-                // own task), so no lease goes unrenewed.
-                state.started = false;
+                state.failed = true;
                 tracing::error!(error = %e, "the lease keeper's thread could not start; heartbeats start with their claims");
-                let start = state.due.remove(&(due, id)).expect("just inserted");
-                let heartbeat = start();
-                state.running.insert(id, heartbeat);
+                if let Some(start) = state.due.remove(&(due, id)) {
+                    let heartbeat = start();
+                    state.running.insert(id, heartbeat);
+                }
             }
-        } else if earliest {
+            return registration;
+        }
+        // Woken only when this claim is due before the keeper wakes by itself: most
+        // claims are due after it, and cost no system call.
+        let wake = state.sleeping_until.is_some_and(|at| due < at);
+        drop(state);
+        if wake {
             self.inner.wake.notify_one();
         }
-        Registration {
-            inner: self.inner.clone(),
-            key: (due, id),
-        }
+        registration
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -109,11 +122,18 @@ fn lock(inner: &Inner) -> std::sync::MutexGuard<'_, State> {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        let mut state = lock(&self.inner);
-        if state.due.remove(&self.key).is_none() {
-            if let Some(heartbeat) = state.running.remove(&self.key.1) {
-                heartbeat.abort();
+        // Taken out under the lock, dropped and aborted after it: the start closure may
+        // hold the last reference to the layer's settings.
+        let (start, heartbeat) = {
+            let mut state = lock(&self.inner);
+            match state.due.remove(&self.key) {
+                Some(start) => (Some(start), None),
+                None => (None, state.running.remove(&self.key.1)),
             }
+        };
+        drop(start);
+        if let Some(heartbeat) = heartbeat {
+            heartbeat.abort();
         }
     }
 }
@@ -134,8 +154,7 @@ fn keep(inner: Weak<Inner>) {
                 break;
             }
             let ((_, id), start) = entry.remove_entry();
-            // A start that panics (no runtime left to spawn on) loses that heartbeat
-            // only: the claim's lease runs out, and a retry takes over.
+            // Defensive: `Handle::spawn` does not panic, even on a runtime shut down.
             if let Ok(heartbeat) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(start)) {
                 state.running.insert(id, heartbeat);
             }
@@ -145,6 +164,7 @@ fn keep(inner: Weak<Inner>) {
             .keys()
             .next()
             .map_or(IDLE, |(at, _)| at.saturating_duration_since(now).min(IDLE));
+        state.sleeping_until = Some(now + wait);
         // Woken early by a registration due before everything else.
         let _ = inner
             .wake
