@@ -170,14 +170,19 @@ pub const EDGE_SECRET: &str = "idem-tests-edge-secret-5d41402abc4b2a76";
 
 /// A file holding [`EDGE_SECRET`], for `--edge-secret-file`.
 pub fn edge_secret_file() -> String {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/idem-reports");
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("edge-secret");
-    // Written whole under another name, then renamed: tests in parallel never read half.
-    let tmp = dir.join(format!("edge-secret.{}", std::process::id()));
-    std::fs::write(&tmp, format!("{EDGE_SECRET}\n")).unwrap();
-    std::fs::rename(&tmp, &path).unwrap();
-    path.display().to_string()
+    // Once per test process (its tests run on threads side by side); written whole
+    // under a name of this process's own, then renamed: another process never reads half.
+    static FILE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/idem-reports");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("edge-secret");
+        let tmp = dir.join(format!("edge-secret.{}", std::process::id()));
+        std::fs::write(&tmp, format!("{EDGE_SECRET}\n")).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        path.display().to_string()
+    })
+    .clone()
 }
 
 /// [`post_charge`] as the edge sends it, with its secret: the origin's answer then
