@@ -358,6 +358,10 @@ where
         claimed_at,
         &idempotency_key,
     );
+    // Let the heartbeat's task run once before the handler: spawned from this worker,
+    // it sits in the worker's LIFO slot, which no other worker may take, and a handler
+    // that blocks this thread would keep it from ever renewing.
+    tokio::task::yield_now().await;
     let limit = config.max_stored_body_bytes;
     let run = AssertUnwindSafe(async move {
         let res = match inner.oneshot(req).await {
@@ -526,7 +530,7 @@ struct ClaimGuard {
     config: Arc<Config>,
     key: RecordKey,
     holder: Holder,
-    heartbeat: Option<super::keeper::Registration>,
+    heartbeat: Option<Heartbeat>,
     _unwritten: Unwritten,
 }
 
@@ -539,25 +543,15 @@ impl ClaimGuard {
         claimed_at: Instant,
         idempotency_key: &str,
     ) -> ClaimGuard {
-        // The heartbeat starts when the first renewal is due, if the claim is still
-        // held then (most handlers are done long before), on this request's runtime —
-        // from the keeper's thread, into the runtime's shared queue, which any worker
-        // may take, whatever this one is doing.
-        let due = claimed_at + renewal_every(&config.policy);
-        let span = tracing::Span::current();
-        let runtime = tokio::runtime::Handle::current();
-        let start = {
-            let (config, key) = (config.clone(), key.clone());
-            Box::new(move || {
-                runtime.spawn(tracing::Instrument::instrument(
-                    keep_alive(config, key, holder, lease_lost, claimed_at),
-                    span,
-                ))
-            })
-        };
         ClaimGuard {
             _unwritten: config.executions.pending(&key, idempotency_key),
-            heartbeat: Some(config.keeper.register(due, start)),
+            heartbeat: Some(Heartbeat::start(
+                config.clone(),
+                key.clone(),
+                holder,
+                lease_lost,
+                claimed_at,
+            )),
             config: config.clone(),
             key,
             holder,
@@ -758,19 +752,36 @@ async fn write_final(
     }
 }
 
-/// How often a lease is renewed: every eighth of it.
-fn renewal_every(policy: &idem_core::Policy) -> Duration {
-    (Duration::from_millis(policy.lease_ms) / 8).max(Duration::from_millis(1))
-}
-
-/// The heartbeat: renews the lease every eighth of the lease (sooner after a failure)
-/// until aborted, and tells the handler — through `lease_lost` — when the lease is
+/// The lease's keeper: renews it every eighth of the lease (sooner after a failure)
+/// until dropped, and tells the handler — through `lease_lost` — when the lease is
 /// lost: fenced out, or not renewed by the time it may end on the store's clock.
 ///
-/// A task of its own ([`super::keeper`] starts it when the first renewal is due), not
-/// a future polled beside the handler: a handler that blocks its thread (synchronous
-/// work in an async handler) must not stop the renewals, or its lease could end under
-/// it and a retry run it a second time.
+/// A task of its own, not a future polled beside the handler: a handler that blocks
+/// its thread (synchronous work in an async handler) must not stop the renewals, or
+/// its lease could end under it and a retry run it a second time. (The execution
+/// yields once after starting it, so that it leaves the worker it was spawned on.)
+struct Heartbeat(tokio::task::JoinHandle<()>);
+
+impl Heartbeat {
+    fn start(
+        config: Arc<Config>,
+        key: RecordKey,
+        holder: Holder,
+        lease_lost: CancellationToken,
+        claimed_at: Instant,
+    ) -> Heartbeat {
+        Heartbeat(tokio::spawn(tracing::Instrument::in_current_span(
+            keep_alive(config, key, holder, lease_lost, claimed_at),
+        )))
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 async fn keep_alive(
     config: Arc<Config>,
     key: RecordKey,
@@ -786,7 +797,7 @@ async fn keep_alive(
     // on the store's clock (the tolerance). 1 − 1/8 − 1/12 − 1/24 − 1/10 = 0.65 of the
     // lease, as the README promises. (Every third, a sixth and a twelfth left 0.32:
     // a 0.63-lease outage starting just before a renewal let retries take over.)
-    let every = renewal_every(&config.policy);
+    let every = (lease / 8).max(Duration::from_millis(1));
     let after_failure = (lease / 24).max(Duration::from_millis(5));
     // A heartbeat that doesn't answer within this is given up and sent again.
     let attempt_timeout = (lease / 12).max(Duration::from_millis(20));

@@ -39,7 +39,6 @@
 //! was lost.
 
 mod execution;
-mod keeper;
 mod response;
 mod service;
 mod signals;
@@ -142,8 +141,6 @@ pub(crate) struct Config {
     pub(crate) quotas: crate::quota::ScopeQuotas,
     pub(crate) max_execution: Option<Duration>,
     pub(crate) executions: Executions,
-    /// Starts the heartbeats of claims still held when their first renewal is due.
-    pub(crate) keeper: keeper::Keeper,
     pub(crate) max_stored_body_bytes: usize,
     /// Whether a route's pattern matches paths only in the same case.
     pub(crate) case_sensitive: bool,
@@ -190,7 +187,6 @@ impl IdempotencyLayer {
                 quotas: crate::quota::ScopeQuotas::new(crate::quota::ScopeQuota::default()),
                 max_execution: None,
                 executions: Executions::default(),
-                keeper: keeper::Keeper::default(),
                 max_stored_body_bytes: 1024 * 1024,
                 case_sensitive: false,
                 edge_secrets: Vec::new(),
