@@ -80,14 +80,7 @@ impl ScopeQuotas {
             return Ok(ScopePermit(None));
         };
         let mut usage = self.lock();
-        if !usage.contains_key(&scope) && usage.len() >= TRACKED {
-            self.forget_idle(&mut usage, now);
-        }
-        let entry = usage.entry(scope).or_insert(Usage {
-            in_progress: 0,
-            window_start: now,
-            new_keys: 0,
-        });
+        let entry = self.usage_of(&mut usage, scope, now);
         if entry.in_progress >= limit {
             return Err(Rejection::with_detail(
                 Problem::ScopeQuota,
@@ -113,14 +106,7 @@ impl ScopeQuotas {
             return Ok(NewKeyReservation(None));
         };
         let mut usage = self.lock();
-        if !usage.contains_key(&scope) && usage.len() >= TRACKED {
-            self.forget_idle(&mut usage, now);
-        }
-        let entry = usage.entry(scope).or_insert(Usage {
-            in_progress: 0,
-            window_start: now,
-            new_keys: 0,
-        });
+        let entry = self.usage_of(&mut usage, scope, now);
         let elapsed = now.saturating_duration_since(entry.window_start);
         if elapsed >= per {
             entry.window_start = now;
@@ -158,6 +144,23 @@ impl ScopeQuotas {
                 entry.new_keys = entry.new_keys.saturating_sub(1);
             }
         }
+    }
+
+    /// `scope`'s use, tracked from `now` if it was not (room made first when full).
+    fn usage_of<'a>(
+        &self,
+        usage: &'a mut HashMap<Scope, Usage>,
+        scope: Scope,
+        now: Instant,
+    ) -> &'a mut Usage {
+        if !usage.contains_key(&scope) && usage.len() >= TRACKED {
+            self.forget_idle(usage, now);
+        }
+        usage.entry(scope).or_insert(Usage {
+            in_progress: 0,
+            window_start: now,
+            new_keys: 0,
+        })
     }
 
     /// Drops scopes with nothing in progress: those whose window is over, then, if
