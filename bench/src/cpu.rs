@@ -14,6 +14,7 @@ pub const FOLLOWED: &[&str] = &[
     "redis-benchmark",
     crate::proxy::PROGRAM,
     crate::peer::PROGRAM,
+    crate::proxy::IPX_PROGRAM,
     "python3",
 ];
 

@@ -91,9 +91,20 @@ impl LoadResult {
 
 /// Sends each key of a `Keys::Seed` once, unmeasured: what the replay phases replay.
 pub async fn seed(addr: SocketAddr, concurrency: usize, keys: Keys) -> Result<LoadResult> {
+    seed_to(addr, Target::default(), concurrency, keys).await
+}
+
+/// [`seed`] at `target`.
+pub async fn seed_to(
+    addr: SocketAddr,
+    target: Target,
+    concurrency: usize,
+    keys: Keys,
+) -> Result<LoadResult> {
     let none = Duration::ZERO;
-    drive(
+    drive_to(
         addr,
+        target,
         concurrency,
         keys,
         none,
@@ -101,6 +112,26 @@ pub async fn seed(addr: SocketAddr, concurrency: usize, keys: Keys) -> Result<Lo
         Arc::new(AtomicU64::new(0)),
     )
     .await
+}
+
+/// Where the load goes, and what a right answer looks like there.
+#[derive(Clone, Debug)]
+pub struct Target {
+    /// The path every request is sent to.
+    pub path: String,
+    /// Whether the server marks a replay (`Idempotent-Replayed: true`) — idem and the
+    /// `idempotent` crate's app do; idempotent-proxy does not, and its replays are told
+    /// by the upstream's count of calls instead.
+    pub marks_replays: bool,
+}
+
+impl Default for Target {
+    fn default() -> Self {
+        Target {
+            path: "/v1/charges".into(),
+            marks_replays: true,
+        }
+    }
 }
 
 /// Runs one phase: `warmup` unmeasured, then `measure`; a `Seed` phase instead runs
@@ -113,6 +144,29 @@ pub async fn drive(
     measure: Duration,
     sent: Arc<AtomicU64>,
 ) -> Result<LoadResult> {
+    drive_to(
+        addr,
+        Target::default(),
+        concurrency,
+        keys,
+        warmup,
+        measure,
+        sent,
+    )
+    .await
+}
+
+/// [`drive`] to `target`.
+pub async fn drive_to(
+    addr: SocketAddr,
+    target: Target,
+    concurrency: usize,
+    keys: Keys,
+    warmup: Duration,
+    measure: Duration,
+    sent: Arc<AtomicU64>,
+) -> Result<LoadResult> {
+    let target = Arc::new(target);
     let start = Instant::now();
     let measure_from = start + warmup;
     let stop_at = measure_from + measure;
@@ -121,9 +175,11 @@ pub async fn drive(
     for worker in 0..concurrency {
         let keys = keys.clone();
         let sent = sent.clone();
+        let target = target.clone();
         tasks.push(tokio::spawn(async move {
             connection(
                 addr,
+                &target,
                 worker,
                 concurrency,
                 &keys,
@@ -179,8 +235,10 @@ impl Tally {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn connection(
     addr: SocketAddr,
+    target: &Target,
     worker: usize,
     concurrency: usize,
     keys: &Keys,
@@ -201,7 +259,7 @@ async fn connection(
         let Some(key) = keys.key(worker, seq, concurrency) else {
             break;
         };
-        render_request(&mut request, &key);
+        render_request(&mut request, &target.path, &key);
         let t0 = Instant::now();
         let answer = conn
             .exchange(&request)
@@ -214,8 +272,8 @@ async fn connection(
         }
         let latency = (elapsed.as_micros() as u64).clamp(1, 60_000_000);
         tally.latency_us.record(latency)?;
-        if answer.status == StatusCode::CREATED.as_u16() && answer.replayed == keys.expects_replay()
-        {
+        let marked_right = !target.marks_replays || answer.replayed == keys.expects_replay();
+        if answer.status == StatusCode::CREATED.as_u16() && marked_right {
             tally.ok += 1;
         } else {
             tally.unexpected += 1;
@@ -233,15 +291,15 @@ async fn connection(
     Ok(tally)
 }
 
-/// `POST /v1/charges` for `key`, with `body(key)`, into `out`.
-fn render_request(out: &mut Vec<u8>, key: &str) {
+/// `POST <path>` for `key`, with `body(key)`, into `out`.
+fn render_request(out: &mut Vec<u8>, path: &str, key: &str) {
     use std::io::Write as _;
     let body = body(key);
     out.clear();
     // Writing into a Vec cannot fail.
     let _ = write!(
         out,
-        "POST /v1/charges HTTP/1.1\r\nhost: idem-bench\r\ncontent-type: application/json\r\n\
+        "POST {path} HTTP/1.1\r\nhost: idem-bench\r\ncontent-type: application/json\r\n\
          idempotency-key: \"{key}\"\r\ncontent-length: {}\r\n\r\n",
         body.len()
     );
@@ -467,7 +525,7 @@ mod tests {
         });
         let mut conn = RawConnection::open(addr).await.unwrap();
         let mut request = Vec::new();
-        render_request(&mut request, "k-1");
+        render_request(&mut request, "/v1/charges", "k-1");
         let first = within(conn.exchange(&request)).await.unwrap();
         assert_eq!((first.status, first.replayed), (201, true));
         assert_eq!(conn.body(&first), b"hello");

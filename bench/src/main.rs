@@ -93,6 +93,11 @@ struct Args {
     /// Leave the proxy comparison out.
     #[arg(long)]
     skip_proxy: bool,
+    /// idempotent-proxy's server binary (1.2.2; `scripts/bench` installs it): proxy
+    /// mode is compared with it in front of the builtin upstream, both on the
+    /// standalone Redis. Left out without it.
+    #[arg(long, value_name = "BIN")]
+    idempotent_proxy: Option<PathBuf>,
     /// Concurrent connections of the comparison with the `idempotent` crate (on the
     /// standalone Redis).
     #[arg(long, value_delimiter = ',', default_value = "8,32")]
@@ -433,6 +438,7 @@ async fn run(args: Args) -> Result<()> {
                 replay_keys: args.replay_keys,
                 out: &args.out,
                 nonce,
+                idempotent_proxy: args.idempotent_proxy.as_deref(),
             })
             .await?
         }
@@ -913,6 +919,9 @@ fn write_outputs(
     if !proxied.is_empty() {
         println!();
         print!("{}", proxy::table(proxied));
+        if let Some(ratios) = proxy::ipx_ratios(proxied) {
+            print!("{ratios}");
+        }
     }
     if !fingerprints.is_empty() {
         println!();

@@ -6,7 +6,7 @@
 //! answers `POST /v1/charges` with `201` and counts the requests it got, which the
 //! bench reads (`GET /calls`) to show that replays never reach it.
 
-use crate::load::{self, Keys};
+use crate::load::{self, Keys, Target};
 use crate::mode::{Mode, Targets};
 use crate::origin::OriginProcess;
 use anyhow::{bail, Context, Result};
@@ -213,6 +213,9 @@ pub struct Settings<'a> {
     pub replay_keys: usize,
     pub out: &'a Path,
     pub nonce: u128,
+    /// idempotent-proxy's server (1.2.2), to compare proxy mode with in the same run,
+    /// in front of the builtin upstream, both on the standalone Redis.
+    pub idempotent_proxy: Option<&'a Path>,
 }
 
 /// Each upstream alone, then through idem on each store, at each concurrency.
@@ -236,7 +239,7 @@ async fn run_one(s: &Settings<'_>, kind: UpstreamKind) -> Result<Vec<ProxyRow>> 
         let row = measure(
             s,
             &upstream,
-            upstream.addr,
+            &Server::idem(upstream.addr),
             "upstream alone",
             "unique",
             c,
@@ -274,7 +277,7 @@ async fn run_one(s: &Settings<'_>, kind: UpstreamKind) -> Result<Vec<ProxyRow>> 
                 measure(
                     s,
                     &upstream,
-                    origin.addr,
+                    &Server::idem(origin.addr),
                     mode.name(),
                     "unique",
                     c,
@@ -304,7 +307,7 @@ async fn run_one(s: &Settings<'_>, kind: UpstreamKind) -> Result<Vec<ProxyRow>> 
                 measure(
                     s,
                     &upstream,
-                    origin.addr,
+                    &Server::idem(origin.addr),
                     mode.name(),
                     "replay",
                     c,
@@ -315,14 +318,205 @@ async fn run_one(s: &Settings<'_>, kind: UpstreamKind) -> Result<Vec<ProxyRow>> 
             );
         }
     }
+    if let (UpstreamKind::Builtin, Some(bin)) = (kind, s.idempotent_proxy) {
+        rows.extend(against_idempotent_proxy(s, &upstream, bin, &alone).await?);
+    }
     Ok(rows)
+}
+
+/// The program name idempotent-proxy's server runs under here, for its CPU.
+pub const IPX_PROGRAM: &str = "bench-ipx";
+/// The rows' labels.
+pub const IPX_LABEL: &str = "idempotent-proxy";
+const IDEM_VS_IPX_LABEL: &str = "idem on redis";
+
+/// idempotent-proxy's server, run as its README says: environment variables, an
+/// `.env` in its working directory, the upstream as `URL_CHARGES` (it forwards
+/// `/URL_CHARGES` there, and nothing else), its Redis the same standalone Redis idem
+/// uses; its cache lives as long as its request timeout, so 60 s (longer than a
+/// phase). Killed on drop.
+struct IpxProcess {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl IpxProcess {
+    async fn start(bin: &Path, out: &Path, redis_url: &str, upstream: SocketAddr) -> Result<Self> {
+        let dir = out.join("idempotent-proxy");
+        std::fs::create_dir_all(&dir)?;
+        // It panics without a .env file; everything is given in its environment.
+        std::fs::write(dir.join(".env"), "")?;
+        let program = dir.join(IPX_PROGRAM);
+        let _ = std::fs::remove_file(&program);
+        std::fs::copy(bin, &program)
+            .with_context(|| format!("copying {} to {}", bin.display(), program.display()))?;
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let log = std::fs::File::create(out.join("idempotent-proxy.log"))?;
+        let child = Command::new(&program)
+            .current_dir(&dir)
+            .env("SERVER_ADDR", addr.to_string())
+            .env("REDIS_URL", redis_url)
+            .env("URL_CHARGES", format!("http://{upstream}/v1/charges"))
+            .env("REQUEST_TIMEOUT", "60000")
+            .env("LOG_LEVEL", "warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", program.display()))?;
+        let ipx = IpxProcess { child, addr };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            if std::time::Instant::now() > deadline {
+                bail!("idempotent-proxy did not listen on {addr} within 10 s (its log: idempotent-proxy.log)");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(ipx)
+    }
+}
+
+impl Drop for IpxProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// idem on the standalone Redis and idempotent-proxy on the same Redis, in front of
+/// the same upstream, by the same load, their order alternated by concurrency: new
+/// keys, then replays of keys each stored once.
+async fn against_idempotent_proxy(
+    s: &Settings<'_>,
+    upstream: &UpstreamProcess,
+    bin: &Path,
+    alone: &[(usize, f64)],
+) -> Result<Vec<ProxyRow>> {
+    let url = format!("http://{}", upstream.addr);
+    let mut args = Mode::Redis.origin_args(s.targets);
+    args.extend(
+        [
+            "--upstream",
+            &url,
+            "--anonymous",
+            "scoped",
+            "--require-key-on",
+            "/v1/*",
+        ]
+        .map(String::from),
+    );
+    let origin = OriginProcess::start(
+        s.bin,
+        &args,
+        s.out.join("origin-proxy-vs-idempotent-proxy.log"),
+    )
+    .await?;
+    let ipx = IpxProcess::start(bin, s.out, &s.targets.redis_url, upstream.addr).await?;
+    let idem = (IDEM_VS_IPX_LABEL, Server::idem(origin.addr));
+    let peer = (
+        IPX_LABEL,
+        Server {
+            addr: ipx.addr,
+            program: IPX_PROGRAM,
+            target: Target {
+                path: "/URL_CHARGES".into(),
+                marks_replays: false,
+            },
+        },
+    );
+    let mut rows = Vec::new();
+    for (round, &c) in s.concurrency.iter().enumerate() {
+        let base = alone.iter().find(|(ac, _)| *ac == c).map(|(_, rps)| *rps);
+        let order = match round % 2 {
+            0 => [&idem, &peer],
+            _ => [&peer, &idem],
+        };
+        for (label, server) in order {
+            let prefix = format!(
+                "x{}-{}-{c}",
+                s.nonce,
+                if *label == IPX_LABEL { "ipx" } else { "idem" }
+            );
+            let unique = Keys::Unique {
+                prefix: format!("u{prefix}"),
+            };
+            rows.push(measure(s, upstream, server, label, "unique", c, unique, base).await?);
+            let seed = Keys::Seed {
+                prefix: format!("r{prefix}"),
+                count: s.replay_keys,
+            };
+            let seeded = load::seed_to(server.addr, server.target.clone(), c, seed).await?;
+            if seeded.unexpected > 0 {
+                bail!(
+                    "{label}: seeding the replay keys got {} unexpected answers, e.g. {}",
+                    seeded.unexpected,
+                    seeded.unexpected_sample.unwrap_or_default()
+                );
+            }
+            let replay = Keys::Replay {
+                prefix: format!("r{prefix}"),
+                count: s.replay_keys,
+            };
+            rows.push(measure(s, upstream, server, label, "replay", c, replay, base).await?);
+        }
+    }
+    Ok(rows)
+}
+
+/// idem ÷ idempotent-proxy in req/s, from the rows of [`against_idempotent_proxy`].
+pub fn ipx_ratios(rows: &[ProxyRow]) -> Option<String> {
+    let find = |path: &str, phase: &str, c: usize| {
+        rows.iter()
+            .find(|r| r.path == path && r.phase == phase && r.concurrency == c)
+    };
+    let mut out = String::new();
+    for r in rows.iter().filter(|r| r.path == IPX_LABEL) {
+        let Some(idem) = find(IDEM_VS_IPX_LABEL, r.phase, r.concurrency) else {
+            continue;
+        };
+        let _ = writeln!(
+            out,
+            "  {:<6} {:>3} conns: idem {:>8.0} req/s, idempotent-proxy {:>8.0} req/s: {:.2}x (upstream calls per request {:.2} and {:.2}; CPU per request {:.1} and {:.1} µs)",
+            r.phase,
+            r.concurrency,
+            idem.requests_per_s,
+            r.requests_per_s,
+            idem.requests_per_s / r.requests_per_s.max(1e-9),
+            idem.upstream_calls,
+            r.upstream_calls,
+            idem.idem_cpu_us,
+            r.idem_cpu_us,
+        );
+    }
+    (!out.is_empty()).then(|| {
+        format!("proxy mode vs idempotent-proxy 1.2.2, same upstream, same Redis, same run (targets: 2x on new keys, 5x on replays):\n{out}")
+    })
+}
+
+/// Who answers the load, and where.
+struct Server<'a> {
+    addr: SocketAddr,
+    /// Its program name, for its CPU.
+    program: &'a str,
+    target: Target,
+}
+
+impl Server<'_> {
+    /// idem-origin (or the upstream itself) at `addr`, on `/v1/charges`.
+    fn idem(addr: SocketAddr) -> Server<'static> {
+        Server {
+            addr,
+            program: "idem-origin",
+            target: Target::default(),
+        }
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
 async fn measure(
     s: &Settings<'_>,
     upstream: &UpstreamProcess,
-    addr: SocketAddr,
+    server: &Server<'_>,
     path: &str,
     phase: &'static str,
     concurrency: usize,
@@ -331,11 +525,12 @@ async fn measure(
 ) -> Result<ProxyRow> {
     let sent = Arc::new(AtomicU64::new(0));
     let (warmup, duration) = (s.warmup, s.duration);
+    let (addr, target) = (server.addr, server.target.clone());
     let load = {
         let sent = sent.clone();
-        tokio::spawn(
-            async move { load::drive(addr, concurrency, keys, warmup, duration, sent).await },
-        )
+        tokio::spawn(async move {
+            load::drive_to(addr, target, concurrency, keys, warmup, duration, sent).await
+        })
     };
     tokio::time::sleep(warmup).await;
     let (sent_before, calls_before, cpu_before) = (
@@ -357,7 +552,7 @@ async fn measure(
         ratio: base.filter(|b| *b > 0.0).map(|b| rps / b),
         p50_ms: result.quantile_ms(0.5),
         p99_ms: result.quantile_ms(0.99),
-        idem_cpu_us: cpu.seconds_of("idem-origin") / answered * 1e6,
+        idem_cpu_us: cpu.seconds_of(server.program) / answered * 1e6,
         upstream_cpu_us: cpu.seconds_of(upstream.kind.program()) / answered * 1e6,
         upstream_calls: calls_after.saturating_sub(calls_before) as f64 / answered,
         unexpected: result.unexpected,

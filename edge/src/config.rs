@@ -134,6 +134,45 @@ pub struct EdgeConfig {
     /// every request forwarded ([`idem_core::contract::EDGE_SECRET`]), it is what makes
     /// the origin tell the edge what it stored.
     pub edge_secret: EdgeSecret,
+    /// `CORS_ORIGINS` (with `CORS_CREDENTIALS`): the origins whose pages may read the
+    /// edge's own answers (replays, refusals), as the origin's `--cors-origin`.
+    pub cors: Option<idem_core::contract::Cors>,
+    /// `PROBLEM_BASE`: what problem `type` URIs start with, as the origin's
+    /// `--problem-base` (the repository's `docs/problems.md#` by default).
+    pub problem_base: String,
+}
+
+/// `CORS_ORIGINS` (origins separated by commas, or a list) and `CORS_CREDENTIALS`.
+fn cors(
+    var: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<idem_core::contract::Cors>, String> {
+    let credentials = match var("CORS_CREDENTIALS").as_deref().map(str::trim) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(format!(
+                "CORS_CREDENTIALS must be true or false, got {other:?}"
+            ))
+        }
+    };
+    let Some(value) = var("CORS_ORIGINS") else {
+        return match credentials {
+            true => Err("CORS_CREDENTIALS needs CORS_ORIGINS".into()),
+            false => Ok(None),
+        };
+    };
+    let origins: Vec<String> = match value.trim_start().starts_with('[') {
+        true => serde_json::from_str(&value)
+            .map_err(|_| String::from("CORS_ORIGINS: a list must hold strings only"))?,
+        false => value
+            .split(',')
+            .map(|p| p.trim().to_owned())
+            .filter(|p| !p.is_empty())
+            .collect(),
+    };
+    idem_core::contract::Cors::new(&origins, credentials)
+        .map(Some)
+        .map_err(|e| format!("CORS_ORIGINS: {e}"))
 }
 
 /// The edge's secret; shown by `Debug` as its length only.
@@ -176,6 +215,8 @@ impl Default for EdgeConfig {
             require_key_paths: vec!["/v1/charges".into()],
             scope: ScopeRule::default(),
             edge_secret: EdgeSecret::default(),
+            cors: None,
+            problem_base: idem_core::contract::DEFAULT_PROBLEM_BASE.into(),
         }
     }
 }
@@ -281,6 +322,16 @@ impl EdgeConfig {
             },
             scope: scope_rule(&var)?,
             edge_secret,
+            cors: cors(&var)?,
+            problem_base: match var("PROBLEM_BASE") {
+                None => d.problem_base,
+                Some(base) => {
+                    let base = base.trim().to_owned();
+                    idem_core::contract::check_problem_base(&base)
+                        .map_err(|e| format!("PROBLEM_BASE: {e}"))?;
+                    base
+                }
+            },
         })
     }
 }
@@ -308,6 +359,39 @@ mod tests {
         assert_eq!(anonymous(None), Anonymous::Refused);
         assert_eq!(anonymous(Some("refused")), Anonymous::Refused);
         assert_eq!(anonymous(Some("scoped")), Anonymous::Scoped);
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn cors_origins_are_checked_as_the_origin_checks_them() {
+        let cors = |origins: Option<&str>, credentials: Option<&str>| {
+            EdgeConfig::from_vars(|n| match n {
+                "ORIGIN_URL" => Some("http://o".into()),
+                "EDGE_SECRET" => Some(SECRET.into()),
+                "CORS_ORIGINS" => origins.map(Into::into),
+                "CORS_CREDENTIALS" => credentials.map(Into::into),
+                _ => None,
+            })
+            .map(|c| c.cors.is_some())
+        };
+        assert_eq!(cors(None, None), Ok(false));
+        assert_eq!(
+            cors(Some("https://a.example, https://b.example"), None),
+            Ok(true)
+        );
+        assert_eq!(
+            cors(Some(r#"["https://a.example"]"#), Some("true")),
+            Ok(true)
+        );
+        assert_eq!(cors(Some("*"), None), Ok(true));
+        for (origins, credentials, says) in [
+            (Some("*"), Some("true"), "CORS_ORIGINS"),
+            (Some("a.example"), None, "CORS_ORIGINS"),
+            (None, Some("true"), "needs CORS_ORIGINS"),
+            (Some("https://a.example"), Some("yes"), "CORS_CREDENTIALS"),
+        ] {
+            let error = cors(origins, credentials).unwrap_err();
+            assert!(error.contains(says), "{error}");
+        }
     }
 
     #[wasm_bindgen_test(unsupported = test)]

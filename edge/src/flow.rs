@@ -147,6 +147,9 @@ pub enum Handled {
     /// Claimed and forwarded; the origin stored its answer under another record than
     /// the edge's (their scope rules differ), so the edge kept nothing.
     OtherRecord,
+    /// Claimed and forwarded; the origin stored its answer under another fingerprint
+    /// than the edge's (its route's fingerprint rule), so the edge kept nothing.
+    OtherFingerprint,
 }
 
 impl Handled {
@@ -159,6 +162,7 @@ impl Handled {
             Handled::Degraded => "degraded",
             Handled::Refused => "refused",
             Handled::OtherRecord => "forwarded; other-record",
+            Handled::OtherFingerprint => "forwarded; other-fingerprint",
         }
     }
 }
@@ -213,7 +217,20 @@ pub async fn handle<R: EdgeRuntime>(
              EDGE_SECRET cross the network in clear (use https://)",
         );
     }
-    let answer = answer_request(runtime, config, head, body).await;
+    PROBLEM_BASE.with(|base| {
+        if *base.borrow() != config.problem_base {
+            *base.borrow_mut() = config.problem_base.clone();
+        }
+    });
+    // Read only when asked for.
+    let origin: Option<Vec<Vec<u8>>> = config
+        .cors
+        .as_ref()
+        .map(|_| head.values("origin").map(<[u8]>::to_vec).collect());
+    let mut answer = answer_request(runtime, config, head, body).await;
+    if let (Some(cors), Some(origin)) = (&config.cors, origin) {
+        add_cors(cors, &origin, &mut answer);
+    }
     if contract::fetch_can_send_status(answer.status) {
         return answer;
     }
@@ -221,6 +238,33 @@ pub async fn handle<R: EdgeRuntime>(
     // every retry): a final problem in its place.
     runtime.warn(&format!("the origin answered status {}", answer.status));
     refused(&Rejection::undeliverable_status(answer.status)).map_body(Payload::Bytes)
+}
+
+/// The CORS headers on an answer the edge made itself (a replay, a refusal), as the
+/// origin's layer adds them to its own; never on the origin's answers it relays.
+fn add_cors<B>(cors: &contract::Cors, origin: &[Vec<u8>], answer: &mut Answer<B>) {
+    let own = header_values(&answer.headers, EDGE_HEADER).any(|v| {
+        v == Handled::Replayed.as_str().as_bytes() || v == Handled::Refused.as_str().as_bytes()
+    });
+    let allowed = header_values(&answer.headers, "access-control-allow-origin")
+        .next()
+        .is_some();
+    if !own || allowed {
+        return;
+    }
+    let carries: Vec<String> = answer
+        .headers
+        .iter()
+        .filter(|(n, _)| !n.eq_ignore_ascii_case(EDGE_HEADER))
+        .map(|(n, _)| n.clone())
+        .collect();
+    let headers = cors.answer_headers(
+        origin.iter().map(Vec::as_slice),
+        carries.iter().map(String::as_str),
+    );
+    for (name, value) in headers {
+        answer.headers.push((name.into(), value));
+    }
 }
 
 async fn answer_request<R: EdgeRuntime>(
@@ -287,7 +331,8 @@ async fn guarded<R: EdgeRuntime>(
     record_key: RecordKey,
     body: Vec<u8>,
 ) -> Answer {
-    let fingerprint = fingerprint_of(runtime, &head, &body).await.to_hex();
+    let own_fingerprint = fingerprint_of(runtime, &head, &body).await;
+    let fingerprint = own_fingerprint.to_hex();
     let records = match runtime.records(&record_key) {
         Ok(records) => records,
         Err(why) => return degraded(runtime, config, &head, body, &why).await,
@@ -328,7 +373,7 @@ async fn guarded<R: EdgeRuntime>(
         );
     }
     let mut handled = Handled::Forwarded;
-    let kept = match contract::edge_keeps(origin_said, &record_key) {
+    let kept = match contract::edge_keeps(origin_said, &record_key, &own_fingerprint) {
         Ok(expires_at) => match keep(
             runtime.now(),
             config,
@@ -348,6 +393,18 @@ async fn guarded<R: EdgeRuntime>(
                 record_key.as_str()
             ));
             handled = Handled::OtherRecord;
+            false
+        }
+        Err(NotKept::OtherFingerprint) => {
+            warn_once(
+                runtime,
+                &OTHER_FINGERPRINT,
+                "the origin stored an answer under another fingerprint than the edge's: its \
+                 route fingerprints part of the body or headers (fingerprint_except, \
+                 fingerprint_only, fingerprint_headers), the edge the whole request; nothing \
+                 is kept at the edge for such requests, and the origin answers their retries",
+            );
+            handled = Handled::OtherFingerprint;
             false
         }
         Err(NotKept::NotStored) => false,
@@ -429,20 +486,28 @@ async fn claim<R: EdgeRuntime>(
     };
     let wait_ms = contract::wait_ms(head.values("prefer"), config.max_wait_ms);
     let mut waiting = Waiting::new(runtime.now(), wait_ms);
+    // The edge's own answers say the wait was honoured, as the origin's do.
+    let applied = contract::wait_applied(head.values("prefer"), config.max_wait_ms);
+    let answered = |mut answer: Answer| {
+        if applied {
+            answer
+                .headers
+                .push((contract::PREFERENCE_APPLIED.into(), "wait".into()));
+        }
+        Claimed::Answered(answer)
+    };
     loop {
         match records.send(&op).await {
             Ok(Reply::Execute { token, .. }) => return Claimed::Execute(token),
             Ok(Reply::Replay {
                 response,
                 expires_at,
-            }) => return Claimed::Answered(replayed(&response, expires_at, runtime.now())),
+            }) => return answered(replayed(&response, expires_at, runtime.now())),
             Ok(Reply::SendOn) => return Claimed::SendOn,
-            Ok(Reply::Mismatch) => {
-                return Claimed::Answered(refused(&Rejection::new(Problem::Mismatch)))
-            }
+            Ok(Reply::Mismatch) => return answered(refused(&Rejection::new(Problem::Mismatch))),
             Ok(Reply::InFlight { .. }) => match waiting.poll_after(runtime.now()) {
                 Some(ms) => runtime.sleep(ms).await,
-                None => return Claimed::Answered(refused(&Rejection::new(Problem::InFlight))),
+                None => return answered(refused(&Rejection::new(Problem::InFlight))),
             },
             Ok(other) => return Claimed::Unanswered(format!("unexpected {other:?}")),
             Err(e) => return Claimed::Unanswered(e),
@@ -549,8 +614,14 @@ pub fn outbound_guarded(config: &EdgeConfig, head: &Head, body: Vec<u8>) -> Outb
 }
 
 thread_local! {
+    /// What this isolate's problem types start with (`PROBLEM_BASE`): set from the
+    /// config at each request, which every request of an isolate shares.
+    static PROBLEM_BASE: std::cell::RefCell<String> =
+        std::cell::RefCell::new(contract::DEFAULT_PROBLEM_BASE.into());
     /// Whether this isolate warned that the origin says nothing of what it stores.
     static SILENT_ORIGIN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Whether this isolate warned that the origin fingerprints otherwise.
+    static OTHER_FINGERPRINT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     /// Whether this isolate warned that the origin is reached in clear.
     static ORIGIN_IN_CLEAR: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
@@ -642,7 +713,7 @@ fn refused(rejection: &Rejection) -> Answer {
     Answer {
         status: rejection.status(),
         headers,
-        body: rejection.body(),
+        body: PROBLEM_BASE.with(|base| rejection.body_under(&base.borrow())),
     }
 }
 

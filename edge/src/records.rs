@@ -430,7 +430,11 @@ mod tests {
             run(&mut stored, &claim(FP), 200),
             Reply::InFlight { lease_until: 1_100 }
         );
-        assert_eq!(run(&mut stored, &claim(OTHER), 200), Reply::Mismatch);
+        assert_eq!(
+            run(&mut stored, &claim(OTHER), 200),
+            Reply::SendOn,
+            "another request over a claim in flight: the origin decides"
+        );
         let Reply::Execute {
             token: t2,
             took_over: true,

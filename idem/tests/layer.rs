@@ -103,7 +103,12 @@ async fn a_body_that_fails_to_read_is_400_unreadable_not_413_and_runs_nothing() 
         let body = res.into_body().collect().await.unwrap().to_bytes();
         let body = String::from_utf8_lossy(&body);
         assert_eq!(
-            (status, body.contains("urn:idem:problem:body-unreadable")),
+            (
+                status,
+                body.contains(
+                    "https://github.com/idem-rs/idem/blob/main/docs/problems.md#body-unreadable"
+                )
+            ),
             (400, true),
             "a body that failed after {chunks} chunks: {status} {body}"
         );
@@ -168,7 +173,12 @@ async fn a_full_memory_store_refuses_new_keys_with_503_and_does_not_grow() {
         let (status, body, retry_after) = post(&app, &format!("k{n}")).await;
         *statuses.entry(status).or_insert(0) += 1;
         if status == 503 {
-            assert!(body.contains("urn:idem:problem:store-full"), "{body}");
+            assert!(
+                body.contains(
+                    "https://github.com/idem-rs/idem/blob/main/docs/problems.md#store-full"
+                ),
+                "{body}"
+            );
             assert_eq!(retry_after.as_deref(), Some("30"));
         }
     }
@@ -268,7 +278,8 @@ async fn bodies_hold_the_bytes_they_sent_until_their_answer_and_no_more() {
     assert_eq!(refused.headers()["retry-after"], "1");
     let problem = refused.into_body().collect().await.unwrap().to_bytes();
     assert!(
-        String::from_utf8_lossy(&problem).contains("urn:idem:problem:server-busy"),
+        String::from_utf8_lossy(&problem)
+            .contains("https://github.com/idem-rs/idem/blob/main/docs/problems.md#server-busy"),
         "{problem:?}"
     );
     assert_eq!(
@@ -296,7 +307,10 @@ async fn bodies_hold_the_bytes_they_sent_until_their_answer_and_no_more() {
 async fn an_answer_of_exactly_the_stored_limit_is_stored_and_one_byte_more_is_not() {
     for (size, replayed) in [
         (10, "xxxxxxxxxx"),
-        (11, "urn:idem:problem:response-not-stored"),
+        (
+            11,
+            "https://github.com/idem-rs/idem/blob/main/docs/problems.md#response-not-stored",
+        ),
     ] {
         let calls = Arc::new(AtomicUsize::new(0));
         let app = charges(calls.clone(), size)

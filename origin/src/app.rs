@@ -14,7 +14,6 @@ use idem::store::{
     postgres::PgOptions, MemoryStore, PostgresStore, RedisOptions, RedisStore, ReplayCache, Store,
     TieredStore,
 };
-use idem_core::contract;
 use metrics_exporter_prometheus::PrometheusHandle;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +30,9 @@ pub struct Origin {
     pub executions: idem::idempotency::Executions,
     /// The admin API, for its own listener (`--admin-listen`); `None` when off.
     pub admin: Option<Router>,
+    /// idem's own endpoints, for their own listener (`--ops-listen`); `None`: they are
+    /// on `router`.
+    pub ops: Option<Router>,
 }
 
 /// Connects the configured stores and builds the router.
@@ -158,6 +160,15 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
         }
     });
     let metrics_here = !config.metrics_on_admin;
+    // With --ops-listen, idem's endpoints move there and every path here is the API's.
+    let (ops_here, ops_apart) = match config.ops_listen {
+        Some(_) => {
+            // Proxy mode's readiness is its store's alone.
+            let ledger = config.upstream.is_none().then(|| ledger.clone());
+            (None, Some(ops(store.clone(), ledger, metrics_here)))
+        }
+        None => (Some(()), None),
+    };
     let router = match &config.upstream {
         Some(url) => {
             let upstream = Upstream::new(UpstreamOptions {
@@ -168,10 +179,16 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
                 unknown_outcome: config.upstream_unknown_outcome,
                 public_hosts: config.public_host.clone().unwrap_or_default(),
                 pass_ambiguous_paths: config.pass_ambiguous_paths,
+                tls: config.upstream_tls()?,
+                problem_base: config.problem_base.clone(),
             })?;
-            proxied(layer, upstream).merge(ops(store.clone(), None, metrics_here))
+            let api = proxied(layer, upstream);
+            match ops_here {
+                Some(()) => api.merge(ops(store.clone(), None, metrics_here)),
+                None => api,
+            }
         }
-        None => serve_demo(layer, store.clone(), demo, metrics_here),
+        None => serve_demo(layer, store.clone(), demo, metrics_here, ops_here.is_some()),
     };
     metrics::gauge!(
         "idem_build_info",
@@ -186,6 +203,7 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
         ledger,
         executions,
         admin,
+        ops: ops_apart,
     })
 }
 
@@ -214,13 +232,11 @@ pub fn layer(config: &Config, store: Arc<dyn Store>) -> Result<IdempotencyLayer,
         None if config.upstream.is_some() => Vec::new(),
         None => vec!["/v1/charges".into()],
     };
-    let mut cached: Vec<http::HeaderName> = contract::DEFAULT_CACHED_HEADERS
+    let replayed = config.replayed_headers();
+    let cached: Vec<http::HeaderName> = replayed
         .iter()
-        .map(|h| http::HeaderName::from_static(h))
+        .filter_map(|h| http::HeaderName::from_bytes(h.as_bytes()).ok())
         .collect();
-    if config.replay_set_cookie {
-        cached.push(http::header::SET_COOKIE);
-    }
     let layer = IdempotencyLayer::new(store)
         .scope_rule(config.scope_rule()?)
         .require_key_on(required)
@@ -238,10 +254,38 @@ pub fn layer(config: &Config, store: Arc<dyn Store>) -> Result<IdempotencyLayer,
                 per: config.scope_new_keys_window,
             }),
         })
-        .max_stored_body_bytes(config.max_stored_body_bytes);
+        .max_stored_body_bytes(config.max_stored_body_bytes)
+        .release_on(config.release_on_default())
+        .key_headers(config.key_headers()?)
+        .fingerprint_rule(config.fingerprint_rule()?)
+        .problem_base(&config.problem_base)?;
+    let layer = match config.cors()? {
+        Some(cors) => layer.cors(cors),
+        None => layer,
+    };
     let routes = config.routes()?;
     let flags_scope = config.scope_rule()?;
+    let edge_in_front = config.edge_secret_file.is_some();
     for route in &routes {
+        // The flag's list is warned about in main; a route's own, here.
+        if let Some(statuses) = route.release_on() {
+            let risky: Vec<String> = statuses.risky().map(|s| s.to_string()).collect();
+            if !risky.is_empty() {
+                tracing::warn!(
+                    route = %route.path,
+                    line = route.line,
+                    statuses = %risky.join(","),
+                    "this route frees the key on statuses an API often answers after it acted (409 \"already paid\", a lookup's 404 after a write): a retry runs the request again"
+                );
+            }
+        }
+        if edge_in_front && route.fingerprints_part() {
+            tracing::info!(
+                route = %route.path,
+                line = route.line,
+                "this route fingerprints part of the request: the edge in front keeps none of its answers (it fingerprints whole requests) and sends its retries on to this origin"
+            );
+        }
         if let Some(scope) = route.scope().filter(|s| **s != flags_scope) {
             tracing::warn!(
                 route = %route.path,
@@ -302,7 +346,7 @@ pub fn proxied(layer: IdempotencyLayer, upstream: Upstream) -> Router {
 
 /// The demo API behind `layer`, plus `/healthz`, `/readyz` and `/metrics`.
 pub fn router(layer: IdempotencyLayer, store: Arc<dyn Store>, demo: charges::Demo) -> Router {
-    serve_demo(layer, store, demo, true)
+    serve_demo(layer, store, demo, true, true)
 }
 
 fn serve_demo(
@@ -310,8 +354,12 @@ fn serve_demo(
     store: Arc<dyn Store>,
     demo: charges::Demo,
     with_metrics: bool,
+    with_ops: bool,
 ) -> Router {
-    let ops = ops(store, Some(demo.ledger.clone()), with_metrics);
+    let ops = match with_ops {
+        true => ops(store, Some(demo.ledger.clone()), with_metrics),
+        false => Router::new(),
+    };
     charges::routes(demo)
         .layer(layer)
         .merge(ops)

@@ -2,7 +2,7 @@
 
 use clap::{Parser, ValueEnum};
 use idem::store::{Durability, PgStrategy, RedisLayout};
-use idem_core::contract::{Anonymous, JwtKeys, JwtVerifier, ScopeRule, ScopeSource};
+use idem_core::contract::{self, Anonymous, JwtKeys, JwtVerifier, ScopeRule, ScopeSource};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -289,10 +289,30 @@ pub struct Config {
     pub replay_cache_bytes: u64,
 
     /// Proxy mode: forward every request idem does not serve itself (/healthz, /readyz,
-    /// /metrics) to this http:// URL, through the idempotency layer, instead of serving
-    /// the demo API.
+    /// /metrics) to this http:// or https:// URL, through the idempotency layer,
+    /// instead of serving the demo API.
     #[arg(long, env = "IDEM_UPSTREAM", hide_env_values = true)]
     pub upstream: Option<String>,
+
+    /// Proxy mode, https:// upstream: the CA certificates (PEM) its certificate must
+    /// lead to. Without it, the system's roots (a FROM scratch container has none).
+    #[arg(long, env = "IDEM_UPSTREAM_CA_FILE")]
+    pub upstream_ca_file: Option<std::path::PathBuf>,
+
+    /// Proxy mode, https:// upstream: a client certificate chain (PEM) to present to
+    /// an upstream that asks for one (mTLS). Needs --upstream-client-key.
+    #[arg(long, env = "IDEM_UPSTREAM_CLIENT_CERT")]
+    pub upstream_client_cert: Option<std::path::PathBuf>,
+
+    /// The private key (PEM) of --upstream-client-cert.
+    #[arg(long, env = "IDEM_UPSTREAM_CLIENT_KEY")]
+    pub upstream_client_key: Option<std::path::PathBuf>,
+
+    /// Proxy mode, https:// upstream: the name its certificate must carry (and SNI
+    /// sends), when the URL names an address or another name than the certificate's.
+    /// Without it, the URL's host.
+    #[arg(long, env = "IDEM_UPSTREAM_TLS_NAME")]
+    pub upstream_tls_name: Option<String>,
 
     /// Proxy mode: the longest wait for the upstream's answer to begin; past it the
     /// outcome is unknown.
@@ -333,6 +353,44 @@ pub struct Config {
     #[arg(long, env = "IDEM_RELEASE_HEADER", default_value = "idem-release", value_parser = parse_release_header)]
     pub release_header: http::HeaderName,
 
+    /// The answer statuses after which nothing is stored and the key is freed, so a
+    /// client can correct what the API refused before acting and retry with the same
+    /// key: 4xx statuses, comma-separated; `default` (with more statuses, if you like:
+    /// `default,404`), or `none`. Default: `default` in proxy mode — 400, 401, 403, 405,
+    /// 406, 408, 411, 413, 415, 422 and 429, statuses an API answers before it acts (the
+    /// README says why each is in or out) — and `none` for the built-in app, which says
+    /// "nothing happened" itself. A 2xx, 3xx or 5xx is always stored: a 5xx can follow
+    /// an effect. Name only statuses your API answers before acting: a released
+    /// request is run again.
+    #[arg(long, env = "IDEM_RELEASE_ON", value_parser = parse_release_on)]
+    pub release_on: Option<contract::ReleaseOn>,
+
+    /// The request headers the key is read from, comma-separated, instead of
+    /// Idempotency-Key (e.g. `x-idempotency-key`, or `idempotency-key,x-idempotency-key`
+    /// while clients move). A request with keys in two of them is refused, and so is
+    /// one with an Idempotency-Key where it is not read: its client would believe it
+    /// guarded.
+    #[arg(long, env = "IDEM_KEY_HEADER", value_delimiter = ',', value_parser = parse_key_header)]
+    pub key_header: Option<Vec<String>>,
+
+    /// Fields of a JSON body left out of its fingerprint, as JSON Pointers (RFC 6901),
+    /// comma-separated: `/sent_at,/meta/trace_id`. A retry that differs only there (a
+    /// timestamp, a nonce, a trace id it sets anew) gets the first answer instead of
+    /// 422; a change anywhere else is still 422. Not with --fingerprint-only.
+    #[arg(long, env = "IDEM_FINGERPRINT_EXCEPT", value_delimiter = ',')]
+    pub fingerprint_except: Option<Vec<String>>,
+
+    /// The only fields of a JSON body its fingerprint covers, as JSON Pointers,
+    /// comma-separated: `/amount,/currency,/customer`. Everything else in the body may
+    /// differ between retries. Not with --fingerprint-except.
+    #[arg(long, env = "IDEM_FINGERPRINT_ONLY", value_delimiter = ',')]
+    pub fingerprint_only: Option<Vec<String>>,
+
+    /// Request headers whose values are part of the fingerprint too, comma-separated
+    /// (e.g. a tenant or API-version header that changes what the request means).
+    #[arg(long, env = "IDEM_FINGERPRINT_HEADERS", value_delimiter = ',')]
+    pub fingerprint_headers: Option<Vec<String>>,
+
     /// Paths on which POST and PATCH need an Idempotency-Key, comma-separated; a
     /// trailing * matches a prefix (/v1/*). Without it: /v1/charges for the demo, none
     /// in proxy mode.
@@ -343,6 +401,28 @@ pub struct Config {
     /// client, so they are not replayed unless asked).
     #[arg(long, env = "IDEM_REPLAY_SET_COOKIE")]
     pub replay_set_cookie: bool,
+
+    /// More answer headers to store and replay, comma-separated, besides the defaults
+    /// (Content-Type, Location, Cache-Control…): e.g. `etag,link,retry-after,
+    /// x-ratelimit-remaining`. Not those of the moment or the connection (Date, Age,
+    /// Content-Length, hop-by-hop), idem's own, Set-Cookie (--replay-set-cookie), nor
+    /// Access-Control-* (--cors-origin).
+    #[arg(long, env = "IDEM_REPLAY_HEADERS", value_delimiter = ',', value_parser = parse_replay_header)]
+    pub replay_headers: Option<Vec<String>>,
+
+    /// The origins whose pages may read idem's own answers (replays, 409, 422 and
+    /// other refusals), comma-separated: `https://app.example`, or `*` for any. Browsers
+    /// hide an answer without Access-Control-Allow-Origin from the page, so a retry
+    /// from a browser could not read its payment's result. The API's own answers are
+    /// left as it wrote them, and preflights (OPTIONS) reach it: it must allow the
+    /// Idempotency-Key header in them. Off without it.
+    #[arg(long, env = "IDEM_CORS_ORIGIN", value_delimiter = ',')]
+    pub cors_origin: Option<Vec<String>>,
+
+    /// With --cors-origin: pages may read idem's answers to requests sent with
+    /// credentials (cookies, Authorization). Not with `*`.
+    #[arg(long, env = "IDEM_CORS_CREDENTIALS")]
+    pub cors_credentials: bool,
 
     /// Who a key belongs to: `authorization` (the bearer token, Basic credentials or a
     /// lone token, hashed: a refreshed token is a new caller; another scheme, such as a
@@ -423,6 +503,19 @@ pub struct Config {
     #[arg(long, env = "IDEM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
+    /// What the `type` URIs of idem's problems start with: a page of yours with a
+    /// section per problem name (`…#request-in-flight`). Default: this project's
+    /// docs/problems.md on GitHub, which explains each.
+    #[arg(long, env = "IDEM_PROBLEM_BASE", default_value = contract::DEFAULT_PROBLEM_BASE, value_parser = parse_problem_base)]
+    pub problem_base: String,
+
+    /// Serve idem's own endpoints — /healthz, /readyz and /metrics — on this address
+    /// instead of --listen, so that every path of --listen is the API's (in proxy mode
+    /// an upstream's own /healthz or /metrics is then reached, not hidden by idem's).
+    /// /metrics stays on the admin listener with --metrics-on-admin.
+    #[arg(long, env = "IDEM_OPS_LISTEN")]
+    pub ops_listen: Option<SocketAddr>,
+
     /// Serve the admin API (look up, list and purge records) on this address, apart
     /// from the API's listener; off without it. Needs --admin-token-file.
     #[arg(long, env = "IDEM_ADMIN_LISTEN")]
@@ -450,8 +543,11 @@ pub struct Config {
     pub metrics_on_admin: bool,
 
     /// Send traces (a span per guarded request, its store round trips as child spans)
-    /// over OTLP/HTTP to this receiver, e.g. http://127.0.0.1:4318 (a collector); off
-    /// without it. The service name is OTEL_SERVICE_NAME, else idem-origin.
+    /// over OTLP/HTTP to this receiver, e.g. http://127.0.0.1:4318 (a collector).
+    /// Without it, OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT
+    /// say where, as OpenTelemetry's SDKs read them (OTEL_TRACES_EXPORTER=none turns
+    /// it off); none set, no traces. The service name is OTEL_SERVICE_NAME, else
+    /// idem-origin; OTEL_EXPORTER_OTLP_HEADERS and OTEL_RESOURCE_ATTRIBUTES apply.
     #[arg(long, env = "IDEM_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
 }
@@ -472,6 +568,8 @@ impl Config {
             max_requests: self.max_requests,
             write_idle: self.write_timeout,
             drain: self.drain_timeout,
+            problem_base: problem_base(&self.problem_base),
+            serves_probes: true,
         }
     }
 
@@ -573,6 +671,73 @@ impl Config {
         .map_err(|e| format!("--jwt-issuer, --jwt-audience: {e}"))
     }
 
+    /// The headers keys are read from, unless a route says otherwise.
+    pub fn key_headers(&self) -> Result<contract::KeyHeaders, String> {
+        match &self.key_header {
+            None => Ok(contract::KeyHeaders::default()),
+            Some(names) => {
+                contract::KeyHeaders::new(names).map_err(|e| format!("--key-header: {e}"))
+            }
+        }
+    }
+
+    /// Which parts of a request its fingerprint covers, unless a route says otherwise.
+    pub fn fingerprint_rule(&self) -> Result<idem_core::FingerprintRule, String> {
+        let list = |v: &Option<Vec<String>>| -> Vec<String> {
+            v.iter()
+                .flatten()
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect()
+        };
+        idem_core::FingerprintRule::new(
+            &list(&self.fingerprint_only),
+            &list(&self.fingerprint_except),
+            &list(&self.fingerprint_headers),
+        )
+        .map_err(|e| {
+            format!("--fingerprint-only, --fingerprint-except, --fingerprint-headers: {e}")
+        })
+    }
+
+    /// The answer headers stored and replayed, unless a route adds more: the defaults,
+    /// `Set-Cookie` with --replay-set-cookie, and --replay-headers.
+    pub fn replayed_headers(&self) -> Vec<String> {
+        let mut names: Vec<String> = contract::DEFAULT_CACHED_HEADERS
+            .iter()
+            .map(|h| (*h).to_owned())
+            .collect();
+        if self.replay_set_cookie {
+            names.push("set-cookie".into());
+        }
+        for name in self.replay_headers.iter().flatten() {
+            if !names.contains(name) {
+                names.push(name.clone());
+            }
+        }
+        names
+    }
+
+    /// Who may read idem's answers across origins, unless a route says otherwise.
+    pub fn cors(&self) -> Result<Option<contract::Cors>, String> {
+        match &self.cors_origin {
+            None if self.cors_credentials => Err("--cors-credentials needs --cors-origin".into()),
+            None => Ok(None),
+            Some(origins) => contract::Cors::new(origins, self.cors_credentials)
+                .map(Some)
+                .map_err(|e| format!("--cors-origin: {e}")),
+        }
+    }
+
+    /// The statuses that free a key, unless a route says otherwise.
+    pub fn release_on_default(&self) -> contract::ReleaseOn {
+        match self.release_on {
+            Some(statuses) => statuses,
+            None if self.upstream.is_some() => contract::ReleaseOn::proxy_default(),
+            None => contract::ReleaseOn::NONE,
+        }
+    }
+
     /// What a request without an identity gets, unless a route says otherwise.
     pub fn anonymous_default(&self) -> Anonymous {
         match self.anonymous {
@@ -636,6 +801,35 @@ impl Config {
         Ok(secrets)
     }
 
+    /// Where traces go (--otlp-endpoint, or OpenTelemetry's variables); `None`: off.
+    pub fn traces_endpoint(&self) -> Result<Option<String>, String> {
+        let url = crate::telemetry::endpoint(self.otlp_endpoint.as_deref(), |name| {
+            std::env::var(name).ok()
+        })?;
+        if url.is_none() && self.otlp_endpoint.is_some() {
+            // Said before logging is set up: the kill switch wins, but not silently.
+            eprintln!(
+                "idem-origin: warning: --otlp-endpoint is set, but OTEL_TRACES_EXPORTER=none \
+                 or OTEL_SDK_DISABLED=true turns traces off"
+            );
+        }
+        Ok(url)
+    }
+
+    /// TLS to the upstream, as the flags give it.
+    pub fn upstream_tls(&self) -> Result<crate::upstream_tls::UpstreamTls, String> {
+        let client_cert = match (&self.upstream_client_cert, &self.upstream_client_key) {
+            (Some(cert), Some(key)) => Some((cert.clone(), key.clone())),
+            (None, None) => None,
+            _ => return Err("--upstream-client-cert and --upstream-client-key go together".into()),
+        };
+        Ok(crate::upstream_tls::UpstreamTls {
+            ca_file: self.upstream_ca_file.clone(),
+            client_cert,
+            server_name: self.upstream_tls_name.clone(),
+        })
+    }
+
     /// The admin listener's TLS acceptor, when --admin-tls-cert is given.
     pub fn admin_tls(&self) -> Result<Option<tokio_rustls::TlsAcceptor>, String> {
         match (&self.admin_tls_cert, &self.admin_tls_key) {
@@ -652,16 +846,36 @@ impl Config {
     }
 
     pub fn validate(&self) -> Result<(), String> {
+        if let Some(ops) = self.ops_listen {
+            if ops == self.listen {
+                return Err("--ops-listen must differ from --listen".into());
+            }
+            if Some(ops) == self.admin_listen {
+                return Err("--ops-listen must differ from --admin-listen".into());
+            }
+        }
         self.scope_rule()?;
         self.check_limits()?;
         self.admin_tokens()?;
         self.admin_tls()?;
         self.edge_secrets()?;
-        if let Some(endpoint) = &self.otlp_endpoint {
-            crate::telemetry::traces_url(endpoint)?;
+        self.traces_endpoint()?;
+        let tls = self.upstream_tls()?;
+        if self.upstream.is_none() && tls.is_set() {
+            return Err("--upstream-ca-file, --upstream-client-cert and --upstream-tls-name are for proxy mode (--upstream https://…)".into());
         }
         if let Some(url) = &self.upstream {
-            crate::proxy::parse_upstream_url(url)?;
+            let uri = crate::proxy::parse_upstream_url(url)?;
+            match uri.scheme_str() {
+                Some("https") => {
+                    tls.client_config()?;
+                    tls.server_name()?;
+                }
+                _ if tls.is_set() => {
+                    return Err("--upstream-ca-file, --upstream-client-cert and --upstream-tls-name are for an https:// upstream".into());
+                }
+                _ => {}
+            }
             if self.store.is_none() {
                 return Err(
                     "proxy mode needs its store named: --store postgres, redis or tiered \
@@ -818,6 +1032,28 @@ pub fn parse_header_name(s: &str) -> Result<http::HeaderName, String> {
         .map_err(|_| format!("{s:?} is not a header name"))
 }
 
+/// One `--key-header` name, checked as [`contract::KeyHeaders::new`] checks it.
+pub fn parse_key_header(s: &str) -> Result<String, String> {
+    contract::KeyHeaders::new([s])?;
+    Ok(s.trim().to_ascii_lowercase())
+}
+
+/// `--problem-base` ([`contract::check_problem_base`]).
+pub fn parse_problem_base(s: &str) -> Result<String, String> {
+    contract::check_problem_base(s.trim())?;
+    Ok(s.trim().to_owned())
+}
+
+/// One `--replay-headers` name ([`contract::check_replay_header`]).
+pub fn parse_replay_header(s: &str) -> Result<String, String> {
+    contract::check_replay_header(s)
+}
+
+/// `--release-on`: [`contract::ReleaseOn::parse`].
+pub fn parse_release_on(s: &str) -> Result<contract::ReleaseOn, String> {
+    contract::ReleaseOn::parse(s)
+}
+
 /// `--release-header`: a header name private to the upstream and idem, `idem-…` (or
 /// `x-idem-…`). A claim is released only by that private signal, never inferred from a
 /// header something else may put on any answer — a standard one (`Cache-Control`), or
@@ -917,6 +1153,24 @@ impl ClaimStrategy {
     }
 }
 
+/// `base` for the process's lifetime: the server's own refusals carry it in [`crate::serve::Limits`],
+/// which is `Copy`. The default is never copied; another base is leaked once per
+/// distinct value (a process has one).
+fn problem_base(base: &str) -> &'static str {
+    use std::sync::Mutex;
+    static KEPT: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    if base == contract::DEFAULT_PROBLEM_BASE {
+        return contract::DEFAULT_PROBLEM_BASE;
+    }
+    let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(found) = kept.iter().find(|b| **b == base) {
+        return found;
+    }
+    let leaked: &'static str = Box::leak(base.to_owned().into_boxed_str());
+    kept.push(leaked);
+    leaked
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -982,6 +1236,73 @@ mod tests {
         assert!(with("5s").is_err());
         assert_eq!(with("6s"), Ok(()));
         assert_eq!(with("0"), Ok(()), "0 is the bounded default");
+    }
+
+    #[test]
+    fn tls_to_the_upstream_is_checked_at_start_up() {
+        let check = |args: &[&str]| {
+            let mut argv = vec!["idem-origin", "--store", "memory"];
+            argv.extend_from_slice(args);
+            Config::try_parse_from(argv).unwrap().validate()
+        };
+        let cases: &[(&[&str], &str)] = &[
+            (
+                &["--upstream-ca-file", "/etc/hostname"],
+                "are for proxy mode",
+            ),
+            (
+                &[
+                    "--upstream",
+                    "http://127.0.0.1:9",
+                    "--upstream-tls-name",
+                    "x",
+                ],
+                "are for an https:// upstream",
+            ),
+            (
+                &[
+                    "--upstream",
+                    "https://127.0.0.1:9",
+                    "--upstream-client-cert",
+                    "/x",
+                ],
+                "go together",
+            ),
+            (
+                &[
+                    "--upstream",
+                    "https://127.0.0.1:9",
+                    "--upstream-ca-file",
+                    "/nonexistent/ca.pem",
+                ],
+                "--upstream-ca-file /nonexistent/ca.pem: cannot read it",
+            ),
+            (
+                &[
+                    "--upstream",
+                    "https://127.0.0.1:9",
+                    "--upstream-ca-file",
+                    "/etc/hostname",
+                ],
+                "holds no certificate",
+            ),
+            (
+                &["--upstream", "ftp://127.0.0.1:9"],
+                "must be an http:// or https:// URL",
+            ),
+            (
+                &["--ops-listen", "127.0.0.1:8080"],
+                "--ops-listen must differ from --listen",
+            ),
+        ];
+        for (args, says) in cases {
+            let error = check(args).unwrap_err();
+            assert!(error.contains(says), "{args:?}: {error}");
+        }
+        let base = Config::try_parse_from(["idem-origin", "--problem-base", "docs/problems#"])
+            .unwrap_err()
+            .to_string();
+        assert!(base.contains("cannot prefix problem types"), "{base}");
     }
 
     #[test]

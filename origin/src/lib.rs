@@ -23,3 +23,4 @@ pub mod proxy;
 pub mod routes;
 pub mod serve;
 pub mod telemetry;
+pub mod upstream_tls;

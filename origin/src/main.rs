@@ -33,6 +33,21 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let release_on = config.release_on_default();
+    if release_on != idem_core::contract::ReleaseOn::NONE {
+        // A status freed here runs again on retry: the operator must know the list.
+        tracing::info!(
+            statuses = %release_on.to_list(),
+            "answers of these statuses free their key (--release-on): a retry with the same key runs again; take off any your API answers after acting (a payment declined by the bank, say)"
+        );
+        let risky: Vec<String> = release_on.risky().map(|s| s.to_string()).collect();
+        if !risky.is_empty() {
+            tracing::warn!(
+                statuses = %risky.join(","),
+                "--release-on frees the key on statuses an API often answers after it acted (409 \"already paid\", a lookup's 404 after a write): a retry runs the request again"
+            );
+        }
+    }
     if config.pass_ambiguous_paths {
         tracing::warn!("--pass-ambiguous-paths: unguarded requests whose path servers read differently reach the upstream, which may take them for another resource than idem did");
     }
@@ -91,12 +106,38 @@ async fn main() -> ExitCode {
         },
         _ => None,
     };
+    let ops = match (&origin.ops, config.ops_listen) {
+        (Some(router), Some(addr)) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => {
+                tracing::info!(listen = %addr, "/healthz, /readyz and /metrics listening apart (--ops-listen)");
+                Some(tokio::spawn(idem_origin::serve::serve(
+                    listener,
+                    router.clone(),
+                    config.limits(),
+                    std::future::pending(),
+                )))
+            }
+            Err(e) => {
+                eprintln!("idem-origin: error: cannot listen on {addr} (--ops-listen): {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        _ => None,
+    };
     let sweeper = idem::store::spawn_sweeper(origin.store.clone(), config.sweep_interval);
     tracing::info!(listen = %config.listen, store = origin.store.name(), "idem-origin listening");
-    idem_origin::serve::serve(listener, origin.router, config.limits(), shutdown_signal()).await;
+    let limits = idem_origin::serve::Limits {
+        // With --ops-listen, /healthz and the like are the API's here.
+        serves_probes: config.ops_listen.is_none(),
+        ..config.limits()
+    };
+    idem_origin::serve::serve(listener, origin.router, limits, shutdown_signal()).await;
     sweeper.abort();
     if let Some(admin) = admin {
         admin.abort();
+    }
+    if let Some(ops) = ops {
+        ops.abort();
     }
     // The server answered every client it had; executions whose client left, and
     // final writes still retrying, may still run: wait for them (bounded), then write
@@ -138,8 +179,8 @@ fn init_tracing(
         LogFormat::Text => logs.boxed(),
         LogFormat::Json => logs.json().boxed(),
     };
-    let provider = match &config.otlp_endpoint {
-        Some(endpoint) => Some(idem_origin::telemetry::provider(endpoint)?),
+    let provider = match config.traces_endpoint()? {
+        Some(url) => Some(idem_origin::telemetry::provider(&url)?),
         None => None,
     };
     let traces = provider.as_ref().map(idem_origin::telemetry::layer);

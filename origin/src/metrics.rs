@@ -11,13 +11,18 @@ pub fn install() -> PrometheusHandle {
                 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                 1.0, 2.5, 5.0,
             ];
-            let recorder = PrometheusBuilder::new()
-                .set_buckets_for_metric(
-                    Matcher::Full("idem_store_duration_seconds".into()),
-                    &buckets,
-                )
-                .expect("static buckets are valid")
-                .build_recorder();
+            // Every histogram idem records, with buckets (without, the exporter writes
+            // summaries, which dashboards cannot add up across instances).
+            let mut builder = PrometheusBuilder::new();
+            for histogram in idem::metrics::CATALOG
+                .iter()
+                .filter(|m| m.kind == idem::metrics::Kind::Histogram)
+            {
+                builder = builder
+                    .set_buckets_for_metric(Matcher::Full(histogram.name.into()), &buckets)
+                    .expect("static buckets are valid");
+            }
+            let recorder = builder.build_recorder();
             let handle = recorder.handle();
             // build_recorder() starts no upkeep, and histogram samples pile up until
             // something drains them: with nobody scraping /metrics, the origin grew by

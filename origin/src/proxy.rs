@@ -20,6 +20,7 @@ use axum::extract::ConnectInfo;
 use futures_util::future::BoxFuture;
 use http::uri::{PathAndQuery, Uri};
 use http::{HeaderName, HeaderValue, Request, Response};
+use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::{capture_connection, HttpConnector};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -55,6 +56,10 @@ pub struct UpstreamOptions {
     /// Whether requests the layer let through unguarded are forwarded even when their
     /// path is ambiguous ([`contract::ambiguous_path`]); never under a base path.
     pub pass_ambiguous_paths: bool,
+    /// TLS to an `https://` upstream.
+    pub tls: crate::upstream_tls::UpstreamTls,
+    /// What the types of its problems start with (`--problem-base`).
+    pub problem_base: String,
 }
 
 /// The upstream as a tower service, for the layer to wrap. Cheap to clone: one
@@ -65,21 +70,21 @@ pub struct Upstream {
 }
 
 struct Inner {
-    client: Client<HttpConnector, Body>,
+    client: Client<HttpsConnector<HttpConnector>, Body>,
     scheme: http::uri::Scheme,
     authority: http::uri::Authority,
     base_path: String,
     options: UpstreamOptions,
 }
 
-/// Checks an `--upstream` URL: `http://host[:port][/prefix]`. The error names what is
-/// wrong with it.
+/// Checks an `--upstream` URL: `http[s]://host[:port][/prefix]`. The error names what
+/// is wrong with it.
 pub fn parse_upstream_url(url: &str) -> Result<Uri, String> {
     let uri: Uri = url
         .parse()
         .map_err(|e| format!("--upstream is not a URL: {e}"))?;
-    if uri.scheme_str() != Some("http") {
-        return Err("--upstream must be an http:// URL (TLS to the upstream is not supported yet: keep it on a private network or loopback)".into());
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err("--upstream must be an http:// or https:// URL".into());
     }
     if uri.host().is_none_or(str::is_empty) {
         return Err("--upstream has no host".into());
@@ -101,6 +106,32 @@ impl Upstream {
         // A connection not made within this is "never reached", released; past it,
         // the request may have been sent.
         connector.set_connect_timeout(Some(options.timeout.min(Duration::from_secs(10))));
+        // The TLS handshake is part of connecting: a certificate refused (another CA,
+        // another name) is "never reached" too — no byte of the request was written.
+        connector.enforce_http(false);
+        let https = uri.scheme_str() == Some("https");
+        if !https && options.tls.is_set() {
+            return Err("--upstream-ca-file, --upstream-client-cert and --upstream-tls-name are for an https:// upstream".into());
+        }
+        let tls = match https {
+            true => options.tls.client_config()?,
+            // Never used: the URL's scheme is http, and only its requests are sent.
+            false => rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth(),
+        };
+        let builder = HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http();
+        let builder = match options.tls.server_name()? {
+            Some(name) => builder.with_server_name_resolver(FixedServerNameResolver::new(name)),
+            None => builder,
+        };
+        let connector = builder.enable_http1().wrap_connector(connector);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(options.idle_timeout)
             .build(connector);
@@ -152,12 +183,14 @@ impl Inner {
             // sent, whatever the method, unless the operator said so.
             if !self.base_path.is_empty() {
                 return release(problem(
+                    &self.options.problem_base,
                     Problem::PathAmbiguous,
                     "the upstream is reached under a base path, and this path could climb out of it",
                 ));
             }
             if !self.options.pass_ambiguous_paths {
                 return release(problem(
+                    &self.options.problem_base,
                     Problem::PathAmbiguous,
                     "servers may read this path as different resources; nothing was sent (--pass-ambiguous-paths forwards such requests when idem does not guard them)",
                 ));
@@ -169,6 +202,7 @@ impl Inner {
                 // lease) and may have sent the request: sending it again could act
                 // twice.
                 return result(
+                    &self.options.problem_base,
                     Problem::UpstreamOutcomeUnknown,
                     "an earlier attempt may have sent this request to the upstream and was lost before its answer was stored; it will not be sent again for this key",
                 );
@@ -176,6 +210,7 @@ impl Inner {
             if ctx.lease_lost.is_cancelled() {
                 // Another attempt may own the key now: it sends, not this one.
                 return release(problem(
+                    &self.options.problem_base,
                     Problem::UpstreamUnreachable,
                     "this attempt lost its claim before sending; nothing was sent",
                 ));
@@ -183,15 +218,35 @@ impl Inner {
         }
         let mut outbound = match self.outbound(req) {
             Ok(outbound) => outbound,
-            Err(why) => return release(problem(Problem::UpstreamUnreachable, &why)),
+            Err(why) => {
+                return release(problem(
+                    &self.options.problem_base,
+                    Problem::UpstreamUnreachable,
+                    &why,
+                ))
+            }
         };
         let connection = capture_connection(&mut outbound);
+        let started = std::time::Instant::now();
         let sent = tokio::time::timeout(self.options.timeout, self.client.request(outbound)).await;
+        let result = match &sent {
+            Ok(Ok(answer)) => idem::metrics::status_class(answer.status().as_u16()),
+            Err(_) if connection.connection_metadata().is_none() => "unreachable",
+            Ok(Err(e))
+                if e.is_connect() || never_sent(e, connection.connection_metadata().is_none()) =>
+            {
+                "unreachable"
+            }
+            _ => "lost",
+        };
+        metrics::histogram!("idem_upstream_duration_seconds", "result" => result)
+            .record(started.elapsed().as_secs_f64());
         let answer = match sent {
             Ok(Ok(answer)) => answer,
             // Timed out before any connection was made: nothing was sent.
             Err(_) if connection.connection_metadata().is_none() => {
                 return release(problem(
+                    &self.options.problem_base,
                     Problem::UpstreamUnreachable,
                     &format!(
                         "no connection to the upstream within {:?}; nothing was sent, retry with the same key",
@@ -201,6 +256,7 @@ impl Inner {
             }
             Ok(Err(e)) if e.is_connect() || never_sent(&e, connection.connection_metadata().is_none()) => {
                 return release(problem(
+                    &self.options.problem_base,
                     Problem::UpstreamUnreachable,
                     &format!(
                         "nothing was sent to the upstream ({}); retry with the same key",
@@ -295,10 +351,12 @@ impl Inner {
         let detail = format!("{why}; the upstream may have acted");
         match self.options.unknown_outcome {
             UnknownOutcome::Store => result(
+                &self.options.problem_base,
                 Problem::UpstreamOutcomeUnknown,
                 &format!("{detail}: it will not be sent again for this key"),
             ),
             UnknownOutcome::Release => release(problem(
+                &self.options.problem_base,
                 Problem::UpstreamOutcomeUnknown,
                 &format!("{detail}; retry with the same key"),
             )),
@@ -350,8 +408,8 @@ fn keep_named(
 
 /// A problem that is the request's result, stored and replayed like an answer: its
 /// content type only, the same on the first answer and every replay.
-fn result(problem: Problem, detail: &str) -> Response<Body> {
-    let stored = Rejection::with_detail(problem, detail).as_result();
+fn result(base: &str, problem: Problem, detail: &str) -> Response<Body> {
+    let stored = Rejection::with_detail(problem, detail).as_result_under(base);
     let mut res = Response::new(Body::from(stored.body));
     *res.status_mut() =
         http::StatusCode::from_u16(stored.status).unwrap_or(http::StatusCode::BAD_GATEWAY);
@@ -367,9 +425,9 @@ fn result(problem: Problem, detail: &str) -> Response<Body> {
 }
 
 /// A problem after which nothing is stored (the key is released): never cacheable.
-fn problem(problem: Problem, detail: &str) -> Response<Body> {
+fn problem(base: &str, problem: Problem, detail: &str) -> Response<Body> {
     let rejection = Rejection::with_detail(problem, detail);
-    let mut res = Response::new(Body::from(rejection.body()));
+    let mut res = Response::new(Body::from(rejection.body_under(base)));
     *res.status_mut() =
         http::StatusCode::from_u16(rejection.status()).unwrap_or(http::StatusCode::BAD_GATEWAY);
     for (name, value) in rejection.headers() {
@@ -389,13 +447,42 @@ fn problem(problem: Problem, detail: &str) -> Response<Body> {
 fn never_sent(e: &hyper_util::client::legacy::Error, unconnected: bool) -> bool {
     let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     let mut canceled = false;
+    let mut refused_handshake = false;
     while let Some(c) = cause {
         canceled |= c
             .downcast_ref::<hyper::Error>()
             .is_some_and(hyper::Error::is_canceled);
+        // An io::Error's `source` skips the error it wraps: look inside.
+        let tls = c
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+            .or_else(|| c.downcast_ref::<rustls::Error>());
+        refused_handshake |= tls.is_some_and(handshake_refused);
         cause = c.source();
     }
-    unconnected || canceled
+    unconnected || canceled || refused_handshake
+}
+
+/// Whether the upstream ended the TLS handshake with an alert about this client's
+/// certificate or the handshake itself. With TLS 1.3 a client may write its request
+/// before the server has checked its certificate; a server that then refuses the
+/// handshake never reads the request (RFC 8446 §4.4.2.4: it aborts the handshake).
+fn handshake_refused(e: &rustls::Error) -> bool {
+    use rustls::AlertDescription as A;
+    matches!(
+        e,
+        rustls::Error::AlertReceived(
+            A::CertificateRequired
+                | A::BadCertificate
+                | A::UnsupportedCertificate
+                | A::CertificateRevoked
+                | A::CertificateExpired
+                | A::CertificateUnknown
+                | A::UnknownCA
+                | A::HandshakeFailure
+        )
+    )
 }
 
 /// The innermost error's text: hyper's outer errors say only "client error".

@@ -49,6 +49,14 @@ pub const ROUTE_KEYS: &[(&str, &str, &str)] = &[
     ("jwks_file", r#""keys/jwks.json""#, "The identity provider's public keys (a JWKS) for `jwt:<claim>` with RS256 or ES256 tokens, relative to the route file; not with `jwt_secret_file`. Default: `--jwks-file`."),
     ("jwt_issuer", r#""https://id.example""#, "The issuer (`iss`) a token must name; required with a JWKS. Default: `--jwt-issuer`."),
     ("jwt_audience", r#""payments""#, "The audience (`aud`, or one of its list) a token must name; required with a JWKS. Default: `--jwt-audience`."),
+    ("key_header", r#"["x-idempotency-key"]"#, "The request headers the key is read from (a name or a list). A request with keys in two of them is refused, and so is one with an `Idempotency-Key` where it is not read. Default: `--key-header`."),
+    ("fingerprint_except", r#"["/sent_at", "/meta/trace_id"]"#, "Fields of a JSON body left out of its fingerprint, as JSON Pointers (RFC 6901): a retry that differs only there gets the first answer. Not with `fingerprint_only`. Default: `--fingerprint-except`."),
+    ("fingerprint_only", r#"["/amount", "/currency"]"#, "The only fields of a JSON body its fingerprint covers. Not with `fingerprint_except`. Default: `--fingerprint-only`."),
+    ("fingerprint_headers", r#"["x-tenant"]"#, "Request headers whose values are part of the fingerprint. Default: `--fingerprint-headers`."),
+    ("replay_headers", r#"["etag", "link"]"#, "More answer headers stored and replayed on this path, added to the flags' (`--replay-headers`)."),
+    ("cors_origins", r#"["https://app.example"]"#, "The origins whose pages may read idem's own answers here (replays, 409, 422…), or `[\"*\"]`. Default: `--cors-origin`."),
+    ("cors_credentials", "true", "Whether those pages may read answers to requests sent with credentials. Default: `--cors-credentials`."),
+    ("release_on", "[400, 422, 429]", "The statuses (4xx only) after which nothing is stored and the key is freed, so a corrected retry with the same key runs; `[]` for none. Default: `--release-on`."),
     ("anonymous", r#""scoped""#, "A request that says nowhere who it is: `scoped` or `refused` (401). Default: `--anonymous`."),
 ];
 
@@ -75,7 +83,23 @@ struct RouteEntry {
     jwks_file: Option<Spanned<String>>,
     jwt_issuer: Option<Spanned<String>>,
     jwt_audience: Option<Spanned<String>>,
+    key_header: Option<Spanned<OneOrMany>>,
+    fingerprint_except: Option<Spanned<Vec<String>>>,
+    fingerprint_only: Option<Spanned<Vec<String>>>,
+    fingerprint_headers: Option<Spanned<Vec<String>>>,
+    replay_headers: Option<Spanned<Vec<Spanned<String>>>>,
+    cors_origins: Option<Spanned<Vec<String>>>,
+    cors_credentials: Option<Spanned<bool>>,
+    release_on: Option<Spanned<Vec<Spanned<u16>>>>,
     anonymous: Option<Spanned<String>>,
+}
+
+/// A header name, or a list of them.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
 }
 
 /// One route's settings, checked; `None` keeps the flags'.
@@ -92,10 +116,28 @@ pub struct Route {
     lease: Option<Duration>,
     wait: Option<Duration>,
     max_wait: Option<Duration>,
+    release_on: Option<contract::ReleaseOn>,
+    key_headers: Option<contract::KeyHeaders>,
+    fingerprint: Option<idem_core::FingerprintRule>,
+    /// The headers replayed here, when the route adds any.
+    replayed: Option<Vec<String>>,
+    /// Who may read idem's answers here, when the route changes it (the inner `None`:
+    /// nobody).
+    cors: Option<Option<contract::Cors>>,
     scope: Option<ScopeRule>,
 }
 
 impl Route {
+    /// The statuses this route frees keys on, when it says.
+    pub fn release_on(&self) -> Option<contract::ReleaseOn> {
+        self.release_on
+    }
+
+    /// Whether the route fingerprints otherwise than the whole request.
+    pub fn fingerprints_part(&self) -> bool {
+        self.fingerprint.as_ref().is_some_and(|r| !r.is_whole())
+    }
+
     /// The route's own scope rule, if it has one.
     pub fn scope(&self) -> Option<&ScopeRule> {
         self.scope.as_ref()
@@ -124,6 +166,25 @@ impl Route {
         }
         if let Some(scope) = &self.scope {
             layer = layer.scope_rule(scope.clone());
+        }
+        if let Some(statuses) = self.release_on {
+            layer = layer.release_on(statuses);
+        }
+        if let Some(headers) = &self.key_headers {
+            layer = layer.key_headers(headers.clone());
+        }
+        if let Some(rule) = &self.fingerprint {
+            layer = layer.fingerprint_rule(rule.clone());
+        }
+        if let Some(replayed) = &self.replayed {
+            layer = layer.cached_headers(
+                replayed
+                    .iter()
+                    .filter_map(|h| http::HeaderName::from_bytes(h.as_bytes()).ok()),
+            );
+        }
+        if let Some(Some(cors)) = &self.cors {
+            layer = layer.cors(cors.clone());
         }
         layer
     }
@@ -255,6 +316,33 @@ fn check(entry: &RouteEntry, dir: &Path, flags: &Config) -> Result<Route, Proble
             Some(methods)
         }
     };
+    let release_on = match &entry.release_on {
+        None => None,
+        Some(list) => {
+            let mut statuses = Vec::new();
+            for status in list.get_ref() {
+                contract::ReleaseOn::new([*status.get_ref()])
+                    .map_err(|e| (status.span(), format!("release_on: {e}")))?;
+                statuses.push(*status.get_ref());
+            }
+            Some(contract::ReleaseOn::new(statuses).map_err(|e| (list.span(), e))?)
+        }
+    };
+    let key_headers = match &entry.key_header {
+        None => None,
+        Some(names) => {
+            let list = match names.get_ref() {
+                OneOrMany::One(name) => vec![name.clone()],
+                OneOrMany::Many(list) => list.clone(),
+            };
+            Some(
+                contract::KeyHeaders::new(&list)
+                    .map_err(|e| (names.span(), format!("key_header: {e}")))?,
+            )
+        }
+    };
+    let fingerprint = fingerprint(entry, flags)?;
+    let (replayed, cors) = replayed_and_cors(entry, flags)?;
     let scope = scope(entry, dir, flags)?;
     Ok(Route {
         path: path.clone(),
@@ -266,8 +354,107 @@ fn check(entry: &RouteEntry, dir: &Path, flags: &Config) -> Result<Route, Proble
         lease,
         wait,
         max_wait,
+        release_on,
+        key_headers,
+        fingerprint,
+        replayed,
+        cors,
         scope,
     })
+}
+
+/// The route's fingerprint rule, when it changes any part of the flags': its body
+/// selection (`fingerprint_only` or `fingerprint_except`) replaces theirs, and its
+/// `fingerprint_headers` theirs.
+fn fingerprint(
+    entry: &RouteEntry,
+    flags: &Config,
+) -> Result<Option<idem_core::FingerprintRule>, Problem> {
+    let (only, except, headers) = (
+        &entry.fingerprint_only,
+        &entry.fingerprint_except,
+        &entry.fingerprint_headers,
+    );
+    if only.is_none() && except.is_none() && headers.is_none() {
+        return Ok(None);
+    }
+    let given = |v: &Option<Spanned<Vec<String>>>| v.as_ref().map(|v| v.get_ref().clone());
+    let (flag_only, flag_except, flag_headers) = (
+        flags.fingerprint_only.clone().unwrap_or_default(),
+        flags.fingerprint_except.clone().unwrap_or_default(),
+        flags.fingerprint_headers.clone().unwrap_or_default(),
+    );
+    let (only_list, except_list) = match (given(only), given(except)) {
+        (None, None) => (flag_only, flag_except),
+        (o, e) => (o.unwrap_or_default(), e.unwrap_or_default()),
+    };
+    let headers_list = given(headers).unwrap_or(flag_headers);
+    let span = only
+        .as_ref()
+        .or(except.as_ref())
+        .or(headers.as_ref())
+        .map_or(entry.path.span(), Spanned::span);
+    idem_core::FingerprintRule::new(&only_list, &except_list, &headers_list)
+        .map(Some)
+        .map_err(|e| {
+            (
+                span,
+                format!("fingerprint_only, fingerprint_except, fingerprint_headers: {e}"),
+            )
+        })
+}
+
+/// The headers the route replays and who may read its answers across origins, when
+/// it changes either.
+#[allow(clippy::type_complexity)]
+fn replayed_and_cors(
+    entry: &RouteEntry,
+    flags: &Config,
+) -> Result<(Option<Vec<String>>, Option<Option<contract::Cors>>), Problem> {
+    let mut replayed = None;
+    if let Some(list) = &entry.replay_headers {
+        let mut names = flags.replayed_headers();
+        for name in list.get_ref() {
+            let name = contract::check_replay_header(name.get_ref())
+                .map_err(|e| (name.span(), format!("replay_headers: {e}")))?;
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        replayed = Some(names);
+    }
+    if entry.cors_origins.is_none() && entry.cors_credentials.is_none() {
+        return Ok((replayed, None));
+    }
+    let origins = entry
+        .cors_origins
+        .as_ref()
+        .map(|o| o.get_ref().clone())
+        .or_else(|| flags.cors_origin.clone());
+    let credentials = entry
+        .cors_credentials
+        .as_ref()
+        .map_or(flags.cors_credentials, |c| *c.get_ref());
+    let span = entry
+        .cors_origins
+        .as_ref()
+        .map(Spanned::span)
+        .or(entry.cors_credentials.as_ref().map(Spanned::span))
+        .unwrap_or(entry.path.span());
+    let cors = match origins {
+        None if credentials => {
+            return Err((
+                span,
+                "cors_credentials: needs cors_origins (or --cors-origin)".into(),
+            ))
+        }
+        None => None,
+        Some(origins) => Some(
+            contract::Cors::new(&origins, credentials)
+                .map_err(|e| (span, format!("cors_origins: {e}")))?,
+        ),
+    };
+    Ok((replayed, Some(cors)))
 }
 
 fn span_of_lease(entry: &RouteEntry) -> std::ops::Range<usize> {
@@ -404,6 +591,10 @@ wait = "5s"
 max_wait = "30s"
 scope_from = "jwt:sub"
 jwt_secret_file = "jwt"
+release_on = [400, 409]
+key_header = ["X-Idempotency-Key", "paypal-request-id"]
+fingerprint_except = ["/sent_at"]
+fingerprint_headers = ["x-tenant"]
 anonymous = "scoped"
 
 [[route]]
@@ -431,6 +622,26 @@ jwt_audience = "payments"
         assert_eq!(payouts.lease, Some(Duration::from_secs(10)));
         assert_eq!(payouts.wait, Some(Duration::from_secs(5)));
         assert_eq!(payouts.max_wait, Some(Duration::from_secs(30)));
+        assert_eq!(
+            payouts.release_on,
+            contract::ReleaseOn::new([400, 409]).ok()
+        );
+        assert_eq!(
+            payouts.fingerprint,
+            idem_core::FingerprintRule::new(&[] as &[&str], &["/sent_at"], &["x-tenant"]).ok()
+        );
+        assert_eq!(
+            payouts
+                .key_headers
+                .as_ref()
+                .map(contract::KeyHeaders::names),
+            Some(
+                &[
+                    "x-idempotency-key".to_owned(),
+                    "paypal-request-id".to_owned()
+                ][..]
+            )
+        );
         let scope = payouts.scope.as_ref().unwrap();
         assert_eq!(
             scope.source,
@@ -446,7 +657,7 @@ jwt_audience = "payments"
         );
         assert_eq!(scope.anonymous, Anonymous::Scoped);
         let charges = &routes[1];
-        assert_eq!(charges.line, 16);
+        assert_eq!(charges.line, 20);
         assert!(charges.ttl.is_none() && charges.scope.is_none() && charges.methods.is_none());
         assert!(
             parsed("").unwrap().is_empty(),
@@ -486,6 +697,13 @@ jwt_audience = "payments"
             ("[[route]]\npath = \"/a\"\njwt_secret_file = \"/nonexistent/jwt\"\n", "routes.toml:3:19: jwt_secret_file: /nonexistent/jwt: cannot read it"),
             ("[[route]]\npath = \"/a\"\nscope_from = \"header:X-Forwarded-For\"\n", "routes.toml:3:14: scope_from: header:x-forwarded-for is one proxies set"),
             ("[[route]]\npath = \"/a\"\nscope_from = \"header:x-real-ip\"\n", "routes.toml:3:14: scope_from: header:x-real-ip is one proxies set"),
+            ("[[route]]\npath = \"/a\"\nrelease_on = [400, 503]\n", "routes.toml:3:20: release_on: 503 cannot free a key: only client errors"),
+            ("[[route]]\npath = \"/a\"\nrelease_on = [\"400\"]\n", "routes.toml:3:"),
+            ("[[route]]\npath = \"/a\"\nkey_header = \"authorization\"\n", "routes.toml:3:14: key_header: authorization cannot carry the idempotency key"),
+            ("[[route]]\npath = \"/a\"\nkey_header = []\n", "routes.toml:3:14: key_header: no header names"),
+            ("[[route]]\npath = \"/a\"\nfingerprint_except = [\"sent_at\"]\n", "routes.toml:3:22: fingerprint_only, fingerprint_except, fingerprint_headers: \"sent_at\" is not a JSON Pointer"),
+            ("[[route]]\npath = \"/a\"\nfingerprint_only = [\"/a\"]\nfingerprint_except = [\"/b\"]\n", "not both"),
+            ("[[route]]\npath = \"/a\"\nfingerprint_headers = [\"x-forwarded-for\"]\n", "routes.toml:3:23: fingerprint_only, fingerprint_except, fingerprint_headers: x-forwarded-for cannot be fingerprinted"),
             ("[[route]]\npath = \"/a\"\nanonymous = \"maybe\"\n", "routes.toml:3:13: anonymous: \"maybe\" is not scoped or refused"),
             ("[[route]]\npath = \"/a\"\nscope_from = \"jwt:sub\"\njwks_file = \"/etc/hostname\"\n", "routes.toml:4:13: jwt_secret_file, jwks_file: the JWKS: not JSON"),
             ("[[route]]\npath = \"/a\"\njwt_secret_file = \"/etc/hostname\"\njwks_file = \"/etc/hostname\"\n", "routes.toml:4:13: jwt_secret_file, jwks_file: give the HS256 secret or the JWKS, not both"),

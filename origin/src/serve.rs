@@ -49,6 +49,12 @@ pub struct Limits {
     /// After the shutdown signal, how long connections may take to finish their
     /// requests before they are closed.
     pub drain: Duration,
+    /// What the server's own problems' types start with (`--problem-base`).
+    pub problem_base: &'static str,
+    /// Whether this listener serves idem's `/healthz`, `/readyz` and `/metrics`, whose
+    /// requests have a small cap of their own: not the API's listener with
+    /// `--ops-listen`, where those paths are the API's and count as any request.
+    pub serves_probes: bool,
 }
 
 /// Serves `router` on `listener` within `limits` until `shutdown` resolves, then lets
@@ -208,7 +214,7 @@ impl hyper::service::Service<Request<Incoming>> for PeerService {
         // Probes have a small cap of their own: a server at its limit of requests
         // still answers them, and a flood of them (each `/readyz` asks the store)
         // takes no more than that.
-        let cap = match is_probe(&request) {
+        let cap = match self.limits.serves_probes && is_probe(&request) {
             true => &self.probes,
             false => &self.requests,
         };
@@ -216,7 +222,8 @@ impl hyper::service::Service<Request<Incoming>> for PeerService {
             Ok(permit) => permit,
             Err(_) => {
                 metrics::counter!("idem_server_busy_total").increment(1);
-                return Box::pin(async { Ok(busy()) });
+                let base = self.limits.problem_base;
+                return Box::pin(async move { Ok(busy(base)) });
             }
         };
         let limits = self.limits;
@@ -244,11 +251,14 @@ fn is_probe<B>(request: &Request<B>) -> bool {
         && matches!(request.uri().path(), "/healthz" | "/readyz" | "/metrics")
 }
 
-fn busy() -> Response<Body> {
-    idem::idempotency::problem_response(&Rejection::with_detail(
-        Problem::Busy,
-        "the server is at its limit of requests in progress; nothing was run, retry later",
-    ))
+fn busy(base: &str) -> Response<Body> {
+    idem::idempotency::problem_response_under(
+        &Rejection::with_detail(
+            Problem::Busy,
+            "the server is at its limit of requests in progress; nothing was run, retry later",
+        ),
+        base,
+    )
 }
 
 /// A connection whose writes fail once one has waited `idle` for the peer to read.

@@ -9,9 +9,62 @@ use opentelemetry_sdk::trace::SdkTracerProvider;
 use opentelemetry_sdk::Resource;
 use tracing_subscriber::filter::Targets;
 
+/// Where spans go, as OpenTelemetry's variables say unless `--otlp-endpoint` does:
+/// the flag (a receiver's base URL, the traces path added), else
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (taken as is), else `OTEL_EXPORTER_OTLP_ENDPOINT`
+/// (the traces path added); `None`, no export — also with `OTEL_TRACES_EXPORTER=none`
+/// or `OTEL_SDK_DISABLED=true`. Only OTLP over HTTP with protobuf, in plain HTTP, is
+/// sent: a protocol variable naming gRPC, or an https endpoint, is refused at start-up
+/// rather than exported to in vain. (`OTEL_EXPORTER_OTLP_HEADERS`, `…_TIMEOUT` and
+/// their `TRACES_` forms are read by the exporter itself.)
+pub fn endpoint(
+    flag: Option<&str>,
+    var: impl Fn(&str) -> Option<String>,
+) -> Result<Option<String>, String> {
+    let set = |name: &str| {
+        var(name)
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+    };
+    if set("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"))
+        || set("OTEL_TRACES_EXPORTER").is_some_and(|v| v.eq_ignore_ascii_case("none"))
+    {
+        return Ok(None);
+    }
+    let url = match (
+        flag,
+        set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+        set("OTEL_EXPORTER_OTLP_ENDPOINT"),
+    ) {
+        (Some(flag), _, _) => traces_url(flag)?,
+        (None, Some(exact), _) => {
+            traces_url(&exact)
+                .map_err(|e| e.replace("--otlp-endpoint", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))?;
+            exact
+        }
+        (None, None, Some(base)) => traces_url(&base)
+            .map_err(|e| e.replace("--otlp-endpoint", "OTEL_EXPORTER_OTLP_ENDPOINT"))?,
+        (None, None, None) => return Ok(None),
+    };
+    for name in [
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    ] {
+        if let Some(protocol) = set(name) {
+            if protocol != "http/protobuf" {
+                return Err(format!(
+                    "{name}={protocol}: idem-origin sends traces over OTLP/HTTP with protobuf \
+                     only (http/protobuf); point it at such a receiver (a collector's :4318)"
+                ));
+            }
+            break;
+        }
+    }
+    Ok(Some(url))
+}
+
 /// Where spans are sent: `endpoint` (an OTLP/HTTP receiver's base URL) with the traces
-/// path, unless it has it. (Not read from `OTEL_EXPORTER_OTLP_ENDPOINT`: a deployment
-/// may set that for other programs, to a gRPC port or over https.)
+/// path, unless it has it.
 pub fn traces_url(endpoint: &str) -> Result<String, String> {
     let endpoint = endpoint.trim().trim_end_matches('/');
     if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
@@ -32,14 +85,15 @@ pub fn traces_url(endpoint: &str) -> Result<String, String> {
     })
 }
 
-/// The provider exporting to `endpoint`; call within a Tokio runtime. Its service name
-/// is `OTEL_SERVICE_NAME`, else `idem-origin`; batching follows the `OTEL_BSP_*`
-/// variables.
-pub fn provider(endpoint: &str) -> Result<SdkTracerProvider, String> {
+/// The provider exporting to `url` (the traces endpoint, [`endpoint`]); call within a
+/// Tokio runtime. Its service name is `OTEL_SERVICE_NAME`, else `idem-origin`, its
+/// `service.version` this build's, `OTEL_RESOURCE_ATTRIBUTES` added; batching follows
+/// the `OTEL_BSP_*` variables.
+pub fn provider(url: &str) -> Result<SdkTracerProvider, String> {
     let exporter = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
         .with_protocol(Protocol::HttpBinary)
-        .with_endpoint(traces_url(endpoint)?)
+        .with_endpoint(url)
         .build()
         .map_err(|e| format!("cannot build the OTLP exporter: {e}"))?;
     let processor =
@@ -47,7 +101,15 @@ pub fn provider(endpoint: &str) -> Result<SdkTracerProvider, String> {
     let name = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| "idem-origin".into());
     Ok(SdkTracerProvider::builder()
         .with_span_processor(processor)
-        .with_resource(Resource::builder().with_service_name(name).build())
+        .with_resource(
+            Resource::builder()
+                .with_service_name(name)
+                .with_attribute(opentelemetry::KeyValue::new(
+                    "service.version",
+                    env!("CARGO_PKG_VERSION"),
+                ))
+                .build(),
+        )
         .build())
 }
 
@@ -71,6 +133,73 @@ where
 #[cfg(test)]
 mod tests {
     use super::traces_url;
+
+    #[test]
+    fn opentelemetry_s_variables_say_where_unless_the_flag_does() {
+        use super::endpoint;
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        const BASE: &str = "http://c:4318";
+        assert_eq!(endpoint(None, env(&[])), Ok(None));
+        assert_eq!(
+            endpoint(None, env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", BASE)])),
+            Ok(Some("http://c:4318/v1/traces".into()))
+        );
+        assert_eq!(
+            endpoint(
+                None,
+                env(&[
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", BASE),
+                    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://t:4318/custom")
+                ])
+            ),
+            Ok(Some("http://t:4318/custom".into())),
+            "the signal's own endpoint, as is"
+        );
+        assert_eq!(
+            endpoint(
+                Some("http://f:4318"),
+                env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", BASE)])
+            ),
+            Ok(Some("http://f:4318/v1/traces".into())),
+            "the flag wins"
+        );
+        assert_eq!(
+            endpoint(
+                Some("http://f:4318"),
+                env(&[("OTEL_TRACES_EXPORTER", "none")])
+            ),
+            Ok(None)
+        );
+        assert_eq!(
+            endpoint(
+                None,
+                env(&[
+                    ("OTEL_SDK_DISABLED", "true"),
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", BASE)
+                ])
+            ),
+            Ok(None)
+        );
+        let grpc = endpoint(
+            None,
+            env(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4317"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+            ]),
+        )
+        .unwrap_err();
+        assert!(grpc.contains("OTEL_EXPORTER_OTLP_PROTOCOL=grpc"), "{grpc}");
+        let https =
+            endpoint(None, env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c")])).unwrap_err();
+        assert!(https.starts_with("OTEL_EXPORTER_OTLP_ENDPOINT"), "{https}");
+    }
 
     #[test]
     fn the_traces_path_is_added_once() {

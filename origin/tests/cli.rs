@@ -130,9 +130,9 @@ fn the_naive_strategy_is_only_in_test_builds() {
 }
 
 #[test]
-fn an_upstream_that_is_not_an_http_url_is_refused() {
+fn an_upstream_that_is_not_an_http_or_https_url_is_refused() {
     for (url, says) in [
-        ("ftp://payments:21", "must be an http:// URL"),
+        ("ftp://payments:21", "must be an http:// or https:// URL"),
         ("not a url", "is not a URL"),
         ("http://127.0.0.1:9000/?a=1", "must not have a query"),
     ] {

@@ -188,13 +188,15 @@ pub fn decide(
 }
 
 /// [`decide`] as the edge makes it, in front of the origin; `None`: send the request
-/// on without a claim, and keep nothing of its answer. The edge's claim past its lease
-/// may be an attempt whose completion or release the edge never learnt (its write
-/// failed, or the edge was cut off) — or one still running at the origin, as the edge
-/// does not renew its claims: no evidence of what the origin bound the key to. Another
-/// request under the key goes to the origin, which knows, where the edge alone would
-/// refuse it for the key's whole TTL (the origin may have released the key); the
-/// edge's record stays as it is, for the attempt that may still complete it.
+/// on without a claim, and keep nothing of its answer. A request that differs from the
+/// edge's claim on its key — in flight, or past its lease — goes to the origin, which
+/// alone knows what the key is bound to: the edge fingerprints whole requests, the
+/// origin's route may leave fields out (a retry with a new timestamp is then the same
+/// request, to wait for or replay, not a `422`); a claim past its lease may be an
+/// attempt whose completion or release the edge never learnt, or one still running at
+/// the origin (the edge does not renew its claims). The edge's record stays as it is,
+/// for the attempt that may still complete it. A completed copy at the edge binds the
+/// key as at the origin: the edge keeps only answers stored under its own fingerprint.
 pub fn decide_at_edge(
     existing: Option<&Record>,
     fingerprint: &Fingerprint,
@@ -202,11 +204,7 @@ pub fn decide_at_edge(
     policy: &Policy,
 ) -> Option<Decision> {
     match (existing, decide(existing, fingerprint, now, policy)) {
-        (Some(Record::InProgress { lease_until, .. }), Decision::Mismatch)
-            if now >= *lease_until =>
-        {
-            None
-        }
+        (Some(Record::InProgress { .. }), Decision::Mismatch) => None,
         (_, decision) => Some(decision),
     }
 }
@@ -713,14 +711,11 @@ mod tests {
     }
 
     #[wasm_bindgen_test(unsupported = test)]
-    fn the_edge_sends_on_another_request_over_a_claim_past_its_lease() {
+    fn the_edge_sends_on_another_request_over_its_claim() {
         let other = Fingerprint([9; 32]);
         let c = claim(decide(None, &FP, 0, &P));
-        // Within the lease: the key is bound, as at the origin.
-        assert_eq!(
-            decide_at_edge(Some(&c.record), &other, 999, &P),
-            Some(Decision::Mismatch)
-        );
+        // Within the lease: sent on unclaimed; the origin knows its route's fingerprint.
+        assert_eq!(decide_at_edge(Some(&c.record), &other, 999, &P), None);
         // Past it: sent on unclaimed, and the origin decides.
         assert_eq!(decide_at_edge(Some(&c.record), &other, 1_000, &P), None);
         assert_eq!(

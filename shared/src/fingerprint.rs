@@ -60,6 +60,19 @@ impl Fingerprint {
     pub fn to_hex(&self) -> alloc::string::String {
         crate::hex(&self.0)
     }
+
+    /// Parses 64 hex digits (either case); `None` for anything else.
+    pub fn from_hex(text: &[u8]) -> Option<Fingerprint> {
+        if text.len() != 64 {
+            return None;
+        }
+        let digit = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+        let mut out = [0u8; 32];
+        for (i, pair) in text.chunks(2).enumerate() {
+            out[i] = digit(pair[0])? << 4 | digit(pair[1])?;
+        }
+        Some(Fingerprint(out))
+    }
 }
 
 impl fmt::Debug for Fingerprint {
@@ -112,7 +125,16 @@ fn lowercase_into<'b>(s: &'b str, buf: &'b mut [u8; 128]) -> &'b [u8] {
     out
 }
 
-fn is_json(essence: &[u8]) -> bool {
+/// The media type of a `Content-Type` value, lower-cased whatever its length (the
+/// selected fingerprint's; [`Fingerprint::of`] keeps its own buffer's limit).
+pub(crate) fn media_essence(content_type: Option<&str>) -> alloc::string::String {
+    content_type
+        .map(media_type)
+        .unwrap_or_default()
+        .to_ascii_lowercase()
+}
+
+pub(crate) fn is_json(essence: &[u8]) -> bool {
     essence == b"application/json" || (essence.ends_with(b"+json") && essence.contains(&b'/'))
 }
 

@@ -374,6 +374,7 @@ fn write_decoded(s: &Cow<'_, [u8]>, out: &mut Vec<u8>) {
     }
 }
 
+/// Writes `s` (UTF-8) as a canonical JSON string, quotes included.
 pub(crate) fn write_string(s: &[u8], out: &mut Vec<u8>) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     out.push(b'"');

@@ -29,6 +29,7 @@ mod key;
 mod purge;
 mod record;
 mod scope;
+pub mod selection;
 mod stamp;
 
 pub use decision::{
@@ -43,6 +44,7 @@ pub use purge::{
 };
 pub use record::{DecodeError, Record, StoredResponse, EXPIRY_GRACE_MS, TOKENS_PER_MS};
 pub use scope::{RecordKey, RecordTag, Scope};
+pub use selection::{FingerprintRule, JsonPointer};
 pub use stamp::Stamp;
 
 /// Milliseconds since the Unix epoch. The core never reads a clock; callers pass this in.

@@ -58,7 +58,7 @@ fn scopes_match_the_shared_vectors() {
             Err(rejection) => rejection
                 .problem
                 .type_uri()
-                .trim_start_matches("urn:idem:problem:")
+                .trim_start_matches("https://github.com/idem-rs/idem/blob/main/docs/problems.md#")
                 .to_owned(),
         };
         if got != v["expect"].as_str().unwrap() {

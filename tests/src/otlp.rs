@@ -19,6 +19,10 @@ use std::sync::{Arc, Mutex};
 pub struct Span {
     /// The resource's `service.name`.
     pub service: String,
+    /// The resource's `service.version`.
+    pub version: String,
+    /// OTLP's span kind: 2 server, 3 client.
+    pub kind: i32,
     /// The span's name.
     pub name: String,
     /// Hex ids.
@@ -80,10 +84,19 @@ async fn export(
             .find(|a| a.key == "service.name")
             .map(|a| text(&a.value))
             .unwrap_or_default();
+        let version = resource_spans
+            .resource
+            .iter()
+            .flat_map(|r| r.attributes.iter())
+            .find(|a| a.key == "service.version")
+            .map(|a| text(&a.value))
+            .unwrap_or_default();
         for scope in resource_spans.scope_spans {
             for span in scope.spans {
                 received.push(Span {
                     service: service.clone(),
+                    version: version.clone(),
+                    kind: span.kind,
                     name: span.name,
                     trace_id: hex(&span.trace_id),
                     span_id: hex(&span.span_id),

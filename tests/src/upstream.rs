@@ -13,6 +13,8 @@ pub struct Payments {
     child: Option<Child>,
     port: u16,
     db: PathBuf,
+    /// Extra arguments (TLS), kept for a restart.
+    args: Vec<String>,
 }
 
 impl Payments {
@@ -27,9 +29,43 @@ impl Payments {
             child: None,
             port,
             db,
+            args: Vec::new(),
         };
         payments.spawn().await;
         payments
+    }
+
+    /// The API over TLS with `cert` and `key` (PEM); with `client_ca`, it asks for a
+    /// client certificate signed by it and refuses a connection without one.
+    pub async fn start_tls(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Payments {
+        let port = crate::procs::free_port();
+        let db = std::env::temp_dir().join(format!(
+            "idem-payments-{}-{port}.sqlite",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&db);
+        let mut args = vec![
+            "--tls-cert".to_owned(),
+            cert.display().to_string(),
+            "--tls-key".to_owned(),
+            key.display().to_string(),
+        ];
+        if let Some(ca) = client_ca {
+            args.extend(["--client-ca".to_owned(), ca.display().to_string()]);
+        }
+        let mut payments = Payments {
+            child: None,
+            port,
+            db,
+            args,
+        };
+        payments.spawn().await;
+        payments
+    }
+
+    /// `https://127.0.0.1:<port>`, for one started with [`Payments::start_tls`].
+    pub fn tls_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
     }
 
     pub fn url(&self) -> String {
@@ -42,11 +78,23 @@ impl Payments {
             .arg(&script)
             .args(["--port", &self.port.to_string(), "--db"])
             .arg(&self.db)
+            .args(&self.args)
             .stdin(Stdio::null())
             .spawn()
             .expect("python3 runs the payments API");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
+        if !self.args.is_empty() {
+            // Over TLS: listening is enough (the tests' client does not speak it).
+            while tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                .await
+                .is_err()
+            {
+                assert!(Instant::now() < deadline, "the payments API did not start");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            return;
+        }
         loop {
             if let Ok(r) = client().get(format!("{}/healthz", self.url())).send().await {
                 if r.status() == 200 {

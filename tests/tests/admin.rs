@@ -201,7 +201,10 @@ async fn a_missing_or_wrong_admin_token_is_refused_and_changes_nothing() {
 
     let (status, body) = admin("DELETE", &url, None).await;
     assert_eq!(status, 401, "{body}");
-    assert_eq!(body["type"], "urn:idem:problem:admin-unauthenticated");
+    assert_eq!(
+        body["type"],
+        "https://github.com/idem-rs/idem/blob/main/docs/problems.md#admin-unauthenticated"
+    );
     let res = client().delete(&url).send().await.unwrap();
     assert_eq!(
         res.headers()["www-authenticate"],
@@ -216,9 +219,21 @@ async fn a_missing_or_wrong_admin_token_is_refused_and_changes_nothing() {
     assert_eq!(
         refusals,
         [
-            (403, "urn:idem:problem:admin-forbidden".to_owned()),
-            (403, "urn:idem:problem:admin-forbidden".to_owned()),
-            (401, "urn:idem:problem:admin-unauthenticated".to_owned()),
+            (
+                403,
+                "https://github.com/idem-rs/idem/blob/main/docs/problems.md#admin-forbidden"
+                    .to_owned()
+            ),
+            (
+                403,
+                "https://github.com/idem-rs/idem/blob/main/docs/problems.md#admin-forbidden"
+                    .to_owned()
+            ),
+            (
+                401,
+                "https://github.com/idem-rs/idem/blob/main/docs/problems.md#admin-unauthenticated"
+                    .to_owned()
+            ),
         ]
     );
     let (status, _) = admin(
@@ -302,7 +317,7 @@ async fn a_missing_or_wrong_admin_token_is_refused_and_changes_nothing() {
         assert!(body["type"]
             .as_str()
             .unwrap()
-            .starts_with("urn:idem:problem:admin-"));
+            .starts_with("https://github.com/idem-rs/idem/blob/main/docs/problems.md#admin-"));
     }
     let (status, replayed, _) = charge(&r.url, "auth-1", 0).await;
     assert_eq!((status, replayed), (201, true));
@@ -744,7 +759,10 @@ async fn a_fast_clock_cannot_purge_a_live_lease(args: Vec<String>, db: TestDb, l
         &format!("{label}: a purge from a replica 60 s ahead during a live 30 s lease answered {status}; the retry {retry}; {charges} charge(s)"),
     );
     assert_eq!(status, 409, "{label}: {body}");
-    assert_eq!(body["type"], "urn:idem:problem:admin-lease-live");
+    assert_eq!(
+        body["type"],
+        "https://github.com/idem-rs/idem/blob/main/docs/problems.md#admin-lease-live"
+    );
     assert_eq!((first_status, retry), (201, 409));
     assert_eq!(charges, 1, "{label}");
     proof::record(

@@ -27,7 +27,10 @@ async fn problem(res: reqwest::Response, status: u16, kind: &str) {
     assert_eq!(res.status().as_u16(), status);
     assert_eq!(res.headers()["content-type"], "application/problem+json");
     let p: serde_json::Value = res.json().await.unwrap();
-    assert_eq!(p["type"], format!("urn:idem:problem:{kind}"));
+    assert_eq!(
+        p["type"],
+        format!("https://github.com/idem-rs/idem/blob/main/docs/problems.md#{kind}")
+    );
     assert_eq!(p["status"], status);
     assert!(
         p["detail"].as_str().is_some_and(|d| !d.is_empty()),

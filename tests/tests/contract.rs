@@ -106,6 +106,8 @@ fn through_the_proxy(
         unknown_outcome: idem_origin::config::UnknownOutcome::Store,
         public_hosts: Vec::new(),
         pass_ambiguous_paths: false,
+        tls: Default::default(),
+        problem_base: idem_core::contract::DEFAULT_PROBLEM_BASE.into(),
     })
     .unwrap();
     idem_origin::app::proxied(layer, upstream)
@@ -183,7 +185,10 @@ async fn store_unreachable_is_503_and_the_handler_never_runs_then_it_recovers() 
         assert_eq!(res.status(), 503);
         assert_eq!(res.headers()["content-type"], "application/problem+json");
         let problem: serde_json::Value = res.json().await.unwrap();
-        assert_eq!(problem["type"], "urn:idem:problem:store-unavailable");
+        assert_eq!(
+            problem["type"],
+            "https://github.com/idem-rs/idem/blob/main/docs/problems.md#store-unavailable"
+        );
     }
     let readyz = http.get(origin.url("/readyz")).send().await.unwrap();
     assert_eq!(readyz.status(), 503);
@@ -315,14 +320,14 @@ async fn a_handler_that_blocks_its_thread_keeps_its_lease() {
             idem_core::contract::Anonymous::Scoped,
         ))
         .require_key_on(["/v1/charges"])
-        .lease(Duration::from_secs(1));
+        .lease(Duration::from_secs(3));
     let app = axum::Router::new()
         .route(
             "/v1/charges",
             axum::routing::post(move || {
                 r.fetch_add(1, Ordering::SeqCst);
                 // Blocks before its first await, as a synchronous client would.
-                std::thread::sleep(Duration::from_millis(4_000));
+                std::thread::sleep(Duration::from_millis(8_000));
                 async { http::StatusCode::CREATED }
             }),
         )
@@ -341,7 +346,7 @@ async fn a_handler_that_blocks_its_thread_keeps_its_lease() {
         let (url, body) = (url.clone(), body.clone());
         tokio::spawn(async move { post_charge(&client(), &url, Some("blocking-1"), &body).await })
     };
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
     let retry = post_charge(&client(), &url, Some("blocking-1"), &body).await;
     let retry_status = retry.status().as_u16();
     let first_status = first.await.unwrap().status().as_u16();
@@ -351,7 +356,7 @@ async fn a_handler_that_blocks_its_thread_keeps_its_lease() {
     let runs = runs.load(Ordering::SeqCst);
     idem_tests::report(
         "contract",
-        &format!("a handler blocking its thread 4 s under a 1 s lease: first {first_status}, a retry at 1.5 s {retry_status}, then {} (replayed: {replayed}); {runs} run(s)", after.status().as_u16()),
+        &format!("a handler blocking its thread 8 s under a 3 s lease: first {first_status}, a retry at 4.5 s {retry_status}, then {} (replayed: {replayed}); {runs} run(s)", after.status().as_u16()),
     );
     assert_eq!(retry_status, 409, "still in flight, its lease renewed");
     assert_eq!(

@@ -276,7 +276,10 @@ async fn paused_holder_is_refused(store: Store, label: &str) {
     for first in &run.firsts {
         let (status, body) = first.as_ref().expect("A answered after the thaw");
         assert_eq!(*status, 409, "{body}");
-        assert!(body.contains("urn:idem:problem:fenced"), "{body}");
+        assert!(
+            body.contains("https://github.com/idem-rs/idem/blob/main/docs/problems.md#fenced"),
+            "{body}"
+        );
     }
 }
 

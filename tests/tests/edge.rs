@@ -490,7 +490,7 @@ async fn the_edge_charges_once_replays_and_survives_losing_its_state() {
     let problem: serde_json::Value = malformed.json().await.unwrap();
     assert_eq!(
         problem["type"],
-        "urn:idem:problem:idempotency-key-malformed"
+        "https://github.com/idem-rs/idem/blob/main/docs/problems.md#idempotency-key-malformed"
     );
     // A 400 the origin released is not kept at the edge: the corrected retry through
     // the edge runs (not a 422 for a different body, not the 400 replayed).
@@ -858,7 +858,10 @@ async fn a_misconfigured_edge_says_so_and_forwards_nothing() {
         let problem: serde_json::Value = res.json().await.unwrap_or_default();
         answers.push(format!("{var}={value:?}: {status} {}", problem["detail"]));
         assert_eq!(status, 500, "{var}={value:?}: {problem}");
-        assert_eq!(problem["type"], "urn:idem:problem:edge-misconfigured");
+        assert_eq!(
+            problem["type"],
+            "https://github.com/idem-rs/idem/blob/main/docs/problems.md#edge-misconfigured"
+        );
         assert!(
             problem["detail"].as_str().unwrap_or("").starts_with(var),
             "the detail names {var}: {problem}"
@@ -912,7 +915,10 @@ async fn an_unreachable_origin_is_an_answer_to_retry_not_a_final_one() {
     );
     for (status, kind, retry_after) in &seen {
         assert_eq!(*status, 502);
-        assert_eq!(kind, "urn:idem:problem:origin-unreachable");
+        assert_eq!(
+            kind,
+            "https://github.com/idem-rs/idem/blob/main/docs/problems.md#origin-unreachable"
+        );
         assert_eq!(retry_after.as_deref(), Some("1"));
     }
     // A request the edge does not guard (no key) gets no invitation to retry: it may
@@ -930,7 +936,10 @@ async fn an_unreachable_origin_is_an_answer_to_retry_not_a_final_one() {
         &format!("an unguarded GET to an origin the edge cannot reach: {unguarded_status} {unguarded_type}, Retry-After {unguarded_retry_after:?}"),
     );
     assert_eq!(unguarded_status, 502);
-    assert_ne!(unguarded_type, "urn:idem:problem:origin-unreachable");
+    assert_ne!(
+        unguarded_type,
+        "https://github.com/idem-rs/idem/blob/main/docs/problems.md#origin-unreachable"
+    );
     assert!(unguarded_retry_after.is_none());
     // At most its claim, freed (an in-progress record: 58 bytes, and the storage's
     // framing); never an answer, which carries a status, headers and a body.
@@ -1331,7 +1340,10 @@ async fn the_edge_stops_reading_a_guarded_body_at_its_limit() {
         ),
     );
     assert_eq!(status, 413, "{problem}");
-    assert_eq!(problem["type"], "urn:idem:problem:body-too-large");
+    assert_eq!(
+        problem["type"],
+        "https://github.com/idem-rs/idem/blob/main/docs/problems.md#body-too-large"
+    );
     assert!(
         took < Duration::from_secs(6),
         "refused after {took:?}: the edge waited for the whole body"
@@ -2007,8 +2019,8 @@ async fn the_edge_scopes_by_an_identity_provider_s_tokens() {
         [
             "201 forwarded -",
             "201 replayed -",
-            "401 refused urn:idem:problem:identity-invalid",
-            "401 refused urn:idem:problem:identity-invalid",
+            "401 refused https://github.com/idem-rs/idem/blob/main/docs/problems.md#identity-invalid",
+            "401 refused https://github.com/idem-rs/idem/blob/main/docs/problems.md#identity-invalid",
         ]
     );
     assert_eq!(charges, 1);
@@ -2081,8 +2093,14 @@ async fn the_edge_scopes_by_a_verified_jwt_claim() {
     );
     assert_eq!(first, "201 forwarded -");
     assert_eq!(refreshed, "201 replayed -", "the same caller at the edge");
-    assert_eq!(forged, "401 refused urn:idem:problem:identity-invalid");
-    assert_eq!(nobody, "401 refused urn:idem:problem:identity-missing");
+    assert_eq!(
+        forged,
+        "401 refused https://github.com/idem-rs/idem/blob/main/docs/problems.md#identity-invalid"
+    );
+    assert_eq!(
+        nobody,
+        "401 refused https://github.com/idem-rs/idem/blob/main/docs/problems.md#identity-missing"
+    );
     assert_eq!(charges, 1);
 }
 
@@ -2199,7 +2217,10 @@ async fn the_edge_answers_an_origin_status_it_cannot_send_with_a_problem() {
         for answer in answers {
             assert_eq!(
                 (answer.0, answer.2.as_str()),
-                (502, "urn:idem:problem:handler-failed"),
+                (
+                    502,
+                    "https://github.com/idem-rs/idem/blob/main/docs/problems.md#handler-failed"
+                ),
                 "a final problem, not a hung worker: {seen:?}"
             );
         }
@@ -2281,5 +2302,133 @@ async fn an_edge_scoped_otherwise_than_its_origin_never_replays_another_tenant_s
         "faults",
         "edge-other-scope",
         &[&format!("each tenant charged once ({charges} charges), each replayed its own from the origin; the edge kept neither (`forwarded; other-record`)")],
+    );
+}
+
+/// An origin whose route leaves a field out of its fingerprint, behind an edge that
+/// fingerprints whole requests: the edge keeps nothing of its answers (the origin says
+/// under which fingerprint it stored them, and it is not the edge's), so a retry with
+/// another value there reaches the origin and gets the charge — where a copy kept at the
+/// edge would refuse it with 422. A change to a kept field is still 422.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_keeps_nothing_of_an_origin_that_fingerprints_otherwise() {
+    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
+    let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
+        .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+            idem_core::contract::Anonymous::Scoped,
+        ))
+        .fingerprint_rule(
+            idem_core::FingerprintRule::new(
+                &[] as &[&str],
+                &["/simulate_latency_ms"],
+                &[] as &[&str],
+            )
+            .unwrap(),
+        )
+        .edge_secret(idem_tests::EDGE_SECRET)
+        .unwrap();
+    let demo = idem_origin::charges::Demo::new(ledger.clone());
+    let router = idem_origin::app::router(layer, store.clone(), demo);
+    let origin = TestOrigin::serve_router(router, store).await;
+    let edge = Edge::start(&origin.url(""), &[]).await;
+    let http = client();
+    // The demo refuses unknown fields: the field its retries change is the latency.
+    let body = |amount: i64, varied: u64| charge_body("c", amount, varied);
+    let mut seen = Vec::new();
+    for (amount, varied) in [(300, 0), (300, 1), (300, 2), (301, 3)] {
+        let res = post(&http, &edge.base, "fp-edge-1", body(amount, varied), false).await;
+        seen.push((
+            res.status().as_u16(),
+            res.headers().contains_key("idempotent-replayed"),
+            res.headers()["idem-edge"].to_str().unwrap().to_owned(),
+        ));
+    }
+    let charges = ledger.count_for_key("fp-edge-1");
+    // While the first attempt runs (1.5 s), a retry that differs only in the field left
+    // out meets the edge's claim: the origin decides (it waits, then replays), where the
+    // edge alone refused it with 422.
+    let slow = {
+        let (http, base) = (http.clone(), edge.base.clone());
+        tokio::spawn(async move { post(&http, &base, "fp-edge-2", body(300, 1_500), false).await })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let in_flight = post(&http, &edge.base, "fp-edge-2", body(300, 0), true).await;
+    let in_flight = (
+        in_flight.status().as_u16(),
+        in_flight.headers().contains_key("idempotent-replayed"),
+    );
+    let slow = slow.await.unwrap().status().as_u16();
+    let in_flight_charges = ledger.count_for_key("fp-edge-2");
+    report(
+        "edge",
+        &format!(
+            "an origin fingerprinting all but /simulate_latency_ms, behind the edge: first, \
+             two retries with other values of it, another amount: {seen:?}; {charges} charge; \
+             a retry while the first runs (Prefer: wait): {in_flight:?}, the first {slow}, \
+             {in_flight_charges} charge"
+        ),
+    );
+    assert_eq!(
+        (slow, in_flight, in_flight_charges),
+        (201, (201, true), 1),
+        "the retry in flight waited for the first and got its answer"
+    );
+    let other = "forwarded; other-fingerprint".to_owned();
+    assert_eq!(
+        seen,
+        [
+            (201, false, other.clone()),
+            (201, true, other.clone()),
+            (201, true, other),
+            (422, false, "forwarded".to_owned()),
+        ]
+    );
+    assert_eq!(charges, 1);
+}
+
+/// With `CORS_ORIGINS`, a page of a listed origin can read the edge's own replay (and
+/// the headers it carries); another origin's page cannot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_of_a_listed_origin_reads_the_edge_s_replay() {
+    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let (origin, ledger) = TestOrigin::demo_on(store).await;
+    let app = "https://app.example";
+    let edge = Edge::start(&origin.url(""), &[("CORS_ORIGINS", app)]).await;
+    let http = client();
+    let mut seen = Vec::new();
+    for from in [app, app, "https://evil.example"] {
+        let res = http
+            .post(format!("{}/v1/charges", edge.base))
+            .header("idempotency-key", "cors-edge-1")
+            .header("content-type", "application/json")
+            .header("origin", from)
+            .body(charge_body("c", 1, 0))
+            .send()
+            .await
+            .unwrap();
+        let header = |name: &str| {
+            res.headers()
+                .get(name)
+                .map_or(String::new(), |v| v.to_str().unwrap().to_owned())
+        };
+        seen.push((
+            header("idem-edge"),
+            header("access-control-allow-origin"),
+            header("access-control-expose-headers").contains("location"),
+        ));
+    }
+    report(
+        "edge",
+        &format!("CORS_ORIGINS={app}: first, replay, replay to another origin: {seen:?}"),
+    );
+    assert_eq!(ledger.count_for_key("cors-edge-1"), 1);
+    assert_eq!(
+        seen,
+        [
+            ("forwarded".to_owned(), String::new(), false),
+            ("replayed".to_owned(), app.to_owned(), true),
+            ("replayed".to_owned(), String::new(), false),
+        ]
     );
 }

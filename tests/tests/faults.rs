@@ -973,9 +973,12 @@ async fn a_dead_master_is_its_own_keys_problem() {
                 "{mode}: live master's key {key}"
             );
         }
-        // The live masters' keys: at most 2 % turned away.
+        // The live masters' keys: at most 5 % turned away. The regression this guards
+        // (every key stalled behind the dead master until the failover) turned away
+        // 955 of 1 112; alone the test sees 0, and beside the suite's other fault tests
+        // (pauses, kills, a 1 s --store-timeout on two cores) a CI run saw 30 (2.7 %).
         assert!(
-            unavailable(&live) * 50 <= sent(&live),
+            unavailable(&live) * 20 <= sent(&live),
             "{mode}: {} of {} requests for the live masters' keys got 503: {}",
             unavailable(&live),
             sent(&live),

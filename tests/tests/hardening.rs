@@ -148,7 +148,8 @@ async fn slow_clients_are_cut_off_on_the_default_settings_and_hold_no_claim() {
     assert!(within(body_cut, 10.0), "a stalled body: {}", secs(body_cut));
     assert_eq!(status(&body_answer), Some(408), "{body_answer}");
     assert!(
-        body_answer.contains("urn:idem:problem:body-timeout"),
+        body_answer
+            .contains("https://github.com/idem-rs/idem/blob/main/docs/problems.md#body-timeout"),
         "{body_answer}"
     );
     assert!(
@@ -220,7 +221,12 @@ async fn the_memory_store_refuses_new_keys_past_its_cap_and_replays_what_it_hold
         let (status, headers, body) = send(format!("\"cap-{n}\"")).await;
         *counts.entry(status).or_insert(0) += 1;
         if status == 503 {
-            assert!(body.contains("urn:idem:problem:store-full"), "{body}");
+            assert!(
+                body.contains(
+                    "https://github.com/idem-rs/idem/blob/main/docs/problems.md#store-full"
+                ),
+                "{body}"
+            );
             assert!(
                 headers.contains_key("retry-after"),
                 "a 503 without Retry-After"
@@ -396,7 +402,10 @@ async fn requests_in_progress_are_capped_even_when_their_clients_hang_up() {
         ),
     );
     assert_eq!(status, 503, "{body}");
-    assert!(body.contains("urn:idem:problem:server-busy"), "{body}");
+    assert!(
+        body.contains("https://github.com/idem-rs/idem/blob/main/docs/problems.md#server-busy"),
+        "{body}"
+    );
     // Turned away by the layer (the clients had left the listener), not the listener.
     assert!(
         busy.as_deref().is_none_or(|l| l.ends_with(" 0")),
@@ -451,7 +460,8 @@ async fn one_caller_cannot_take_every_place_or_fill_the_store() {
                 .get("retry-after")
                 .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
             let body = res.text().await.unwrap();
-            let quota = body.contains("urn:idem:problem:scope-quota");
+            let quota = body
+                .contains("https://github.com/idem-rs/idem/blob/main/docs/problems.md#scope-quota");
             (status, quota, replayed, retry_after)
         }
     };

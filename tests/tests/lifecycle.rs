@@ -791,7 +791,7 @@ async fn a_handler_past_max_execution_is_stored_as_a_problem() {
         .text()
         .await
         .unwrap()
-        .contains("urn:idem:problem:handler-failed"));
+        .contains("https://github.com/idem-rs/idem/blob/main/docs/problems.md#handler-failed"));
     assert!(
         took < Duration::from_secs(3),
         "answered after max_execution, not after the handler: {took:?}"
@@ -1238,7 +1238,9 @@ async fn an_answer_too_large_to_store_is_delivered_and_replayed_as_a_problem() {
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     let text = retry.text().await.unwrap();
     assert!(
-        text.contains("urn:idem:problem:response-not-stored"),
+        text.contains(
+            "https://github.com/idem-rs/idem/blob/main/docs/problems.md#response-not-stored"
+        ),
         "{text}"
     );
     assert_eq!(calls.load(Ordering::SeqCst), 1);

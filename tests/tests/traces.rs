@@ -65,8 +65,13 @@ async fn spans_follow_the_request_and_a_replay_links_to_its_execution() {
     let db = TestDb::new("traces").await;
     let upstream_url = format!("http://{upstream}");
     let endpoint = receiver.endpoint();
+    // A route for the path: the server span is named after it (`http.route`).
+    let routes = std::env::temp_dir().join(format!("idem-traces-{}.toml", std::process::id()));
+    std::fs::write(&routes, "[[route]]\npath = \"/v1/payments\"\n").unwrap();
     let (mut origin, base) = OriginProcess::spawn_env(
         &[
+            "--routes",
+            routes.to_str().unwrap(),
             "--store",
             "postgres",
             "--database-url",
@@ -107,7 +112,19 @@ async fn spans_follow_the_request_and_a_replay_links_to_its_execution() {
 
     // The first attempt: its span continues the client's trace.
     assert_eq!(executed.service, "idem-trace-test");
-    assert_eq!(executed.name, "idem POST");
+    assert_eq!(
+        executed.version,
+        env!("CARGO_PKG_VERSION"),
+        "service.version"
+    );
+    // OpenTelemetry's HTTP conventions: `{method} {http.route}`, a server span, with the
+    // answer's status and the host asked for.
+    assert_eq!(executed.name, "POST /v1/payments");
+    assert_eq!(executed.attributes["http.route"], "/v1/payments");
+    assert_eq!(executed.kind, 2, "a server span");
+    assert_eq!(executed.attributes["http.request.method"], "POST");
+    assert_eq!(executed.attributes["http.response.status_code"], "201");
+    assert_eq!(executed.attributes["server.address"], "127.0.0.1");
     assert_eq!(executed.parent_span_id, SPAN_A);
     assert_eq!(executed.attributes["idem.outcome"], "executed");
     assert_eq!(executed.attributes["idem.takeover"], "false");
@@ -131,6 +148,13 @@ async fn spans_follow_the_request_and_a_replay_links_to_its_execution() {
         children.contains(&"idem.store claim") && children.contains(&"idem.store complete"),
         "store round trips as child spans: {children:?}"
     );
+    let claim = spans
+        .iter()
+        .find(|s| s.parent_span_id == executed.span_id && s.name == "idem.store claim")
+        .unwrap();
+    assert_eq!(claim.kind, 3, "a client span");
+    assert_eq!(claim.attributes["db.system.name"], "postgresql");
+    assert_eq!(claim.attributes["db.operation.name"], "claim");
 
     // The retry: its own trace, replayed, linked to the execution.
     assert_eq!(replayed.parent_span_id, SPAN_B);

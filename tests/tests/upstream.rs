@@ -273,26 +273,36 @@ async fn the_proxy_stores_what_the_upstream_did_and_never_resends_an_unknown_out
     assert_eq!(nothing_calls, 2, "released: the retry reached the upstream");
     assert!(!leaked, "the release header stays private");
     assert_eq!(
-        broken[1], "502 urn:idem:problem:handler-failed true",
+        broken[1],
+        "502 https://github.com/idem-rs/idem/blob/main/docs/problems.md#handler-failed true",
         "a broken answer is stored as unknown: {broken:?}"
     );
     assert_eq!(broken_calls, 1, "never sent again");
 
     assert_eq!(slow_status, 502);
-    assert_eq!(slow_type, "urn:idem:problem:upstream-outcome-unknown");
+    assert_eq!(
+        slow_type,
+        "https://github.com/idem-rs/idem/blob/main/docs/problems.md#upstream-outcome-unknown"
+    );
     assert!(slow_retry_replayed);
     assert_eq!(slow_retry_type, slow_type);
     assert_eq!(slow_charges, 1, "charged once");
     assert_eq!(slow_calls, 1, "never sent again");
 
     assert_eq!(killed_status, 502);
-    assert_eq!(killed_type, "urn:idem:problem:upstream-outcome-unknown");
+    assert_eq!(
+        killed_type,
+        "https://github.com/idem-rs/idem/blob/main/docs/problems.md#upstream-outcome-unknown"
+    );
     assert!(killed_retry_replayed);
     assert_eq!(killed_retry_type, killed_type);
     assert_eq!(killed_calls, 1, "never sent again");
 
     assert_eq!(down_status, 502);
-    assert_eq!(down_type, "urn:idem:problem:upstream-unreachable");
+    assert_eq!(
+        down_type,
+        "https://github.com/idem-rs/idem/blob/main/docs/problems.md#upstream-unreachable"
+    );
     assert_eq!(down_retry_status, 201, "released: the retry ran");
     assert_eq!(down_charges, 1);
 }
@@ -462,7 +472,10 @@ async fn the_proxy_passes_through_what_it_does_not_guard() {
     assert_eq!(health_body, "ok\n", "idem's own /healthz");
     assert_eq!(missing_status, 404, "the upstream's 404");
     assert_eq!(no_key_status, 400);
-    assert_eq!(no_key_type, "urn:idem:problem:idempotency-key-missing");
+    assert_eq!(
+        no_key_type,
+        "https://github.com/idem-rs/idem/blob/main/docs/problems.md#idempotency-key-missing"
+    );
     assert_eq!(payments.count("SELECT count(*) FROM charges"), 0);
 }
 
@@ -525,7 +538,10 @@ async fn a_takeover_after_idem_died_mid_request_does_not_send_again() {
     assert_eq!(calls, 1, "sent once: a takeover does not send again");
     assert_eq!(charges, 1);
     assert_eq!(status, 502);
-    assert_eq!(kind, "urn:idem:problem:upstream-outcome-unknown");
+    assert_eq!(
+        kind,
+        "https://github.com/idem-rs/idem/blob/main/docs/problems.md#upstream-outcome-unknown"
+    );
     assert!(again_replayed, "stored");
 }
 
@@ -664,17 +680,38 @@ async fn scopes_follow_the_caller_not_the_token() {
     );
     assert_eq!(sub_charges, 1, "by the verified sub, the same caller");
     assert_eq!((first.0, refreshed.0), (201, 201));
-    assert_eq!(forged, (401, "urn:idem:problem:identity-invalid".into()));
+    assert_eq!(
+        forged,
+        (
+            401,
+            "https://github.com/idem-rs/idem/blob/main/docs/problems.md#identity-invalid".into()
+        )
+    );
     assert_eq!(api_charges, 2, "two API keys, two callers");
     assert_eq!((a.0, b.0, a_again.0), (201, 201, 201));
-    assert_eq!(nobody, (401, "urn:idem:problem:identity-missing".into()));
+    assert_eq!(
+        nobody,
+        (
+            401,
+            "https://github.com/idem-rs/idem/blob/main/docs/problems.md#identity-missing".into()
+        )
+    );
     assert_eq!(nobody_calls, 0);
     // Scoped by their signatures, the two attempts were two callers: 2 charges before.
-    let invalid = (401, "urn:idem:problem:identity-invalid".to_owned());
+    let invalid = (
+        401,
+        "https://github.com/idem-rs/idem/blob/main/docs/problems.md#identity-invalid".to_owned(),
+    );
     assert_eq!((signed_1, signed_2), (invalid.clone(), invalid));
     assert_eq!(signed_calls, 0, "a signature is not a caller");
     // Scoped as the empty credential shared by all such callers: 201 before.
-    assert_eq!(blank, (401, "urn:idem:problem:identity-missing".into()));
+    assert_eq!(
+        blank,
+        (
+            401,
+            "https://github.com/idem-rs/idem/blob/main/docs/problems.md#identity-missing".into()
+        )
+    );
     assert_eq!(blank_calls, 0);
 }
 
@@ -786,7 +823,11 @@ anonymous = "scoped"
     assert_eq!(fail_calls, 2);
     assert_eq!(
         elsewhere,
-        (401, false, "urn:idem:problem:identity-missing".into())
+        (
+            401,
+            false,
+            "https://github.com/idem-rs/idem/blob/main/docs/problems.md#identity-missing".into()
+        )
     );
 }
 
@@ -868,7 +909,8 @@ async fn tokens_of_an_identity_provider_keep_their_principal_s_scope() {
     );
     assert!(seen[3..]
         .iter()
-        .all(|s| s.3 == "urn:idem:problem:identity-invalid"));
+        .all(|s| s.3
+            == "https://github.com/idem-rs/idem/blob/main/docs/problems.md#identity-invalid"));
     assert_eq!((charges, calls), (1, 1));
 }
 
@@ -944,8 +986,10 @@ async fn a_request_that_never_left_idem_is_not_stored_as_an_unknown_outcome() {
     let http = client();
     const UNSENT: usize = 3;
     const MAX_KEYS: usize = 600;
-    const UNREACHABLE: &str = "502 urn:idem:problem:upstream-unreachable";
-    const UNKNOWN: &str = "502 urn:idem:problem:upstream-outcome-unknown";
+    const UNREACHABLE: &str =
+        "502 https://github.com/idem-rs/idem/blob/main/docs/problems.md#upstream-unreachable";
+    const UNKNOWN: &str =
+        "502 https://github.com/idem-rs/idem/blob/main/docs/problems.md#upstream-outcome-unknown";
     let key = |i: usize| format!("cut-{i}");
     let answer = |i: usize| {
         let (http, url) = (http.clone(), origin.url("/v1/charges"));
@@ -1291,7 +1335,7 @@ async fn an_ambiguous_path_is_refused_on_every_method_unless_named() {
 
 /// The last part of a problem's type (`path-ambiguous`), found in a raw body.
 fn problem_kind(body: &str) -> String {
-    body.split("urn:idem:problem:")
+    body.split("https://github.com/idem-rs/idem/blob/main/docs/problems.md#")
         .nth(1)
         .map(|rest| rest.split('"').next().unwrap_or("").to_owned())
         .unwrap_or_default()
@@ -1391,7 +1435,10 @@ async fn an_orphan_claim_outlives_a_short_ttl_and_is_never_resent() {
     );
     assert_eq!(calls, 1, "an orphan past a short TTL was sent again");
     assert_eq!(status, 502);
-    assert_eq!(kind, "urn:idem:problem:upstream-outcome-unknown");
+    assert_eq!(
+        kind,
+        "https://github.com/idem-rs/idem/blob/main/docs/problems.md#upstream-outcome-unknown"
+    );
     proof::record(
         "faults",
         "short-ttl-orphan",
@@ -1507,11 +1554,17 @@ async fn a_purged_orphan_is_resent_only_when_the_operator_says_so() {
     let (_, purged, kind, retried, retry_kind) = &outcomes[0];
     assert_eq!(
         (*purged, kind.as_str()),
-        (409, "urn:idem:problem:admin-may-resend")
+        (
+            409,
+            "https://github.com/idem-rs/idem/blob/main/docs/problems.md#admin-may-resend"
+        )
     );
     assert_eq!(
         (*retried, retry_kind.as_str()),
-        (502, "urn:idem:problem:upstream-outcome-unknown")
+        (
+            502,
+            "https://github.com/idem-rs/idem/blob/main/docs/problems.md#upstream-outcome-unknown"
+        )
     );
     assert_eq!(
         calls.0, 1,
@@ -1580,4 +1633,605 @@ async fn a_path_that_climbs_out_of_the_upstream_s_base_is_not_sent() {
         );
     }
     assert_eq!(calls, 0, "nothing climbed out of the base path");
+}
+
+/// What the upstream refused before acting frees the key: a charge that failed its
+/// validation (400) is corrected and sent again with the same key, and runs; a rate
+/// limit (429) is not replayed; a 500 stays the request's result. With
+/// `--release-on none` the 400 is stored as before, and the correction gets 422.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_s_refusals_free_the_key_and_its_failures_stay() {
+    let payments = Payments::start().await;
+    let http = client();
+    let replayed = |res: &reqwest::Response| res.headers().contains_key("idempotent-replayed");
+    let mut seen = BTreeMap::new();
+    for (label, extra) in [
+        ("default", &[][..]),
+        ("none", &["--release-on", "none"][..]),
+    ] {
+        let origin = proxy(&payments, extra).await;
+        let key = format!("fix-{label}");
+        let invalid = post(
+            &http,
+            &origin.url("/v1/charges"),
+            &key,
+            charge_body(label, -5, 0),
+        )
+        .await;
+        let invalid = invalid.status().as_u16();
+        let corrected = post(
+            &http,
+            &origin.url("/v1/charges"),
+            &key,
+            charge_body(label, 500, 0),
+        )
+        .await;
+        let corrected = (corrected.status().as_u16(), replayed(&corrected));
+        let again = post(
+            &http,
+            &origin.url("/v1/charges"),
+            &key,
+            charge_body(label, 500, 0),
+        )
+        .await;
+        let again = (again.status().as_u16(), replayed(&again));
+        let mut limited = Vec::new();
+        for _ in 0..2 {
+            let key = format!("rate-{label}");
+            let res = post(&http, &origin.url("/v1/fail/429"), &key, "{}".into()).await;
+            limited.push((res.status().as_u16(), replayed(&res)));
+        }
+        let mut failed = Vec::new();
+        for _ in 0..2 {
+            let key = format!("crash-{label}");
+            let res = post(&http, &origin.url("/v1/fail/500"), &key, "{}".into()).await;
+            failed.push((res.status().as_u16(), replayed(&res)));
+        }
+        let counts = (
+            payments.charges_for(&key),
+            payments.calls_for(&key),
+            payments.calls_for(&format!("rate-{label}")),
+            payments.calls_for(&format!("crash-{label}")),
+        );
+        report(
+            "upstream",
+            &format!(
+                "release on ({label}): invalid charge {invalid}, corrected with the same key {corrected:?}, \
+                 again {again:?}; 429 twice {limited:?}; 500 twice {failed:?}; \
+                 (charges, calls) for the key {:?}, 429 calls {}, 500 calls {}",
+                (counts.0, counts.1),
+                counts.2,
+                counts.3
+            ),
+        );
+        seen.insert(label, (invalid, corrected, again, limited, failed, counts));
+    }
+    assert_eq!(
+        seen["default"],
+        (
+            400,
+            (201, false),
+            (201, true),
+            vec![(429, false), (429, false)],
+            vec![(500, false), (500, true)],
+            (1, 2, 2, 1)
+        ),
+        "by default the 400 and the 429 free the key; the 500 is stored"
+    );
+    assert_eq!(
+        seen["none"],
+        (
+            400,
+            (422, false),
+            (422, false),
+            vec![(429, false), (429, true)],
+            vec![(500, false), (500, true)],
+            (0, 1, 1, 1)
+        ),
+        "--release-on none stores every answer"
+    );
+}
+
+/// A route that reads its key from `X-Idempotency-Key`: concurrent retries carrying it
+/// charge once; an `Idempotency-Key` there is refused, not ignored (its client believes
+/// it guarded), and so are keys in two headers. A stated `Prefer: wait` is answered
+/// with `Preference-Applied: wait`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_reads_its_key_from_the_header_it_names() {
+    let payments = Payments::start().await;
+    let origin = proxy(&payments, &["--key-header", "X-Idempotency-Key"]).await;
+    let http = client();
+    let send = |headers: Vec<(&'static str, &'static str)>, customer: &'static str| {
+        let http = http.clone();
+        let url = origin.url("/v1/charges");
+        async move {
+            let mut req = http
+                .post(url)
+                .header("content-type", "application/json")
+                .body(charge_body(customer, 100, 300));
+            for (name, value) in headers {
+                req = req.header(name, value);
+            }
+            let res = req.send().await.expect("the proxy answers");
+            let applied = res
+                .headers()
+                .get("preference-applied")
+                .map(|v| v.to_str().unwrap_or("").to_owned());
+            let status = res.status().as_u16();
+            (status, problem_kind(&res.text().await.unwrap()), applied)
+        }
+    };
+    let retries: Vec<_> = (0..4)
+        .map(|_| {
+            tokio::spawn(send(
+                vec![("x-idempotency-key", "xk-1"), ("prefer", "wait=10")],
+                "custom-header",
+            ))
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for retry in retries {
+        let (status, _, applied) = retry.await.unwrap();
+        statuses.push((status, applied));
+    }
+    statuses.sort();
+    let standard = send(vec![("idempotency-key", "sk-1")], "standard-header").await;
+    let both = send(
+        vec![("idempotency-key", "bk-1"), ("x-idempotency-key", "bk-1")],
+        "both-headers",
+    )
+    .await;
+    let none = send(vec![], "no-header").await;
+    let charges = |customer: &str| {
+        payments.count(&format!(
+            "SELECT count(*) FROM charges WHERE customer = '{customer}'"
+        ))
+    };
+    let counts = [
+        charges("custom-header"),
+        charges("standard-header"),
+        charges("both-headers"),
+        charges("no-header"),
+    ];
+    report(
+        "upstream",
+        &format!(
+            "--key-header x-idempotency-key: 4 concurrent retries (Prefer: wait=10) {statuses:?}; \
+             Idempotency-Key alone {standard:?}; both headers {both:?}; neither {none:?}; \
+             charges {counts:?}"
+        ),
+    );
+    let waited = Some("wait".to_owned());
+    assert_eq!(
+        statuses,
+        vec![(201, waited.clone()); 4],
+        "one charge, the retries waited for it and got it"
+    );
+    assert_eq!(
+        (standard.0, standard.1.as_str()),
+        (400, "idempotency-key-header-not-read")
+    );
+    assert_eq!(standard.2, None, "no Prefer, no Preference-Applied");
+    assert_eq!(
+        (both.0, both.1.as_str()),
+        (400, "idempotency-key-header-not-read")
+    );
+    assert_eq!((none.0, none.1.as_str()), (400, "idempotency-key-missing"));
+    assert_eq!(counts, [1, 0, 0, 0]);
+}
+
+/// A route whose fingerprint leaves out a timestamp its clients set anew on every
+/// retry: the retry with another `sent_at` gets the first charge; one with another
+/// amount (a field kept) is refused with 422. The flags' whole-body fingerprint on
+/// another path still refuses the changed timestamp.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fingerprint_that_leaves_out_a_timestamp_replays_the_retry() {
+    let payments = Payments::start().await;
+    let routes = std::env::temp_dir().join(format!("idem-fingerprint-{}.toml", std::process::id()));
+    std::fs::write(
+        &routes,
+        "[[route]]\npath = \"/v1/charges\"\nfingerprint_except = [\"/sent_at\", \"/meta/trace_id\"]\n",
+    )
+    .unwrap();
+    let origin = proxy(&payments, &["--routes", routes.to_str().unwrap()]).await;
+    let http = client();
+    let body = |customer: &str, amount: i64, sent_at: &str, trace: &str| {
+        serde_json::json!({
+            "customer": customer, "amount": amount, "currency": "usd",
+            "sent_at": sent_at, "meta": {"trace_id": trace, "client": "ios"}
+        })
+        .to_string()
+    };
+    let mut seen = Vec::new();
+    for (amount, sent_at, trace) in [
+        (700, "2026-12-05T10:00:00Z", "t-1"),
+        (700, "2026-12-05T10:00:05Z", "t-2"),
+        (701, "2026-12-05T10:00:09Z", "t-3"),
+    ] {
+        let res = post(
+            &http,
+            &origin.url("/v1/charges"),
+            "fp-1",
+            body("fp-customer", amount, sent_at, trace),
+        )
+        .await;
+        let replayed = res.headers().contains_key("idempotent-replayed");
+        seen.push((res.status().as_u16(), replayed));
+    }
+    // /v1/fail/* has the flags' fingerprint: the whole body.
+    let mut whole = Vec::new();
+    for sent_at in ["a", "b"] {
+        let res = post(
+            &http,
+            &origin.url("/v1/fail/500"),
+            "fp-2",
+            body("x", 1, sent_at, "t"),
+        )
+        .await;
+        whole.push(res.status().as_u16());
+    }
+    let charges = payments.count("SELECT count(*) FROM charges WHERE customer = 'fp-customer'");
+    report(
+        "upstream",
+        &format!(
+            "fingerprint_except [/sent_at, /meta/trace_id]: first, another sent_at and trace_id, another amount \
+             {seen:?}, {charges} charge; whole-body route with another sent_at {whole:?}"
+        ),
+    );
+    let _ = std::fs::remove_file(&routes);
+    assert_eq!(seen, [(201, false), (201, true), (422, false)]);
+    assert_eq!(charges, 1);
+    assert_eq!(
+        whole,
+        [500, 422],
+        "the flags' fingerprint covers the whole body"
+    );
+}
+
+/// A browser's retry through proxy mode: the preflight reaches the API, and a replay
+/// carries the first answer's `ETag` and `Link` (`--replay-headers`) and the CORS
+/// headers a page needs to read it (`--cors-origin`) — as does a `409` while the first
+/// attempt runs; an origin not listed gets none. Without those flags (the defaults as
+/// before), the replay has neither, and a browser hides it from the page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_browser_reads_its_replay_with_its_etag_across_origins() {
+    let payments = Payments::start().await;
+    let http = client();
+    let app = "https://app.example";
+    let mut seen = BTreeMap::new();
+    for (label, extra) in [
+        (
+            "configured",
+            &["--replay-headers", "etag,link", "--cors-origin", app][..],
+        ),
+        ("defaults", &[][..]),
+    ] {
+        let origin = proxy(&payments, extra).await;
+        let preflight = http
+            .request(reqwest::Method::OPTIONS, origin.url("/v1/charges"))
+            .header("origin", app)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "idempotency-key, content-type",
+            )
+            .send()
+            .await
+            .unwrap();
+        let header = |res: &reqwest::Response, name: &str| {
+            res.headers()
+                .get_all(name)
+                .iter()
+                .map(|v| v.to_str().unwrap().to_owned())
+                .collect::<Vec<_>>()
+                .join(" | ")
+        };
+        let preflight = (
+            preflight.status().as_u16(),
+            header(&preflight, "access-control-allow-origin"),
+            header(&preflight, "access-control-allow-headers"),
+        );
+        let send = |key: &'static str, from: &'static str, latency: u64| {
+            http.post(origin.url("/v1/charges"))
+                .header("idempotency-key", key)
+                .header("content-type", "application/json")
+                .header("origin", from)
+                .body(charge_body(label, 100, latency))
+                .send()
+        };
+        let first = send("cors-1", app, 0).await.unwrap();
+        let first_etag = header(&first, "etag");
+        let replay = send("cors-1", app, 0).await.unwrap();
+        let replay_seen = [
+            header(&replay, "idempotent-replayed"),
+            (header(&replay, "etag") == first_etag && !first_etag.is_empty()).to_string(),
+            header(&replay, "link").contains("rel=\"self\"").to_string(),
+            header(&replay, "access-control-allow-origin"),
+            header(&replay, "access-control-expose-headers")
+                .contains("idempotent-replayed")
+                .to_string(),
+            header(&replay, "vary"),
+        ];
+        let stranger = send("cors-1", "https://evil.example", 0).await.unwrap();
+        let stranger = (
+            header(&stranger, "idempotent-replayed"),
+            header(&stranger, "access-control-allow-origin"),
+        );
+        // A slow charge, and its retry while it runs.
+        let slow = tokio::spawn(send("cors-2", app, 1_500));
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let in_flight = send("cors-2", app, 1_500).await.unwrap();
+        let in_flight = (
+            in_flight.status().as_u16(),
+            header(&in_flight, "access-control-allow-origin"),
+        );
+        slow.await.unwrap().unwrap();
+        report(
+            "upstream",
+            &format!(
+                "a browser's retry ({label}): preflight {preflight:?}; replay [replayed, same ETag, Link, \
+                 allow-origin, exposes idempotent-replayed, vary] {replay_seen:?}; from another origin \
+                 {stranger:?}; in flight {in_flight:?}"
+            ),
+        );
+        seen.insert(label, (preflight, replay_seen, stranger, in_flight));
+    }
+    let preflight = (
+        204,
+        app.to_owned(),
+        "Idempotency-Key, Content-Type".to_owned(),
+    );
+    assert_eq!(
+        seen["configured"],
+        (
+            preflight.clone(),
+            [
+                "true".to_owned(),
+                "true".into(),
+                "true".into(),
+                app.into(),
+                "true".into(),
+                "Origin".into()
+            ],
+            ("true".to_owned(), String::new()),
+            (409, app.to_owned())
+        )
+    );
+    assert_eq!(
+        seen["defaults"],
+        (
+            preflight,
+            [
+                "true".to_owned(),
+                "false".into(),
+                "false".into(),
+                String::new(),
+                "false".into(),
+                String::new()
+            ],
+            ("true".to_owned(), String::new()),
+            (409, String::new())
+        ),
+        "the defaults replay neither the ETag nor CORS headers"
+    );
+}
+
+/// An `https://` upstream (Python's `ssl`, a test CA): reached with its CA, charged
+/// once and replayed; refused — nothing sent, the key free — with another CA, with
+/// another name than its certificate's, or with the system's roots (which don't hold
+/// the test CA). An upstream that asks for a client certificate gets one with
+/// `--upstream-client-cert`, and charges nothing without.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_upstream_is_reached_only_with_its_ca_and_its_name() {
+    let ca = idem_tests::procs::TestCa::new("upstream-tls");
+    let (cert, key) = (
+        ca.server_cert.to_str().unwrap(),
+        ca.server_key.to_str().unwrap(),
+    );
+    let (good, wrong) = (ca.ca.to_str().unwrap(), ca.wrong_ca.to_str().unwrap());
+    let plain = Payments::start_tls(&ca.server_cert, &ca.server_key, None).await;
+    let mutual = Payments::start_tls(&ca.server_cert, &ca.server_key, Some(&ca.ca)).await;
+    let http = client();
+    let cases: [(&str, &Payments, Vec<&str>); 6] = [
+        ("its CA", &plain, vec!["--upstream-ca-file", good]),
+        ("another CA", &plain, vec!["--upstream-ca-file", wrong]),
+        (
+            "another name",
+            &plain,
+            vec![
+                "--upstream-ca-file",
+                good,
+                "--upstream-tls-name",
+                "payments.internal",
+            ],
+        ),
+        ("the system's roots", &plain, vec![]),
+        (
+            "mTLS with a client certificate",
+            &mutual,
+            vec![
+                "--upstream-ca-file",
+                good,
+                "--upstream-client-cert",
+                cert,
+                "--upstream-client-key",
+                key,
+            ],
+        ),
+        ("mTLS without", &mutual, vec!["--upstream-ca-file", good]),
+    ];
+    let mut seen = Vec::new();
+    for (i, (label, payments, extra)) in cases.iter().enumerate() {
+        let url = payments.tls_url();
+        let mut args = vec![
+            "--upstream",
+            url.as_str(),
+            "--store",
+            "memory",
+            "--anonymous",
+            "scoped",
+        ];
+        args.extend_from_slice(extra);
+        let origin = TestOrigin::start(&args).await;
+        let key = format!("tls-{i}");
+        let mut answers = Vec::new();
+        for _ in 0..2 {
+            let res = post(
+                &http,
+                &origin.url("/v1/charges"),
+                &key,
+                charge_body(label, 100, 0),
+            )
+            .await;
+            let replayed = res.headers().contains_key("idempotent-replayed");
+            let status = res.status().as_u16();
+            answers.push((status, replayed, problem_kind(&res.text().await.unwrap())));
+        }
+        let charges = payments.charges_for(&key);
+        report(
+            "upstream",
+            &format!("https upstream, {label}: {answers:?}, {charges} charge"),
+        );
+        seen.push((*label, answers, charges));
+    }
+    let ok = vec![(201, false, String::new()), (201, true, String::new())];
+    let unreachable = vec![(502, false, "upstream-unreachable".to_owned()); 2];
+    assert_eq!(seen[0], ("its CA", ok.clone(), 1));
+    assert_eq!(seen[1], ("another CA", unreachable.clone(), 0));
+    assert_eq!(seen[2], ("another name", unreachable.clone(), 0));
+    assert_eq!(seen[3], ("the system's roots", unreachable, 0));
+    assert_eq!(seen[4], ("mTLS with a client certificate", ok, 1));
+    let (_, without, charges) = &seen[5];
+    assert!(
+        without.iter().all(|(status, _, _)| *status == 502) && *charges == 0,
+        "an upstream that wants a client certificate charged without one: {without:?}"
+    );
+}
+
+/// With `--ops-listen`, idem's own `/healthz`, `/readyz` and `/metrics` move to their
+/// own listener, and the API's listener hides none of the upstream's paths: its
+/// `/healthz` and `/metrics` are the upstream's. Without it (as before), idem's
+/// `/healthz` answers in the upstream's place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ops_endpoints_on_their_own_listener_leave_every_path_to_the_api() {
+    let payments = Payments::start().await;
+    let url = payments.url();
+    let ops_port = idem_tests::procs::free_port();
+    let ops_listen = format!("127.0.0.1:{ops_port}");
+    let http = client();
+    let text = |path: String| {
+        let http = http.clone();
+        async move {
+            let res = http.get(&path).send().await.unwrap();
+            let status = res.status().as_u16();
+            (status, res.text().await.unwrap())
+        }
+    };
+    let base_args = [
+        "--upstream",
+        url.as_str(),
+        "--store",
+        "memory",
+        "--anonymous",
+        "scoped",
+    ];
+    let mut apart_args = base_args.to_vec();
+    apart_args.extend(["--ops-listen", ops_listen.as_str()]);
+    let (mut apart, apart_base) = idem_tests::OriginProcess::spawn(&apart_args).await;
+    let api_health = text(format!("{apart_base}/healthz")).await;
+    let api_metrics = text(format!("{apart_base}/metrics")).await;
+    let ops_base = format!("http://{ops_listen}");
+    let ops_health = text(format!("{ops_base}/healthz")).await;
+    let ops_ready = text(format!("{ops_base}/readyz")).await.0;
+    let ops_metrics = text(format!("{ops_base}/metrics")).await;
+    let _ = apart.kill();
+    let _ = apart.wait();
+    let (mut together, together_base) = idem_tests::OriginProcess::spawn(&base_args).await;
+    let before = text(format!("{together_base}/healthz")).await;
+    let _ = together.kill();
+    let _ = together.wait();
+    report(
+        "upstream",
+        &format!(
+            "--ops-listen: API listener /healthz {api_health:?}, /metrics {}; ops listener /healthz {ops_health:?}, \
+             /readyz {ops_ready}, /metrics {} (idem_build_info: {}); without it, /healthz {before:?}",
+            api_metrics.0,
+            ops_metrics.0,
+            ops_metrics.1.contains("idem_build_info")
+        ),
+    );
+    assert_eq!(
+        api_health,
+        (200, "{\"ok\": true}".to_owned()),
+        "the upstream's /healthz"
+    );
+    assert_eq!(api_metrics.0, 404, "the upstream's (missing) /metrics");
+    assert_eq!(ops_health, (200, "ok\n".to_owned()));
+    assert_eq!(ops_ready, 200);
+    assert!(ops_metrics.0 == 200 && ops_metrics.1.contains("idem_build_info"));
+    assert_eq!(
+        before,
+        (200, "ok\n".to_owned()),
+        "idem's /healthz hid the upstream's"
+    );
+}
+
+/// `--problem-base` puts idem's problem types under an operator's page: the layer's
+/// refusals and proxy mode's own problems alike. By default they point at the
+/// repository's `docs/problems.md`, a section per problem.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn problem_types_point_where_the_operator_says() {
+    let payments = Payments::start().await;
+    let http = client();
+    let mut seen = Vec::new();
+    for base in [None, Some("https://docs.example/errors#")] {
+        let mut extra = vec![];
+        if let Some(base) = base {
+            extra.extend(["--problem-base", base]);
+        }
+        let origin = proxy(&payments, &extra).await;
+        let missing = http
+            .post(origin.url("/v1/charges"))
+            .header("content-type", "application/json")
+            .body(charge_body("p", 1, 0))
+            .send()
+            .await
+            .unwrap();
+        let missing = problem_type(&missing.text().await.unwrap());
+        // An upstream that is gone: proxy mode's own problem.
+        let gone = TestOrigin::start(&{
+            let mut args = vec![
+                "--upstream",
+                "http://127.0.0.1:9",
+                "--store",
+                "memory",
+                "--anonymous",
+                "scoped",
+            ];
+            args.extend_from_slice(&extra);
+            args
+        })
+        .await;
+        let unreachable = post(&http, &gone.url("/v1/charges"), "pb-1", "{}".into()).await;
+        let unreachable = problem_type(&unreachable.text().await.unwrap());
+        seen.push((missing, unreachable));
+    }
+    report(
+        "upstream",
+        &format!("problem types, default and --problem-base: {seen:?}"),
+    );
+    let default = "https://github.com/idem-rs/idem/blob/main/docs/problems.md#";
+    assert_eq!(
+        seen,
+        [
+            (
+                format!("{default}idempotency-key-missing"),
+                format!("{default}upstream-unreachable")
+            ),
+            (
+                "https://docs.example/errors#idempotency-key-missing".to_owned(),
+                "https://docs.example/errors#upstream-unreachable".to_owned()
+            ),
+        ]
+    );
 }

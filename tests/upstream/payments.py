@@ -16,6 +16,8 @@ PUT  /v1/payouts/<id>    makes a payout -> 201 {"id", "payout"}; the path is rou
                          servlet containers and case-insensitive routers route it:
                          `;` parameters dropped, encoded `/` and `\` and a plain `\` read
                          as `/`, dot segments resolved, case ignored
+OPTIONS <any>            a CORS preflight: 204 allowing the requesting Origin, POST and PUT,
+                         and the Idempotency-Key and Content-Type headers
 GET  /healthz            -> 200 ok
 GET  /calls              -> the number of POSTs so far, as text
 Every POST is counted in `calls`. Every charge row keeps the Idempotency-Key, the fencing token and the downstream key
@@ -25,6 +27,7 @@ the proxy sent, so a test can see which request made which row.
 import argparse
 import json
 import sqlite3
+import ssl
 import threading
 import time
 import uuid
@@ -65,8 +68,25 @@ class Payments(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         for name, value in headers:
             self.send_header(name, value)
+        self.cors()
         self.end_headers()
         self.wfile.write(data)
+
+    def cors(self):
+        """Any Origin may read this API's own answers (as a public API's CORS does)."""
+        origin = self.headers.get("Origin")
+        if origin:
+            self.send_header("Access-Control-Allow-Origin", origin)
+            self.send_header("Vary", "Origin")
+
+    def do_OPTIONS(self):
+        self.send_response(204)
+        self.cors()
+        self.send_header("Access-Control-Allow-Methods", "POST, PUT")
+        self.send_header("Access-Control-Allow-Headers", "Idempotency-Key, Content-Type")
+        self.send_header("Access-Control-Max-Age", "600")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     def do_GET(self):
         if self.path == "/healthz":
@@ -153,7 +173,8 @@ class Payments(BaseHTTPRequestHandler):
         self.answer(
             201,
             {"id": charge_id, "customer": customer, "amount": amount, "currency": currency},
-            [("Location", "/v1/charges/" + charge_id), ("Set-Cookie", "seen=1"), ("Set-Cookie", "lang=en")],
+            [("Location", "/v1/charges/" + charge_id), ("Set-Cookie", "seen=1"), ("Set-Cookie", "lang=en"),
+             ("ETag", '"' + charge_id + '"'), ("Link", "</v1/charges/" + charge_id + '>; rel="self"')],
         )
 
 
@@ -182,6 +203,9 @@ def main():
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a container)")
     parser.add_argument("--db", required=True)
     parser.add_argument("--release-header", default="idem-release")
+    parser.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
+    parser.add_argument("--tls-key", help="the key of --tls-cert (PEM)")
+    parser.add_argument("--client-ca", help="require a client certificate signed by this CA (PEM)")
     args = parser.parse_args()
     with sqlite3.connect(args.db) as db:
         db.execute("PRAGMA journal_mode=WAL")
@@ -192,6 +216,13 @@ def main():
     ThreadingHTTPServer.request_queue_size = 1024
     server = ThreadingHTTPServer((args.host, args.port), Payments)
     server.daemon_threads = True
+    if args.tls_cert:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(args.tls_cert, args.tls_key)
+        if args.client_ca:
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(args.client_ca)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
     server.serve_forever()
 
 

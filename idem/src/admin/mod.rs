@@ -146,7 +146,22 @@ async fn status_json(State(admin): State<Admin>) -> Response {
     }
 }
 
-/// An admin problem (RFC 9457): `urn:idem:problem:admin-<kind>`.
+/// The kinds of the admin API's problems: each is `admin-<kind>` in `docs/problems.md`.
+pub const ADMIN_PROBLEM_KINDS: [&str; 11] = [
+    "bad-request",
+    "forbidden",
+    "lease-live",
+    "may-resend",
+    "no-record",
+    "not-found",
+    "record-changed",
+    "record-changing",
+    "store-unavailable",
+    "too-many-failures",
+    "unauthenticated",
+];
+
+/// An admin problem (RFC 9457), its type `admin-<kind>` under the default problem base.
 fn problem(status: StatusCode, kind: &str, detail: impl Into<String>) -> Response {
     problem_with(status, kind, detail, Value::Null)
 }
@@ -157,8 +172,12 @@ fn problem_with(
     detail: impl Into<String>,
     extra: Value,
 ) -> Response {
+    debug_assert!(
+        ADMIN_PROBLEM_KINDS.contains(&kind),
+        "undocumented admin problem {kind}"
+    );
     let mut body = json!({
-        "type": format!("urn:idem:problem:admin-{kind}"),
+        "type": format!("{}admin-{kind}", idem_core::contract::DEFAULT_PROBLEM_BASE),
         "title": status.canonical_reason().unwrap_or("Error"),
         "status": status.as_u16(),
         "detail": detail.into(),

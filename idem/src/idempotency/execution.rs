@@ -123,6 +123,9 @@ pub(crate) struct Claimed {
     pub(crate) opened: Arc<AtomicBool>,
     /// When the claim was sent: its lease runs from (at the latest) then.
     pub(crate) claimed_at: Instant,
+    /// The request's fingerprint, which an edge in front is told its answer is stored
+    /// under.
+    pub(crate) fingerprint: idem_core::Fingerprint,
 }
 
 /// Runs the handler and answers the client with its answer.
@@ -343,12 +346,15 @@ where
         lease_lost,
         opened,
         claimed_at,
+        fingerprint,
     } = claimed;
     let idempotency_key = req
         .extensions()
         .get::<super::IdempotencyContext>()
         .map(|c| c.key.as_str().to_owned())
         .unwrap_or_default();
+    // What was stored is told only to the edge (no header made for a client to strip).
+    let for_edge = req.extensions().get::<super::FromEdge>().is_some();
     // Renews the lease until its final write consumes it, or it is dropped on any unwind.
     let mut guard = ClaimGuard::hold(
         &config,
@@ -400,12 +406,14 @@ where
     let (mut parts, body) = match outcome {
         Outcome::Answered(parts, body) => (parts, ClientBody::Whole(body)),
         Outcome::TooLarge(parts, head, rest) => {
-            stored_instead = Some(Rejection::response_not_stored(limit).as_result());
+            stored_instead =
+                Some(Rejection::response_not_stored(limit).as_result_under(&config.problem_base));
             (parts, ClientBody::Streamed(head, rest))
         }
         Outcome::Unknown(rejection) => {
             // Unlike idem's refusals, this problem is the request's result: replayed.
-            let (parts, body) = stored_answer(rejection.as_result()).into_parts();
+            let (parts, body) =
+                stored_answer(rejection.as_result_under(&config.problem_base)).into_parts();
             let body = body
                 .collect()
                 .await
@@ -423,19 +431,22 @@ where
         committed,
         fenced,
     } = signals::take(&mut parts.extensions);
-    let change = match contract::disposition(released || fenced) {
-        Disposition::Release => {
-            if !fenced {
-                metrics::released();
+    let change =
+        match contract::disposition(released || fenced, parts.status.as_u16(), config.release_on) {
+            Disposition::Release => {
+                if !fenced {
+                    metrics::released();
+                }
+                Transition::Release
             }
-            Transition::Release
-        }
-        Disposition::Store => Transition::Complete(match (stored_instead, &body) {
-            (Some(instead), _) => instead,
-            (None, ClientBody::Whole(body)) => stored_response(&config, &parts, body),
-            (None, ClientBody::Streamed(..)) => unreachable!("a streamed answer is stored instead"),
-        }),
-    };
+            Disposition::Store => Transition::Complete(match (stored_instead, &body) {
+                (Some(instead), _) => instead,
+                (None, ClientBody::Whole(body)) => stored_response(&config, &parts, body),
+                (None, ClientBody::Streamed(..)) => {
+                    unreachable!("a streamed answer is stored instead")
+                }
+            }),
+        };
     // What an edge in front is told was stored with the answer, should it be.
     let stored_headers = match &change {
         Transition::Complete(stored) => stored.headers.clone(),
@@ -469,10 +480,14 @@ where
     // Only idem tells an edge what it stored; never a handler (or an upstream) itself.
     parts.headers.remove(contract::ORIGIN_DISPOSITION);
     parts.headers.remove(contract::STORED_HEADERS);
-    match to_edge {
-        Some(OriginDisposition::Stored { expires_at, .. }) => {
-            super::response::tell_edge_stored(&mut parts.headers, &key, expires_at, &stored_headers)
-        }
+    match to_edge.filter(|_| for_edge) {
+        Some(OriginDisposition::Stored { expires_at, .. }) => super::response::tell_edge_stored(
+            &mut parts.headers,
+            &key,
+            &fingerprint,
+            expires_at,
+            &stored_headers,
+        ),
         Some(d) => {
             if let Ok(v) = HeaderValue::from_str(&d.header_value()) {
                 parts.headers.insert(contract::ORIGIN_DISPOSITION, v);
@@ -496,7 +511,13 @@ where
         Some(Final::Committed(stored, expires_at)) => {
             let names = stored.headers.clone();
             let mut res = stored_answer(stored);
-            super::response::tell_edge_stored(res.headers_mut(), &key, expires_at, &names);
+            super::response::tell_edge_stored(
+                res.headers_mut(),
+                &key,
+                &fingerprint,
+                expires_at,
+                &names,
+            );
             super::response::advertise_ttl(&mut res, expires_at, config.store.now());
             res
         }
@@ -582,6 +603,7 @@ impl ClaimGuard {
                 Final::Written(OriginDisposition::Stored {
                     expires_at: record.expires_at(),
                     record: key.tag(),
+                    fingerprint: None,
                 })
             }
             None => {
@@ -707,6 +729,7 @@ async fn write_final(
                     _ => OriginDisposition::Stored {
                         expires_at: holder.claimed_at().saturating_add(config.policy.ttl_ms),
                         record: key.tag(),
+                        fingerprint: None,
                     },
                 });
             }

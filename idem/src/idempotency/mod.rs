@@ -55,6 +55,16 @@ pub use execution::{Executions, CLIENT_WAIT};
 pub fn problem_response(rejection: &contract::Rejection) -> http::Response<axum::body::Body> {
     response::refusal(rejection)
 }
+
+/// [`problem_response`] with its type under `base` ([`IdempotencyLayer::problem_base`]).
+pub fn problem_response_under(
+    rejection: &contract::Rejection,
+    base: &str,
+) -> http::Response<axum::body::Body> {
+    let mut res = response::refusal(rejection);
+    response::rebase_problem(&mut res, base);
+    res
+}
 pub use service::IdempotencyService;
 #[cfg(feature = "postgres")]
 pub use transaction::{Transaction, TransactionError, TransactionsUnsupported};
@@ -109,6 +119,11 @@ pub fn release<B>(mut response: http::Response<B>) -> http::Response<B> {
     response
 }
 
+/// Marks a request that proved to come from idem's edge ([`contract::EDGE_SECRET`]):
+/// only its answer is told what idem stored.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FromEdge;
+
 type ScopeFn = dyn Fn(&Parts) -> Result<Scope, contract::Rejection> + Send + Sync;
 type RequireFn = dyn Fn(&Parts) -> bool + Send + Sync;
 type ConfigureFn = dyn Fn(IdempotencyLayer) -> IdempotencyLayer + Send + Sync;
@@ -126,6 +141,17 @@ pub(crate) struct Config {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) methods: Vec<Method>,
     pub(crate) key_required: Arc<RequireFn>,
+    /// The request headers the key is read from.
+    pub(crate) key_headers: contract::KeyHeaders,
+    /// Which parts of a request its fingerprint covers.
+    pub(crate) fingerprint_rule: idem_core::FingerprintRule,
+    /// The origins whose pages may read idem's own answers.
+    pub(crate) cors: Option<contract::Cors>,
+    /// What problem `type` URIs start with.
+    pub(crate) problem_base: Arc<str>,
+    /// The route pattern these settings are for (`http.route` of its spans); `None`
+    /// for the layer's own.
+    pub(crate) route_pattern: Option<Arc<str>>,
     pub(crate) policy: Policy,
     pub(crate) max_wait: Duration,
     /// The wait of a request that states none (`Prefer: wait=N`).
@@ -142,6 +168,8 @@ pub(crate) struct Config {
     pub(crate) max_execution: Option<Duration>,
     pub(crate) executions: Executions,
     pub(crate) max_stored_body_bytes: usize,
+    /// Statuses after which nothing is stored and the key is freed.
+    pub(crate) release_on: contract::ReleaseOn,
     /// Whether a route's pattern matches paths only in the same case.
     pub(crate) case_sensitive: bool,
     /// The secrets an edge in front proves itself with ([`contract::EDGE_SECRET`]).
@@ -173,6 +201,11 @@ impl IdempotencyLayer {
                 store,
                 methods: vec![Method::POST, Method::PATCH],
                 key_required: Arc::new(|_| false),
+                key_headers: contract::KeyHeaders::default(),
+                fingerprint_rule: idem_core::FingerprintRule::default(),
+                cors: None,
+                problem_base: Arc::from(contract::DEFAULT_PROBLEM_BASE),
+                route_pattern: None,
                 policy: Policy::default(),
                 max_wait: Duration::from_secs(10),
                 default_wait: Duration::ZERO,
@@ -188,6 +221,7 @@ impl IdempotencyLayer {
                 max_execution: None,
                 executions: Executions::default(),
                 max_stored_body_bytes: 1024 * 1024,
+                release_on: contract::ReleaseOn::NONE,
                 case_sensitive: false,
                 edge_secrets: Vec::new(),
                 routes: Vec::new(),
@@ -213,6 +247,44 @@ impl IdempotencyLayer {
     pub fn require_key_on<P: Into<String>>(self, paths: impl IntoIterator<Item = P>) -> Self {
         let paths: Vec<String> = paths.into_iter().map(Into::into).collect();
         self.require_key_when(move |parts| idem_core::contract::listed(&paths, parts.uri.path()))
+    }
+
+    /// The request headers the key is read from ([`contract::KeyHeaders`]), instead of
+    /// `Idempotency-Key` — `X-Idempotency-Key`, `PayPal-Request-Id`, as an API's clients
+    /// already send. A request with two keys (in one header or two) is refused, and so
+    /// is one with an `Idempotency-Key` when it is not among them: its client would
+    /// believe it guarded.
+    pub fn key_headers(self, headers: contract::KeyHeaders) -> Self {
+        self.with(|c| c.key_headers = headers)
+    }
+
+    /// Which parts of a request make two requests with one key "the same"
+    /// ([`idem_core::FingerprintRule`]): the whole body by default; some JSON fields
+    /// left out (a timestamp, a nonce, a trace id a retry changes) or only some kept;
+    /// and headers, if they matter. A retry that differs only in what the rule leaves
+    /// out gets the first answer; one that differs in anything else, `422`.
+    pub fn fingerprint_rule(self, rule: idem_core::FingerprintRule) -> Self {
+        self.with(|c| c.fingerprint_rule = rule)
+    }
+
+    /// Lets pages of these origins read idem's own answers — replays, `409` while the
+    /// first attempt runs, `422` and every other refusal — which a browser hides from
+    /// the page without `Access-Control-Allow-Origin` ([`contract::Cors`]). The API's
+    /// own answers are left as the API wrote them; preflights pass through to it.
+    pub fn cors(self, cors: contract::Cors) -> Self {
+        self.with(|c| c.cors = Some(cors))
+    }
+
+    /// What the `type` URIs of idem's problems start with: by default the repository's
+    /// `docs/problems.md#`, whose sections explain each; an operator's own page (with a
+    /// section per problem name, [`contract::Problem::slug`]) instead. Layer-wide.
+    ///
+    /// # Errors
+    ///
+    /// A base that is not an absolute URL or URN ([`contract::check_problem_base`]).
+    pub fn problem_base(self, base: &str) -> Result<Self, String> {
+        contract::check_problem_base(base)?;
+        Ok(self.with(|c| c.problem_base = Arc::from(base)))
     }
 
     /// Requires a key on every guarded request for which `required` returns true.
@@ -327,7 +399,9 @@ impl IdempotencyLayer {
             .iter()
             .map(|r| {
                 let mut config = (r.configure)(base.clone()).config;
-                Arc::make_mut(&mut config).routes.clear();
+                let settings = Arc::make_mut(&mut config);
+                settings.routes.clear();
+                settings.route_pattern = Some(Arc::from(r.pattern.as_str()));
                 (
                     r.pattern.clone().case_sensitive(config.case_sensitive),
                     config,
@@ -362,6 +436,16 @@ impl IdempotencyLayer {
     /// memory — and replays get a `500` problem (`…:response-not-stored`) instead.
     pub fn max_stored_body_bytes(self, limit: usize) -> Self {
         self.with(|c| c.max_stored_body_bytes = limit)
+    }
+
+    /// The statuses after which nothing is stored and the key is freed, as if the
+    /// handler had said [`release`]: a corrected retry with the same key runs. Client
+    /// errors only ([`contract::ReleaseOn`]); none by default — the handler's own signal
+    /// is the precise one — and [`contract::ReleaseOn::proxy_default`] in proxy mode,
+    /// whose upstream has no signal but its status. Name only statuses the API answers
+    /// before acting: a released answer is run again.
+    pub fn release_on(self, statuses: contract::ReleaseOn) -> Self {
+        self.with(|c| c.release_on = statuses)
     }
 
     /// The longest a handler may run. After it, the handler is dropped, its outcome

@@ -9,19 +9,40 @@ use idem_core::StoredResponse;
 /// One of idem's refusals ([`Rejection::headers`]: never cacheable).
 pub(crate) fn refusal(rejection: &Rejection) -> Response<Body> {
     let headers = rejection.headers();
-    build(
+    let mut res = build(
         rejection.status(),
         headers.iter().map(|(n, v)| (*n, v.as_bytes())),
         rejection.body(),
-    )
+    );
+    res.extensions_mut().insert(Refused(rejection.clone()));
+    res
+}
+
+/// The refusal an answer was made from, so that the layer can write its type under
+/// another base ([`rebase_problem`]).
+#[derive(Clone, Debug)]
+pub(crate) struct Refused(pub(crate) Rejection);
+
+/// Writes a refusal's body again with its type under `base` (the default base's
+/// answers are already so).
+pub(crate) fn rebase_problem(res: &mut Response<Body>, base: &str) {
+    if base == contract::DEFAULT_PROBLEM_BASE {
+        return;
+    }
+    if let Some(Refused(rejection)) = res.extensions_mut().remove::<Refused>() {
+        let body = rejection.body_under(base);
+        res.headers_mut().remove(http::header::CONTENT_LENGTH);
+        *res.body_mut() = Body::from(body);
+    }
 }
 
 /// The stored answer, marked `Idempotent-Replayed: true`, and stored until
-/// `expires_at` (the disposition an edge in front keeps its copy by; the key's TTL
-/// the client is told, at `now`).
+/// `expires_at`: the key's TTL the client is told, at `now`, and — to idem's edge
+/// (`for_edge`: the record and the fingerprint it was stored under) — the disposition
+/// it keeps its copy by.
 pub(crate) fn replay(
     stored: StoredResponse,
-    record: &idem_core::RecordKey,
+    for_edge: Option<(&idem_core::RecordKey, &idem_core::Fingerprint)>,
     expires_at: idem_core::Millis,
     now: idem_core::Millis,
 ) -> Response<Body> {
@@ -31,7 +52,9 @@ pub(crate) fn replay(
         body,
     } = stored;
     let mut res = build(status, contract::replay_headers(&headers), body);
-    tell_edge_stored(res.headers_mut(), record, expires_at, &headers);
+    if let Some((record, fingerprint)) = for_edge {
+        tell_edge_stored(res.headers_mut(), record, fingerprint, expires_at, &headers);
+    }
     advertise_ttl(&mut res, expires_at, now);
     res
 }
@@ -42,12 +65,14 @@ pub(crate) fn replay(
 pub(crate) fn tell_edge_stored(
     headers: &mut http::HeaderMap,
     record: &idem_core::RecordKey,
+    fingerprint: &idem_core::Fingerprint,
     expires_at: idem_core::Millis,
     stored: &[(String, Vec<u8>)],
 ) {
     let disposition = contract::OriginDisposition::Stored {
         expires_at,
         record: record.tag(),
+        fingerprint: Some(*fingerprint),
     };
     if let Ok(v) = HeaderValue::from_str(&disposition.header_value()) {
         headers.insert(contract::ORIGIN_DISPOSITION, v);
@@ -80,6 +105,11 @@ pub(crate) fn answer(stored: StoredResponse) -> Response<Body> {
     build(status, contract::visible_headers(&headers), body)
 }
 
+/// Marks an answer idem made itself (a refusal, a replay), not the handler's: only
+/// such answers get the layer's CORS headers ([`super::IdempotencyLayer::cors`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct OwnAnswer;
+
 fn build<'a>(
     status: u16,
     headers: impl Iterator<Item = (&'a str, &'a [u8])>,
@@ -98,5 +128,6 @@ fn build<'a>(
             h.append(name, value);
         }
     }
+    res.extensions_mut().insert(OwnAnswer);
     res
 }

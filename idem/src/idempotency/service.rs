@@ -14,7 +14,7 @@ use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use http::{header, request::Parts, HeaderMap, Request, Response};
 use http_body_util::BodyExt;
-use idem_core::contract::{self, Problem, Rejection, Route, Waiting, IDEMPOTENCY_KEY};
+use idem_core::contract::{self, Problem, Rejection, Route, Waiting};
 use idem_core::{Decision, RecordKey};
 use std::convert::Infallible;
 use std::sync::atomic::AtomicBool;
@@ -119,15 +119,28 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let from_edge = self.take_edge_proof(req.headers_mut());
+        if from_edge {
+            req.extensions_mut().insert(super::FromEdge);
+        }
         let Some(config) = self.config_for(req.method(), req.uri().path(), req.headers()) else {
-            return Box::pin(async { Ok(invalid(&Rejection::new(Problem::PathAmbiguous))) });
+            let mut res = invalid(&Rejection::new(Problem::PathAmbiguous));
+            super::response::rebase_problem(&mut res, &self.config.problem_base);
+            return Box::pin(async { Ok(res) });
         };
+        let base = self.config.problem_base.clone();
         Box::pin(async move {
             let mut res = handle(config, inner, req).await;
             if !from_edge {
                 // What idem stored is the edge's to know, never a client's.
                 res.headers_mut().remove(contract::ORIGIN_DISPOSITION);
                 res.headers_mut().remove(contract::STORED_HEADERS);
+            }
+            super::response::rebase_problem(&mut res, &base);
+            if res.extensions_mut().remove::<WaitApplied>().is_some() {
+                res.headers_mut().append(
+                    contract::PREFERENCE_APPLIED,
+                    http::HeaderValue::from_static("wait"),
+                );
             }
             Ok(res)
         })
@@ -144,9 +157,58 @@ where
     if !is_guarded(&config.methods, req.method(), req.headers()) {
         return pass_through(inner, req).await;
     }
+    let took = std::time::Instant::now();
+    // Read only when asked for: the hot path takes no copy.
+    let origin: Option<Vec<http::HeaderValue>> = config.cors.as_ref().map(|_| {
+        req.headers()
+            .get_all(header::ORIGIN)
+            .iter()
+            .cloned()
+            .collect()
+    });
     let (parts, body) = req.into_parts();
-    let span = trace::request_span(&parts);
-    guarded(config, inner, parts, body).instrument(span).await
+    let span = trace::request_span(&parts, config.route_pattern.as_deref());
+    let cors = config.cors.clone();
+    let mut res = guarded(config, inner, parts, body)
+        .instrument(span.clone())
+        .await;
+    trace::record_status(&span, res.status().as_u16());
+    metrics::request_duration(res.status().as_u16(), took.elapsed());
+    if let (Some(cors), Some(origin)) = (cors, origin) {
+        add_cors(&cors, &origin, &mut res);
+    }
+    res
+}
+
+/// The layer's CORS headers on an answer idem made itself, for a request from an
+/// allowed origin; never on the API's own answers (what they let pages read is the
+/// API's to say).
+fn add_cors(cors: &contract::Cors, origin: &[http::HeaderValue], res: &mut Response<Body>) {
+    let own = res
+        .extensions_mut()
+        .remove::<super::response::OwnAnswer>()
+        .is_some();
+    if !own
+        || res
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_ALLOW_ORIGIN)
+    {
+        return;
+    }
+    let carries: Vec<String> = res
+        .headers()
+        .keys()
+        .map(|n| n.as_str().to_owned())
+        .collect();
+    let headers = cors.answer_headers(
+        origin.iter().map(|v| v.as_bytes()),
+        carries.iter().map(String::as_str),
+    );
+    for (name, value) in headers {
+        if let Ok(value) = http::HeaderValue::from_str(&value) {
+            res.headers_mut().append(name, value);
+        }
+    }
 }
 
 /// Whether `methods` guard a request of `method`, or one its headers ask the API to take
@@ -166,10 +228,14 @@ where
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let keys = parts.headers.get_all(IDEMPOTENCY_KEY).iter();
-    let key = match contract::route(true, parts.uri.path(), keys.map(|v| v.as_bytes()), || {
-        (config.key_required)(&parts)
-    }) {
+    let values_of = |name: &str| parts.headers.get_all(name).iter().map(|v| v.as_bytes());
+    let key = match contract::route_by_key_headers(
+        true,
+        parts.uri.path(),
+        &config.key_headers,
+        values_of,
+        || (config.key_required)(&parts),
+    ) {
         Route::Guard(key) => key,
         Route::PassThrough => return pass_through(inner, Request::from_parts(parts, body)).await,
         Route::Reject(rejection) => return invalid(&rejection),
@@ -188,7 +254,7 @@ where
         Ok(body) => body,
         Err(rejection) => return invalid(&rejection),
     };
-    let fingerprint = contract::fingerprint(
+    let fingerprint = config.fingerprint_rule.fingerprint(
         parts.method.as_str(),
         parts.uri.path_and_query().map_or("", |pq| pq.as_str()),
         parts
@@ -197,10 +263,15 @@ where
             .iter()
             .map(|v| v.as_bytes()),
         &body,
+        |name| parts.headers.get_all(name).iter().map(|v| v.as_bytes()),
     );
     let record_key = RecordKey::new(&scope, &key);
     trace::record_key(&scope, &record_key);
     let prefer = parts.headers.get_all("prefer").iter();
+    let wait_applied = contract::wait_applied(
+        parts.headers.get_all("prefer").iter().map(|v| v.as_bytes()),
+        super::millis(config.max_wait),
+    );
     let wait_ms = contract::wait_ms_or(
         prefer.map(|v| v.as_bytes()),
         super::millis(config.default_wait),
@@ -241,13 +312,23 @@ where
             scope,
         },
     );
-    FinishOnDrop::new(
+    let mut res = FinishOnDrop::new(
         Box::pin(run.in_current_span()),
         &layer_config.executions,
         left,
     )
-    .await
+    .await;
+    if wait_applied {
+        // Said last, once the private headers are off (see `call`).
+        res.extensions_mut().insert(WaitApplied);
+    }
+    res
 }
+
+/// The request's `Prefer: wait` was honoured: its answer says so last
+/// (`Preference-Applied: wait`), after every other header, as the edge's answers do.
+#[derive(Clone, Copy, Debug)]
+struct WaitApplied;
 
 /// How long a request may wait while another attempt holds its key, unless its
 /// client has left meanwhile; and its place among the requests in progress, held until
@@ -322,7 +403,13 @@ where
             }) => {
                 metrics::outcome(Outcome::Replayed);
                 trace::record_replay(&response.headers);
-                return replay(response, &record_key, expires_at, store.now());
+                let for_edge = parts.extensions.get::<super::FromEdge>().is_some();
+                return replay(
+                    response,
+                    for_edge.then_some((&record_key, &fingerprint)),
+                    expires_at,
+                    store.now(),
+                );
             }
             Ok(Decision::Mismatch) => {
                 metrics::outcome(Outcome::Mismatch);
@@ -394,6 +481,7 @@ where
             lease_lost,
             opened,
             claimed_at: sent.into_std(),
+            fingerprint,
         };
         return execute(config, inner, req, claimed, wait.in_progress).await;
     }

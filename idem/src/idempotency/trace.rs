@@ -16,14 +16,23 @@ use idem_core::contract;
 use tracing::field::Empty;
 use tracing::Span;
 
-/// The span of one guarded request; its fields are filled in as the request goes
-/// ([`record`]). Its parent is the request's `traceparent`, when it has a valid one.
-pub(crate) fn request_span(parts: &Parts) -> Span {
+/// The span of one guarded request, named as OpenTelemetry's HTTP conventions say
+/// (`{method} {http.route}`, `route` the path pattern the request matched, if any);
+/// its fields are filled in as the request goes ([`record`]). Its parent is the
+/// request's `traceparent`, when it has a valid one.
+pub(crate) fn request_span(parts: &Parts, route: Option<&str>) -> Span {
+    let name = match route {
+        Some(route) => format!("{} {route}", parts.method),
+        None => parts.method.to_string(),
+    };
     let span = tracing::debug_span!(
         "idem.request",
-        otel.name = %format_args!("idem {}", parts.method),
+        otel.name = %name,
         otel.kind = "server",
         http.request.method = %parts.method,
+        http.route = route,
+        http.response.status_code = Empty,
+        server.address = server_address(parts),
         url.path = parts.uri.path(),
         idem.outcome = Empty,
         idem.scope = Empty,
@@ -37,6 +46,27 @@ pub(crate) fn request_span(parts: &Parts) -> Span {
         otel::adopt_parent(&span, &parts.headers);
     }
     span
+}
+
+/// The host the client asked for, without its port (`Host`, or the target's authority).
+fn server_address(parts: &Parts) -> Option<&str> {
+    let host = parts
+        .headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| parts.uri.host())?;
+    let host = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(v6),
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    Some(host).filter(|h| !h.is_empty())
+}
+
+/// Records the answer's status on the request's span.
+pub(crate) fn record_status(span: &Span, status: u16) {
+    if !span.is_disabled() {
+        span.record("http.response.status_code", status);
+    }
 }
 
 /// Records the request's scope and record key (prefixes: enough to find them, not to

@@ -233,8 +233,15 @@ impl Transaction {
         response: Response<Body>,
     ) -> Result<Response<Body>, TransactionError> {
         let (parts, body) = response.into_parts();
-        if parts.extensions.get::<super::ReleaseSignal>().is_some() {
-            // "Nothing happened": so be it, nothing is committed.
+        let signalled = parts.extensions.get::<super::ReleaseSignal>().is_some();
+        let released = idem_core::contract::disposition(
+            signalled,
+            parts.status.as_u16(),
+            self.config.release_on,
+        ) == idem_core::contract::Disposition::Release;
+        if released {
+            // "Nothing happened" (signalled, or a status the route releases on): so be
+            // it, nothing is committed.
             self.tx.rollback().await;
             return Ok(Response::from_parts(parts, body));
         }

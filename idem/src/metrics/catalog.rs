@@ -60,6 +60,8 @@ use Kind::{Counter, Gauge, Histogram};
 /// Every metric idem records.
 pub const CATALOG: &[Metric] = &[
     metric("idem_requests_total", Counter, &["outcome"], "`executed`, `replayed`, `in_flight`, `mismatch`, `invalid`, `unavailable`, `busy`, `store_full`, `scope_quota`", "guarded requests by what idem did"),
+    metric("idem_request_duration_seconds", Histogram, &["class"], "`2xx`, `3xx`, `4xx`, `5xx`", "guarded requests, from the layer taking them to their answer's head (replays, refusals and executions), by the answer's status class"),
+    metric("idem_upstream_duration_seconds", Histogram, &["result"], "`2xx`, `3xx`, `4xx`, `5xx`, `unreachable`, `lost`", "proxy mode: requests sent to the upstream, from sending to its answer's head, by what came back"),
     metric("idem_takeovers_total", Counter, &[], "", "executions that took over an expired lease"),
     metric("idem_released_total", Counter, &[], "", "executions whose handler freed the key with the release signal"),
     metric("idem_fenced_writes_total", Counter, &["op"], "`heartbeat`, `complete`, `release`", "holder writes refused because another attempt took over"),

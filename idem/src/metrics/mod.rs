@@ -56,6 +56,23 @@ pub(crate) fn outcome(o: Outcome) {
     tracing::Span::current().record("idem.outcome", o.as_str());
 }
 
+/// A guarded request's time to its answer, by the answer's status class.
+pub(crate) fn request_duration(status: u16, took: std::time::Duration) {
+    metrics::histogram!("idem_request_duration_seconds", "class" => status_class(status))
+        .record(took.as_secs_f64());
+}
+
+/// `2xx`…`5xx` (`other` outside them).
+pub fn status_class(status: u16) -> &'static str {
+    match status {
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        500..=599 => "5xx",
+        _ => "other",
+    }
+}
+
 pub(crate) fn replay_cache_hit() {
     metrics::counter!("idem_replay_cache_hits_total").increment(1);
 }
@@ -104,11 +121,29 @@ pub(crate) async fn timed<T>(
     let span = match tracing::Span::current().is_disabled() {
         true => tracing::Span::none(),
         false => {
-            tracing::debug_span!("idem.store", otel.name = %format_args!("idem.store {op}"), idem.store = store, idem.op = op)
+            tracing::debug_span!(
+                "idem.store",
+                otel.name = %format_args!("idem.store {op}"),
+                otel.kind = "client",
+                db.system.name = db_system(store),
+                db.operation.name = op,
+                idem.store = store,
+                idem.op = op
+            )
         }
     };
     let out = tracing::Instrument::instrument(fut, span).await;
     metrics::histogram!("idem_store_duration_seconds", "store" => store, "op" => op)
         .record(start.elapsed().as_secs_f64());
     out
+}
+
+/// OpenTelemetry's `db.system.name` of a store: the database its round trips go to
+/// (the tiered store's go to Redis first); none for the memory store, which has none.
+fn db_system(store: &str) -> Option<&'static str> {
+    match store {
+        s if s.starts_with("postgres") => Some("postgresql"),
+        s if s.starts_with("redis") || s.starts_with("tiered") => Some("redis"),
+        _ => None,
+    }
 }

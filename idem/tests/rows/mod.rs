@@ -329,7 +329,10 @@ pub async fn a_retry_while_running_gets_409_with_retry_after(store: Arc<dyn Stor
     assert_eq!(res.status, 409);
     assert_eq!(res.header("retry-after"), Some("1"));
     assert_eq!(res.header("cache-control"), Some("no-store"));
-    assert_eq!(res.problem_type(), "urn:idem:problem:request-in-flight");
+    assert_eq!(
+        res.problem_type(),
+        "https://github.com/idem-rs/idem/blob/main/docs/problems.md#request-in-flight"
+    );
     script.open_gate();
     assert_eq!(first.await.unwrap(), 201);
     assert_eq!(script.calls(), 1);
@@ -405,7 +408,7 @@ pub async fn the_same_key_with_a_different_request_is_422(store: Arc<dyn Store>)
         assert_eq!(res.status, 422, "{method} {body}");
         assert_eq!(
             res.problem_type(),
-            "urn:idem:problem:idempotency-key-reused"
+            "https://github.com/idem-rs/idem/blob/main/docs/problems.md#idempotency-key-reused"
         );
     }
     let text = Request::builder()
@@ -429,7 +432,7 @@ pub async fn a_missing_or_malformed_key_is_400_and_stores_nothing(store: Arc<dyn
     assert_eq!(missing.status, 400);
     assert_eq!(
         missing.problem_type(),
-        "urn:idem:problem:idempotency-key-missing"
+        "https://github.com/idem-rs/idem/blob/main/docs/problems.md#idempotency-key-missing"
     );
     let long = "k".repeat(256);
     for bad in ["a b", "\"open", "", long.as_str()] {
@@ -437,7 +440,7 @@ pub async fn a_missing_or_malformed_key_is_400_and_stores_nothing(store: Arc<dyn
         assert_eq!(res.status, 400, "{bad:?}");
         assert_eq!(
             res.problem_type(),
-            "urn:idem:problem:idempotency-key-malformed"
+            "https://github.com/idem-rs/idem/blob/main/docs/problems.md#idempotency-key-malformed"
         );
     }
     let two = op("POST", Some("k1")).header("idempotency-key", "k2");
@@ -445,7 +448,7 @@ pub async fn a_missing_or_malformed_key_is_400_and_stores_nothing(store: Arc<dyn
     assert_eq!(res.status, 400);
     assert_eq!(
         res.problem_type(),
-        "urn:idem:problem:idempotency-key-malformed"
+        "https://github.com/idem-rs/idem/blob/main/docs/problems.md#idempotency-key-malformed"
     );
     for key in ["k1", "k2"] {
         assert_eq!(store.get(&record_key(key)).await.unwrap(), None);
@@ -459,7 +462,10 @@ pub async fn a_body_over_the_limit_is_413_and_stores_nothing(store: Arc<dyn Stor
     let big = "x".repeat(1025);
     let res = send(&router, op("POST", Some("big-1")), &big).await;
     assert_eq!(res.status, 413);
-    assert_eq!(res.problem_type(), "urn:idem:problem:body-too-large");
+    assert_eq!(
+        res.problem_type(),
+        "https://github.com/idem-rs/idem/blob/main/docs/problems.md#body-too-large"
+    );
     // Refused on its declared length, before a byte is read.
     let declared = op("POST", Some("big-2")).header("content-length", "5000000");
     let res = send(&router, declared, "").await;
@@ -532,9 +538,10 @@ pub async fn a_broken_response_is_stored_as_a_problem_and_never_run_again(store:
     let first = post(&router, "broken-1").await;
     assert_eq!(first.status, 502);
     let kind = first.problem_type();
-    let lost_whole = over_a_wire() && kind == "urn:idem:problem:upstream-outcome-unknown";
+    let lost_whole = over_a_wire() && kind == "https://github.com/idem-rs/idem/blob/main/docs/problems.md#upstream-outcome-unknown";
     assert!(
-        kind == "urn:idem:problem:handler-failed" || lost_whole,
+        kind == "https://github.com/idem-rs/idem/blob/main/docs/problems.md#handler-failed"
+            || lost_whole,
         "{kind}"
     );
     assert_eq!(
@@ -573,9 +580,15 @@ pub async fn a_panicking_handler_stores_a_500(store: Arc<dyn Store>) {
     let script = Script::marked(&[(201, Mark::Panics)]);
     let router = script.router(layer(&store));
     let (status, kind) = if over_a_wire() {
-        (502, "urn:idem:problem:upstream-outcome-unknown")
+        (
+            502,
+            "https://github.com/idem-rs/idem/blob/main/docs/problems.md#upstream-outcome-unknown",
+        )
     } else {
-        (500, "urn:idem:problem:handler-panicked")
+        (
+            500,
+            "https://github.com/idem-rs/idem/blob/main/docs/problems.md#handler-panicked",
+        )
     };
     for replayed in [false, true] {
         let res = post(&router, "panic-1").await;

@@ -280,9 +280,7 @@ pub fn edge_kept_headers(value: Option<&[u8]>) -> Option<Vec<String>> {
     let text = core::str::from_utf8(value).ok()?;
     let mut names = Vec::new();
     for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-        let token = name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+        let token = super::is_header_name(name);
         if !token || names.len() == MAX_STORED_HEADER_NAMES {
             return None;
         }
@@ -307,6 +305,10 @@ pub enum OriginDisposition {
         expires_at: crate::Millis,
         /// Which record holds it ([`crate::RecordKey::tag`]).
         record: crate::RecordTag,
+        /// The fingerprint the origin stored it under — under its route's rule
+        /// ([`crate::FingerprintRule`]). Said to the edge on every stored answer; `None`
+        /// only within the origin, before it is said.
+        fingerprint: Option<crate::Fingerprint>,
     },
     /// The origin freed the key; nothing is stored.
     Released,
@@ -318,8 +320,17 @@ impl OriginDisposition {
     /// The header value.
     pub fn header_value(self) -> alloc::string::String {
         match self {
-            OriginDisposition::Stored { expires_at, record } => {
-                format!("stored; expires={expires_at}; record={}", record.to_hex())
+            OriginDisposition::Stored {
+                expires_at,
+                record,
+                fingerprint,
+            } => {
+                let mut value = format!("stored; expires={expires_at}; record={}", record.to_hex());
+                if let Some(fingerprint) = fingerprint {
+                    value.push_str("; fingerprint=");
+                    value.push_str(&fingerprint.to_hex());
+                }
+                value
             }
             OriginDisposition::Released => "released".into(),
             OriginDisposition::Pending => "pending".into(),
@@ -341,10 +352,20 @@ impl OriginDisposition {
         let expires_at = super::parse_digits(digits, 20)?;
         let tag = trim_ows(params.next()?).strip_prefix(b"record=")?;
         let record = crate::RecordTag::parse(tag)?;
+        let fingerprint = match params.next() {
+            None => None,
+            Some(param) => Some(crate::Fingerprint::from_hex(
+                trim_ows(param).strip_prefix(b"fingerprint=")?,
+            )?),
+        };
         if params.next().is_some() {
             return None;
         }
-        Some(OriginDisposition::Stored { expires_at, record })
+        Some(OriginDisposition::Stored {
+            expires_at,
+            record,
+            fingerprint,
+        })
     }
 }
 
@@ -359,20 +380,32 @@ pub enum NotKept {
     /// replayed to whoever the cache puts in the same record — another tenant,
     /// perhaps; not kept, the cache is only slower.
     OtherRecord,
+    /// The origin stored it under another fingerprint than the cache's own (its route
+    /// fingerprints part of the body, or headers, and the cache the whole body), or
+    /// did not say under which: kept, the cache would refuse with `422` the retries the
+    /// origin replays to.
+    OtherFingerprint,
 }
 
 /// Until when a cache in front of the origin (the edge) may keep an answer it claimed
-/// under `own`: only one the origin stored, in the same record
-/// ([`OriginDisposition::Stored`]'s `record`), until the origin's record expires.
+/// under `own` with `own_fingerprint`: only one the origin stored in the same record
+/// ([`OriginDisposition::Stored`]'s `record`) under the same fingerprint, until the
+/// origin's record expires.
 pub fn edge_keeps(
     origin: Option<OriginDisposition>,
     own: &crate::RecordKey,
+    own_fingerprint: &crate::Fingerprint,
 ) -> Result<crate::Millis, NotKept> {
     match origin {
-        Some(OriginDisposition::Stored { expires_at, record }) if record == own.tag() => {
-            Ok(expires_at)
+        Some(OriginDisposition::Stored { record, .. }) if record != own.tag() => {
+            Err(NotKept::OtherRecord)
         }
-        Some(OriginDisposition::Stored { .. }) => Err(NotKept::OtherRecord),
+        Some(OriginDisposition::Stored {
+            expires_at,
+            fingerprint: Some(fingerprint),
+            ..
+        }) if fingerprint == *own_fingerprint => Ok(expires_at),
+        Some(OriginDisposition::Stored { .. }) => Err(NotKept::OtherFingerprint),
         _ => Err(NotKept::NotStored),
     }
 }
@@ -649,22 +682,36 @@ mod tests {
     #[wasm_bindgen_test(unsupported = test)]
     fn the_edge_keeps_only_what_the_origin_stored_in_the_same_record() {
         let (tenant_a, tenant_b) = (record_key(b"a"), record_key(b"b"));
-        let stored = Some(OriginDisposition::Stored {
-            expires_at: 5_000,
-            record: tenant_a.tag(),
-        });
-        assert_eq!(edge_keeps(stored, &tenant_a), Ok(5_000));
+        let (own, other) = (crate::Fingerprint([1; 32]), crate::Fingerprint([2; 32]));
+        let stored = |fingerprint| {
+            Some(OriginDisposition::Stored {
+                expires_at: 5_000,
+                record: tenant_a.tag(),
+                fingerprint,
+            })
+        };
+        assert_eq!(edge_keeps(stored(Some(own)), &tenant_a, &own), Ok(5_000));
         assert_eq!(
-            edge_keeps(stored, &tenant_b),
+            edge_keeps(stored(Some(own)), &tenant_b, &own),
             Err(NotKept::OtherRecord),
             "an edge that scopes otherwise than the origin keeps nothing"
+        );
+        assert_eq!(
+            edge_keeps(stored(Some(other)), &tenant_a, &own),
+            Err(NotKept::OtherFingerprint),
+            "an origin whose route fingerprints otherwise keeps the edge from keeping"
+        );
+        assert_eq!(
+            edge_keeps(stored(None), &tenant_a, &own),
+            Err(NotKept::OtherFingerprint),
+            "nor does one that does not say"
         );
         for said in [
             Some(OriginDisposition::Released),
             Some(OriginDisposition::Pending),
             None,
         ] {
-            assert_eq!(edge_keeps(said, &tenant_a), Err(NotKept::NotStored));
+            assert_eq!(edge_keeps(said, &tenant_a, &own), Err(NotKept::NotStored));
         }
         assert_ne!(tenant_a.tag(), tenant_b.tag());
     }
@@ -676,14 +723,17 @@ mod tests {
             OriginDisposition::Stored {
                 expires_at: 0,
                 record,
+                fingerprint: None,
             },
             OriginDisposition::Stored {
                 expires_at: 1_764_000_000_123,
                 record,
+                fingerprint: Some(crate::Fingerprint([0xab; 32])),
             },
             OriginDisposition::Stored {
                 expires_at: u64::MAX,
                 record,
+                fingerprint: Some(crate::Fingerprint([0; 32])),
             },
             OriginDisposition::Released,
             OriginDisposition::Pending,
@@ -698,7 +748,8 @@ mod tests {
             OriginDisposition::parse(format!(" stored;expires=5;record={tag} ").as_bytes()),
             Some(OriginDisposition::Stored {
                 expires_at: 5,
-                record
+                record,
+                fingerprint: None,
             })
         );
         let upper = format!("stored; expires=5; record={}", tag.to_ascii_uppercase());
@@ -706,11 +757,15 @@ mod tests {
             OriginDisposition::parse(upper.as_bytes()),
             Some(OriginDisposition::Stored {
                 expires_at: 5,
-                record
+                record,
+                fingerprint: None,
             })
         );
         let short = format!("stored; expires=5; record={}", &tag[1..]);
         let extra = format!("stored; expires=5; record={tag}; x=1");
+        let fp = "ab".repeat(32);
+        let after = format!("stored; expires=5; record={tag}; fingerprint={fp}; x=1");
+        let cut = format!("stored; expires=5; record={tag}; fingerprint={}", &fp[1..]);
         for junk in [
             &b""[..],
             b"stored",
@@ -724,6 +779,8 @@ mod tests {
             b"stored; expires=5; record=zz000000000000000000000000000000",
             short.as_bytes(),
             extra.as_bytes(),
+            after.as_bytes(),
+            cut.as_bytes(),
         ] {
             assert_eq!(OriginDisposition::parse(junk), None, "{junk:?}");
         }

@@ -17,9 +17,11 @@ use alloc::format;
 use alloc::string::String;
 
 pub mod answer;
+pub mod cors;
 pub mod jwt;
 pub mod path;
 pub mod problem;
+pub mod release;
 pub mod request;
 pub mod scope;
 pub mod wait;
@@ -31,17 +33,19 @@ pub use answer::{
     replay_headers, stored_header_names, stored_headers, stored_headers_of, visible_headers,
     NotKept, OriginDisposition,
 };
+pub use cors::{check_replay_header, Cors};
 pub use jwt::{JwtKeys, JwtVerifier};
 pub use path::{
     ambiguous_path, check_pattern, choose_route, listed, normal_path, PathChoice, PathPattern,
 };
-pub use problem::{Problem, Rejection};
+pub use problem::{check_problem_base, Problem, Rejection, DEFAULT_PROBLEM_BASE};
+pub use release::{ReleaseOn, PROXY_DEFAULT_RELEASE};
 pub use request::{
-    check_declared_length, fingerprint, fingerprint_message, guards, guards_request, route, Route,
-    METHOD_OVERRIDE_HEADERS,
+    check_declared_length, fingerprint, fingerprint_message, guards, guards_request, route,
+    route_by_key_headers, KeyHeaders, Route, METHOD_OVERRIDE_HEADERS,
 };
 pub use scope::{Anonymous, ScopeRule, ScopeSource};
-pub use wait::{prefer_wait, wait_ms, wait_ms_or, Waiting};
+pub use wait::{prefer_wait, wait_applied, wait_ms, wait_ms_or, Waiting, PREFERENCE_APPLIED};
 
 /// Request header carrying the key.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -151,17 +155,27 @@ pub enum Disposition {
 }
 
 /// The contract's release rule: once the handler started, its answer is the result,
-/// whatever its status or headers (Stripe's semantics) — unless the handler said
-/// "nothing happened" through idem's private release signal, which only it can send
-/// and which idem strips before the client sees it. Nothing is inferred from standard
-/// headers or statuses: security middleware stamps `Cache-Control: no-store` on
-/// every answer, and a 503 or 504 can follow a committed effect.
-pub fn disposition(release_signalled: bool) -> Disposition {
-    if release_signalled {
+/// whatever its headers (Stripe's semantics) — unless the handler said "nothing
+/// happened" through idem's private release signal, which only it can send and which
+/// idem strips before the client sees it, or its status is one the route names as
+/// "nothing happened" (`release_on`: client errors only, [`ReleaseOn`]). Nothing is
+/// inferred from standard headers or from a 5xx: security middleware stamps
+/// `Cache-Control: no-store` on every answer, and a 503 or 504 can follow a committed
+/// effect.
+pub fn disposition(release_signalled: bool, status: u16, release_on: ReleaseOn) -> Disposition {
+    if release_signalled || release_on.contains(status) {
         Disposition::Release
     } else {
         Disposition::Store
     }
+}
+
+/// Whether `name` is an HTTP token (RFC 9110 §5.6.2), as a header name must be.
+pub fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 /// `s` without leading and trailing spaces and tabs (HTTP's optional whitespace).
@@ -201,9 +215,20 @@ mod tests {
 
     #[wasm_bindgen_test(unsupported = test)]
     fn contract_table_dispositions() {
-        // Only the private signal releases; statuses and headers are never read.
-        assert_eq!(disposition(false), Disposition::Store);
-        assert_eq!(disposition(true), Disposition::Release);
+        // The private signal releases; a status only when the route names it.
+        let none = ReleaseOn::NONE;
+        let proxy = ReleaseOn::proxy_default();
+        assert_eq!(disposition(false, 400, none), Disposition::Store);
+        assert_eq!(disposition(true, 201, none), Disposition::Release);
+        assert_eq!(disposition(false, 400, proxy), Disposition::Release);
+        assert_eq!(disposition(false, 429, proxy), Disposition::Release);
+        for stored in [200, 201, 302, 404, 409, 500, 502, 503, 504] {
+            assert_eq!(
+                disposition(false, stored, proxy),
+                Disposition::Store,
+                "{stored}"
+            );
+        }
     }
 }
 

@@ -7,6 +7,30 @@ use alloc::string::{String, ToString};
 use alloc::vec;
 use alloc::vec::Vec;
 
+/// Where problem `type` URIs point by default: the repository's page with a section
+/// per problem, so that a person who meets one can follow it.
+pub const DEFAULT_PROBLEM_BASE: &str =
+    "https://github.com/idem-rs/idem/blob/main/docs/problems.md#";
+
+/// Whether `base` may prefix problem types: an absolute `https://` or `http://` URL
+/// (ending where the problem's name follows: `#`, `/`, `=`…), or a `urn:`; visible
+/// ASCII, no quotes or spaces.
+pub fn check_problem_base(base: &str) -> Result<(), String> {
+    let scheme_ok = ["https://", "http://", "urn:"].iter().any(|s| {
+        base.len() > s.len() && base.as_bytes()[..s.len()].eq_ignore_ascii_case(s.as_bytes())
+    });
+    let bytes_ok = base
+        .bytes()
+        .all(|b| b.is_ascii_graphic() && !b"\"<>\\^`{|}".contains(&b));
+    if !scheme_ok || !bytes_ok {
+        return Err(format!(
+            "{base:?} cannot prefix problem types: give an absolute https:// URL (or a urn:) \
+             that the problem's name completes, e.g. https://docs.example/problems#"
+        ));
+    }
+    Ok(())
+}
+
 /// Every error idem itself produces, each with a stable problem `type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Problem {
@@ -68,6 +92,10 @@ pub enum Problem {
     /// names (an encoded `/` or `\`, a `;` parameter, a `.` or `..` segment): idem
     /// could apply one route's settings and the API serve another's. Nothing ran.
     PathAmbiguous,
+    /// 400: the request carries an `Idempotency-Key`, but its route reads the key from
+    /// other headers (`key_header`): run unguarded, it would not be what its client
+    /// thinks. Nothing ran.
+    KeyHeaderNotRead,
     /// 502: the edge could not reach the origin, or lost its answer: the origin may
     /// have run the request. Never stored at the edge; a retry with the same key gets
     /// the request's result (the origin replays what it stored, or runs it if it never
@@ -77,7 +105,7 @@ pub enum Problem {
 
 impl Problem {
     /// All problems, for documentation and tests.
-    pub const ALL: [Problem; 22] = [
+    pub const ALL: [Problem; 23] = [
         Problem::KeyMissing,
         Problem::KeyMalformed,
         Problem::BodyTooLarge,
@@ -99,6 +127,7 @@ impl Problem {
         Problem::IdentityMissing,
         Problem::IdentityInvalid,
         Problem::PathAmbiguous,
+        Problem::KeyHeaderNotRead,
         Problem::OriginUnreachable,
     ];
 
@@ -108,7 +137,8 @@ impl Problem {
             Problem::KeyMissing
             | Problem::KeyMalformed
             | Problem::BodyUnreadable
-            | Problem::PathAmbiguous => 400,
+            | Problem::PathAmbiguous
+            | Problem::KeyHeaderNotRead => 400,
             Problem::BodyTooLarge => 413,
             Problem::BodyTimeout => 408,
             Problem::Busy | Problem::StoreFull => 503,
@@ -126,32 +156,48 @@ impl Problem {
         }
     }
 
-    /// The stable `type` URI.
-    pub fn type_uri(self) -> &'static str {
+    /// The problem's stable name: the last part of its `type` URI, and the heading of
+    /// its section in `docs/problems.md`.
+    pub fn slug(self) -> &'static str {
         match self {
-            Problem::KeyMissing => "urn:idem:problem:idempotency-key-missing",
-            Problem::KeyMalformed => "urn:idem:problem:idempotency-key-malformed",
-            Problem::BodyTooLarge => "urn:idem:problem:body-too-large",
-            Problem::BodyUnreadable => "urn:idem:problem:body-unreadable",
-            Problem::BodyTimeout => "urn:idem:problem:body-timeout",
-            Problem::Busy => "urn:idem:problem:server-busy",
-            Problem::StoreFull => "urn:idem:problem:store-full",
-            Problem::ScopeQuota => "urn:idem:problem:scope-quota",
-            Problem::InFlight => "urn:idem:problem:request-in-flight",
-            Problem::Mismatch => "urn:idem:problem:idempotency-key-reused",
-            Problem::StoreUnavailable => "urn:idem:problem:store-unavailable",
-            Problem::HandlerPanicked => "urn:idem:problem:handler-panicked",
-            Problem::HandlerFailed => "urn:idem:problem:handler-failed",
-            Problem::ResponseNotStored => "urn:idem:problem:response-not-stored",
-            Problem::Fenced => "urn:idem:problem:fenced",
-            Problem::EdgeMisconfigured => "urn:idem:problem:edge-misconfigured",
-            Problem::UpstreamUnreachable => "urn:idem:problem:upstream-unreachable",
-            Problem::OriginUnreachable => "urn:idem:problem:origin-unreachable",
-            Problem::UpstreamOutcomeUnknown => "urn:idem:problem:upstream-outcome-unknown",
-            Problem::IdentityMissing => "urn:idem:problem:identity-missing",
-            Problem::IdentityInvalid => "urn:idem:problem:identity-invalid",
-            Problem::PathAmbiguous => "urn:idem:problem:path-ambiguous",
+            Problem::KeyMissing => "idempotency-key-missing",
+            Problem::KeyMalformed => "idempotency-key-malformed",
+            Problem::BodyTooLarge => "body-too-large",
+            Problem::BodyUnreadable => "body-unreadable",
+            Problem::BodyTimeout => "body-timeout",
+            Problem::Busy => "server-busy",
+            Problem::StoreFull => "store-full",
+            Problem::ScopeQuota => "scope-quota",
+            Problem::InFlight => "request-in-flight",
+            Problem::Mismatch => "idempotency-key-reused",
+            Problem::StoreUnavailable => "store-unavailable",
+            Problem::HandlerPanicked => "handler-panicked",
+            Problem::HandlerFailed => "handler-failed",
+            Problem::ResponseNotStored => "response-not-stored",
+            Problem::Fenced => "fenced",
+            Problem::EdgeMisconfigured => "edge-misconfigured",
+            Problem::UpstreamUnreachable => "upstream-unreachable",
+            Problem::OriginUnreachable => "origin-unreachable",
+            Problem::UpstreamOutcomeUnknown => "upstream-outcome-unknown",
+            Problem::IdentityMissing => "identity-missing",
+            Problem::IdentityInvalid => "identity-invalid",
+            Problem::PathAmbiguous => "path-ambiguous",
+            Problem::KeyHeaderNotRead => "idempotency-key-header-not-read",
         }
+    }
+
+    /// The `type` URI under the default base ([`DEFAULT_PROBLEM_BASE`]): the section of
+    /// the repository's `docs/problems.md` that explains it.
+    pub fn type_uri(self) -> String {
+        self.type_uri_under(DEFAULT_PROBLEM_BASE)
+    }
+
+    /// The `type` URI under `base` (an operator's own page: [`check_problem_base`]).
+    pub fn type_uri_under(self, base: &str) -> String {
+        let mut uri = String::with_capacity(base.len() + 32);
+        uri.push_str(base);
+        uri.push_str(self.slug());
+        uri
     }
 
     /// The short human-readable summary.
@@ -181,6 +227,7 @@ impl Problem {
             Problem::IdentityMissing => "Who is asking is needed to keep the key apart",
             Problem::IdentityInvalid => "The caller's token was not accepted",
             Problem::PathAmbiguous => "The request's path is spelled ambiguously",
+            Problem::KeyHeaderNotRead => "This path reads its idempotency key from another header",
         }
     }
 
@@ -214,6 +261,7 @@ impl Problem {
             Problem::UpstreamOutcomeUnknown => "the request was sent to the upstream and its answer was lost; it will not be sent again for this key",
             Problem::IdentityMissing => "send the identity this API scopes keys by",
             Problem::IdentityInvalid => "the bearer token was not accepted",
+            Problem::KeyHeaderNotRead => "this path does not read Idempotency-Key; send the key in the header it reads",
             Problem::PathAmbiguous => "send the path as the API spells it: no encoded / or \\ (%2F, %5C), no ; parameters, no . or .. segments",
         }
     }
@@ -234,9 +282,14 @@ impl Problem {
 
     /// The `application/problem+json` body, with `detail` when given.
     pub fn body(self, detail: Option<&str>) -> Vec<u8> {
+        self.body_under(DEFAULT_PROBLEM_BASE, detail)
+    }
+
+    /// [`Problem::body`] with its type under `base`.
+    pub fn body_under(self, base: &str, detail: Option<&str>) -> Vec<u8> {
         let mut out = Vec::with_capacity(256);
         out.extend_from_slice(b"{\"type\":");
-        crate::json::write_string(self.type_uri().as_bytes(), &mut out);
+        crate::json::write_string(self.type_uri_under(base).as_bytes(), &mut out);
         out.extend_from_slice(b",\"title\":");
         crate::json::write_string(self.title().as_bytes(), &mut out);
         out.extend_from_slice(format!(",\"status\":{}", self.status()).as_bytes());
@@ -367,6 +420,11 @@ impl Rejection {
         self.problem.body(Some(&self.detail))
     }
 
+    /// [`Rejection::body`] with its type under `base`.
+    pub fn body_under(&self, base: &str) -> Vec<u8> {
+        self.problem.body_under(base, Some(&self.detail))
+    }
+
     /// The headers of the refusal, in this order: never cacheable, and `Retry-After`
     /// where a retry may succeed.
     pub fn headers(&self) -> Vec<(&'static str, String)> {
@@ -387,13 +445,18 @@ impl Rejection {
     /// The problem as the request's result — stored and replayed like any answer
     /// (a handler that panicked, failed or answered too much): its content type only.
     pub fn as_result(&self) -> StoredResponse {
+        self.as_result_under(DEFAULT_PROBLEM_BASE)
+    }
+
+    /// [`Rejection::as_result`] with its type under `base`.
+    pub fn as_result_under(&self, base: &str) -> StoredResponse {
         StoredResponse {
             status: self.status(),
             headers: vec![(
                 String::from("content-type"),
                 super::PROBLEM_CONTENT_TYPE.as_bytes().to_vec(),
             )],
-            body: self.body(),
+            body: self.body_under(base),
         }
     }
 }
@@ -438,6 +501,23 @@ fn without_userinfo(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[wasm_bindgen_test::wasm_bindgen_test(unsupported = test)]
+    fn a_problem_base_is_checked_without_panicking() {
+        use super::check_problem_base;
+        assert!(check_problem_base("https://docs.example/errors#").is_ok());
+        assert!(check_problem_base("urn:acme:problem:").is_ok());
+        for bad in [
+            "urné",
+            "é",
+            "",
+            "https://",
+            "docs/problems#",
+            "https://a b/",
+        ] {
+            assert!(check_problem_base(bad).is_err(), "{bad:?}");
+        }
+    }
+
     #[wasm_bindgen_test::wasm_bindgen_test(unsupported = test)]
     fn a_fetch_error_never_shows_the_origin_s_credentials() {
         let shown = Rejection::origin_unreachable(

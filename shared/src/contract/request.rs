@@ -51,6 +51,146 @@ pub fn route<'a>(
     }
 }
 
+/// The request headers a route reads its key from ([`route_by_key_headers`]):
+/// `Idempotency-Key` unless the route names others (`X-Idempotency-Key`,
+/// `PayPal-Request-Id`…). Names are lower-case, each once.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct KeyHeaders {
+    names: alloc::vec::Vec<String>,
+}
+
+impl Default for KeyHeaders {
+    fn default() -> Self {
+        KeyHeaders {
+            names: alloc::vec![String::from(super::IDEMPOTENCY_KEY)],
+        }
+    }
+}
+
+impl KeyHeaders {
+    /// The headers `names`, checked: at least one; each a header name a client sets —
+    /// not idem's own (`idem-*`), not one a proxy or CDN sets or a client could forge
+    /// for one ([`super::forgeable`]), not hop-by-hop or set by the runtime, and not
+    /// one that means something else to HTTP (`Authorization`, `Content-*`, `Cookie`,
+    /// `Prefer`…), which would make every request of a caller one key.
+    pub fn new<S: AsRef<str>>(names: impl IntoIterator<Item = S>) -> Result<KeyHeaders, String> {
+        let mut out: alloc::vec::Vec<String> = alloc::vec::Vec::new();
+        for name in names {
+            let name = name.as_ref().trim().to_ascii_lowercase();
+            let token = super::is_header_name(&name);
+            if !token {
+                return Err(alloc::format!("{name:?} is not a header name"));
+            }
+            // Ids a proxy or tracer sets anew (Envoy resets x-request-id on external
+            // requests by default): read as keys, every retry would be a new request.
+            const SET_ANEW: [&str; 9] = [
+                "x-request-id",
+                "x-correlation-id",
+                "x-amzn-trace-id",
+                "x-b3-traceid",
+                "x-b3-spanid",
+                "x-cloud-trace-context",
+                "sentry-trace",
+                "baggage",
+                "request-id",
+            ];
+            const MEANT_OTHERWISE: [&str; 12] = [
+                "authorization",
+                "cookie",
+                "prefer",
+                "content-type",
+                "content-length",
+                "content-encoding",
+                "accept",
+                "user-agent",
+                "traceparent",
+                "tracestate",
+                "origin",
+                "referer",
+            ];
+            let ours = name.starts_with("idem-") || name.starts_with("x-idem-");
+            if ours
+                || super::forgeable(&name)
+                || !super::forwarded_request_header(&name)
+                || MEANT_OTHERWISE.contains(&name.as_str())
+                || SET_ANEW.contains(&name.as_str())
+                || super::METHOD_OVERRIDE_HEADERS.contains(&name.as_str())
+            {
+                return Err(alloc::format!(
+                    "{name} cannot carry the idempotency key: it is idem's own, set by a \
+                     proxy, the runtime or the connection, or means something else to HTTP \
+                     (use a header only clients set for the key, e.g. x-idempotency-key)"
+                ));
+            }
+            if !out.contains(&name) {
+                out.push(name);
+            }
+        }
+        if out.is_empty() {
+            return Err(String::from(
+                "no header names: a guarded request needs a header to carry its key",
+            ));
+        }
+        Ok(KeyHeaders { names: out })
+    }
+
+    /// The names, lower-case, in the order given.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// Whether `Idempotency-Key` is one of them.
+    pub fn reads_standard(&self) -> bool {
+        self.names.iter().any(|n| n == super::IDEMPOTENCY_KEY)
+    }
+}
+
+/// [`route`] for a route that reads its key from `key_headers`: `values_of(name)` gives
+/// every value of the request's header `name`, in order. Two values — of one header or
+/// of two of them — are refused as [`route`] refuses two keys; an `Idempotency-Key` on a
+/// route that does not read it is refused ([`Problem::KeyHeaderNotRead`]): its client
+/// believes the request guarded, and it would run as often as it is sent.
+pub fn route_by_key_headers<'a, I>(
+    guarded: bool,
+    path: &str,
+    key_headers: &KeyHeaders,
+    values_of: impl Fn(&str) -> I,
+    key_required: impl FnOnce() -> bool,
+) -> Route
+where
+    I: IntoIterator<Item = &'a [u8]>,
+{
+    if guarded
+        && !key_headers.reads_standard()
+        && values_of(super::IDEMPOTENCY_KEY)
+            .into_iter()
+            .next()
+            .is_some()
+        && !ambiguous_path(path)
+    {
+        return Route::Reject(Rejection::new(Problem::KeyHeaderNotRead));
+    }
+    let keys = key_headers
+        .names
+        .iter()
+        .flat_map(|name| values_of(name).into_iter());
+    match route(guarded, path, keys, key_required) {
+        // Name the header this route reads, not the standard one.
+        Route::Reject(r)
+            if !key_headers.reads_standard()
+                && (r.problem == Problem::KeyMissing || r == Rejection::several_keys()) =>
+        {
+            let one_of = key_headers.names.join(" or ");
+            let detail = match r.problem {
+                Problem::KeyMissing => alloc::format!("send the key in a {one_of} header"),
+                _ => alloc::format!("send exactly one key, in one {one_of} header"),
+            };
+            Route::Reject(Rejection::with_detail(r.problem, detail))
+        }
+        decided => decided,
+    }
+}
+
 /// Whether `method` is one of `methods`, compared without regard to ASCII case: HTTP
 /// methods are case-sensitive, but Django, Werkzeug and ASP.NET take `put` for `PUT`,
 /// and a request they run as a `PUT` must be guarded as one.
@@ -224,6 +364,94 @@ mod tests {
             r("PATCH", "/x", &[b"\"k1\""]),
             Route::Guard(IdempotencyKey::parse(b"k1").unwrap())
         );
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn a_route_reads_its_key_from_the_headers_it_names() {
+        let by = |names: &[&str], headers: &[(&'static str, &'static [u8])]| {
+            let rule = KeyHeaders::new(names).unwrap();
+            let headers = headers.to_vec();
+            route_by_key_headers(
+                true,
+                "/v1/charges",
+                &rule,
+                |name: &str| {
+                    headers
+                        .iter()
+                        .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+                        .map(|(_, v)| *v)
+                        .collect::<Vec<&[u8]>>()
+                },
+                || true,
+            )
+        };
+        let k1 = Route::Guard(IdempotencyKey::parse(b"k1").unwrap());
+        assert_eq!(by(&["idempotency-key"], &[("Idempotency-Key", b"k1")]), k1);
+        assert_eq!(
+            by(&["X-Idempotency-Key"], &[("x-idempotency-key", b"k1")]),
+            k1
+        );
+        assert_eq!(
+            by(
+                &["x-idempotency-key", "paypal-request-id"],
+                &[("PayPal-Request-Id", b"k1")]
+            ),
+            k1
+        );
+        assert_eq!(
+            problem(by(&["x-idempotency-key"], &[("idempotency-key", b"k1")])),
+            Some(Problem::KeyHeaderNotRead),
+            "a key the route does not read is not ignored"
+        );
+        assert_eq!(
+            problem(by(
+                &["x-idempotency-key", "paypal-request-id"],
+                &[("x-idempotency-key", b"k1"), ("paypal-request-id", b"k1")]
+            )),
+            Some(Problem::KeyMalformed),
+            "two keys, even equal, are two keys"
+        );
+        assert_eq!(
+            problem(by(&["x-idempotency-key"], &[])),
+            Some(Problem::KeyMissing)
+        );
+        assert_eq!(
+            by(
+                &["idempotency-key", "x-idempotency-key"],
+                &[("idempotency-key", b"k1")]
+            ),
+            k1
+        );
+        for bad in [
+            "authorization",
+            "Idem-Edge-Secret",
+            "x-forwarded-for",
+            "host",
+            "content-length",
+            "connection",
+            "cookie",
+            "x-http-method-override",
+            "",
+            "a b",
+        ] {
+            assert!(KeyHeaders::new([bad]).is_err(), "{bad:?}");
+        }
+        assert!(KeyHeaders::new(Vec::<&str>::new()).is_err());
+        assert_eq!(
+            KeyHeaders::new(["X-Idempotency-Key", "x-idempotency-key"])
+                .unwrap()
+                .names(),
+            ["x-idempotency-key"]
+        );
+        for set_anew in [
+            "x-request-id",
+            "X-Amzn-Trace-Id",
+            "x-correlation-id",
+            "baggage",
+        ] {
+            assert!(KeyHeaders::new([set_anew]).is_err(), "{set_anew}");
+        }
+        assert!(KeyHeaders::default().reads_standard());
     }
 
     #[wasm_bindgen_test(unsupported = test)]

@@ -63,6 +63,17 @@ pub fn wait_ms_or<'a>(
     }
 }
 
+/// The response header that says which preferences were honoured (RFC 7240 §3).
+pub const PREFERENCE_APPLIED: &str = "preference-applied";
+
+/// Whether a request's `Prefer: wait=N` is honoured — stated, well-formed, and waited
+/// for (up to `max_wait_ms`, which must allow some wait): then its answer says so with
+/// `Preference-Applied: wait`. A default wait the client did not ask for is not its
+/// preference, and a malformed one is not applied.
+pub fn wait_applied<'a>(prefer: impl IntoIterator<Item = &'a [u8]>, max_wait_ms: u64) -> bool {
+    max_wait_ms > 0 && matches!(first_wait(prefer), Some(Some(_)))
+}
+
 /// A request that found its key in flight, waiting for it on a monotonic clock of
 /// the runtime's choosing (only differences matter).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,6 +98,21 @@ impl Waiting {
         let sleep = self.next_poll_ms.min(left);
         self.next_poll_ms = (self.next_poll_ms * 2).min(MAX_POLL_MS);
         Some(sleep)
+    }
+}
+
+#[cfg(test)]
+mod applied_tests {
+    use super::*;
+
+    #[wasm_bindgen_test::wasm_bindgen_test(unsupported = test)]
+    fn only_a_stated_wait_that_can_be_waited_is_applied() {
+        assert!(wait_applied([&b"wait=5"[..]], 10_000));
+        assert!(wait_applied([&b"respond-async, wait=0"[..]], 10_000));
+        assert!(!wait_applied([&b"wait=5"[..]], 0), "no wait allowed");
+        assert!(!wait_applied([&b"wait=soon"[..]], 10_000), "malformed");
+        assert!(!wait_applied([&b"return=minimal"[..]], 10_000));
+        assert!(!wait_applied(core::iter::empty(), 10_000));
     }
 }
 
