@@ -15,7 +15,8 @@ const here = dirname(fileURLToPath(import.meta.url));
 export const repo = resolve(here, "../..");
 export const bundle = resolve(process.env.IDEM_EDGE_BUNDLE ?? join(repo, "target/edge-bundle"));
 
-/** The origin's address in these tests (never resolved: the outbound handler answers). */
+/** The origin's address in these tests: the outbound handler answers for it, and
+ * unscripted, nothing listens there. */
 export const ORIGIN = "http://127.0.0.1:9";
 /** The secret the scripted origin knows: it tells only this edge what it stored. */
 export const EDGE_SECRET = "a-secret-of-the-edge-for-its-tests-0123456789";
@@ -43,9 +44,10 @@ function fromWranglerToml() {
 
 /**
  * Starts the edge. `vars` override wrangler.toml's (`undefined` removes one); the
- * outbound handler is `origin.answer(request)`, one call per request the edge sends.
+ * outbound handler is `origin.script`, one call per request the edge sends (a throw
+ * there is a 500 from the origin, not a lost connection: for that, `scripted: false`).
  */
-export async function startEdge({ vars = {} } = {}) {
+export async function startEdge({ vars = {}, scripted = true } = {}) {
   const fromToml = fromWranglerToml();
   const bindings = { ...fromToml.bindings, ORIGIN_URL: ORIGIN, EDGE_SECRET, ...vars };
   for (const [name, value] of Object.entries(bindings)) if (value === undefined) delete bindings[name];
@@ -56,7 +58,8 @@ export async function startEdge({ vars = {} } = {}) {
     modules: bundleModules(),
     modulesRoot: bundle,
     bindings,
-    outboundService: (request) => origin.receive(request),
+    // Unscripted, the worker's fetches go out for real (to ORIGIN_URL, a closed port).
+    ...(scripted ? { outboundService: (request) => origin.receive(request) } : {}),
     // Nothing outlives the test: storage in memory.
     durableObjectsPersist: false,
   });
@@ -164,15 +167,22 @@ export class ScriptedOrigin {
 /**
  * The answer of an idem origin that stored it: the disposition, told only to a
  * request that carries the edge's secret, naming the record and fingerprint the origin
- * computes for the request, and an expiry `expiresIn` ms from now (or `expiresAt`).
+ * computes for the request (`fingerprint: null`: none, as an older origin), an expiry
+ * `expiresIn` ms from now (or `expiresAt`), and the headers it stored (all it sent, or
+ * `storedHeaders`).
  */
-export function stored(seen, { status = 201, body = "", headers = {}, expiresIn = 60_000, expiresAt, record, fingerprint } = {}) {
+export function stored(seen, { status = 201, body = "", headers = {}, expiresIn = 60_000, expiresAt, record, fingerprint, storedHeaders } = {}) {
   const out = new Headers(headers);
   if (seen.headers["idem-edge-secret"] === EDGE_SECRET) {
+    // The key as the core parses it: a bare token (these tests send no quoted keys).
     const key = idem.recordKey(idem.scopeOfAuthorization(seen.headers.authorization), seen.headers["idempotency-key"]);
-    const fp = fingerprint ?? idem.fingerprint(seen.method, seen.pathAndQuery, seen.headers["content-type"], seen.body);
+    const fp = fingerprint === undefined
+      ? `; fingerprint=${idem.fingerprint(seen.method, seen.pathAndQuery, seen.headers["content-type"], seen.body)}`
+      : fingerprint === null ? "" : `; fingerprint=${fingerprint}`;
     const at = expiresAt ?? Date.now() + expiresIn;
-    out.set("idem-disposition", `stored; expires=${at}; record=${record ?? idem.recordTag(key)}; fingerprint=${fp}`);
+    out.set("idem-disposition", `stored; expires=${at}; record=${record ?? idem.recordTag(key)}${fp}`);
+    // What a real origin says of every stored answer: which of its headers it stored.
+    out.set("idem-stored-headers", storedHeaders ?? [...out.keys()].filter((n) => !n.startsWith("idem-")).join(", "));
   }
   return new Response(body === "" ? null : body, { status, headers: out });
 }

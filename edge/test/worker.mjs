@@ -1,18 +1,26 @@
 // The built worker as the tests run it: its fetch handler as is, and its Durable Object
 // wrapped so that a test can, through the object's own storage API, read what it
-// stored (`GET /__test/state`), write a record by hand (`PUT /__test/record`), run its
-// alarm on demand (`POST /__test/alarm`) and make its next storage puts fail
-// (`POST /__test/fail-puts?n=N`). Test-only: never part of the deployed worker, and
-// these paths reach the object only from a test's stub, never through the worker.
+// stored and how often it was asked and wrote (`GET /__test/state`), write a record by
+// hand (`PUT /__test/record`), run its alarm on demand (`POST /__test/alarm`) and make
+// its next storage puts fail (`POST /__test/fail-puts?n=N`). Test-only: never part of
+// the deployed worker, and these paths reach the object only from a test's stub, never
+// through the worker.
 
 import { DurableObject } from "cloudflare:workers";
 import worker, { IdemRecord as BuiltRecord } from "./index.js";
 
 export default worker;
 
-// Puts still to fail, per object. Module state, not the instance's: the runtime may
-// build the object again between two requests.
+// Puts still to fail, and the writes and operations seen, per object. Module state,
+// not the instance's: the runtime may build the object again between two requests.
 const failingPuts = new Map();
+const counts = new Map();
+const WRITES = new Set(["put", "delete", "deleteAll", "setAlarm", "deleteAlarm", "transaction"]);
+
+function counted(id) {
+  if (!counts.has(id)) counts.set(id, { ops: 0, writes: 0 });
+  return counts.get(id);
+}
 
 function bound(target, name) {
   const value = Reflect.get(target, name);
@@ -25,6 +33,7 @@ function withFaults(ctx) {
   const id = ctx.id.toString();
   const storage = new Proxy(ctx.storage, {
     get(target, name) {
+      if (WRITES.has(name)) counted(id).writes++;
       if (name === "put" && (failingPuts.get(id) ?? 0) > 0) {
         return () => {
           failingPuts.set(id, failingPuts.get(id) - 1);
@@ -54,7 +63,10 @@ export class IdemRecord extends DurableObject {
 
   async fetch(request) {
     const url = new URL(request.url);
-    if (!url.pathname.startsWith("/__test/")) return this.built.fetch(request);
+    if (!url.pathname.startsWith("/__test/")) {
+      counted(this.ctx.id.toString()).ops++;
+      return this.built.fetch(request);
+    }
     const storage = this.ctx.storage;
     switch (`${request.method} ${url.pathname}`) {
       case "GET /__test/state":
@@ -76,10 +88,15 @@ export class IdemRecord extends DurableObject {
         return new Response("no such test route", { status: 404 });
     }
     const keys = [...(await storage.list()).keys()];
+    // `ops`: the worker's operations on the object; `writes`: the storage writes the
+    // built object issued (those that failed included).
+    const { ops, writes } = counted(this.ctx.id.toString());
     return Response.json({
       record: hex(await storage.get("record")),
       alarm: await storage.getAlarm(),
       keys,
+      ops,
+      writes,
     });
   }
 
