@@ -77,15 +77,7 @@ fn edge_secret(var: &impl Fn(&str) -> Option<String>) -> Result<EdgeSecret, Stri
 /// `REQUIRE_KEY_PATHS`: patterns separated by commas, or a list (written as a TOML
 /// array in [vars], it arrives as JSON); each checked as the origin checks its own.
 fn key_paths(value: &str) -> Result<Vec<String>, String> {
-    let paths: Vec<String> = match value.trim_start().starts_with('[') {
-        true => serde_json::from_str(value)
-            .map_err(|_| String::from("a list must hold strings only"))?,
-        false => value
-            .split(',')
-            .map(|p| p.trim().to_owned())
-            .filter(|p| !p.is_empty())
-            .collect(),
-    };
+    let paths = list(value)?;
     for path in &paths {
         idem_core::contract::check_pattern(path)?;
     }
@@ -140,6 +132,60 @@ pub struct EdgeConfig {
     /// `PROBLEM_BASE`: what problem `type` URIs start with, as the origin's
     /// `--problem-base` (the repository's `docs/problems.md#` by default).
     pub problem_base: String,
+    /// `KEY_HEADER`: the headers the key is read from, as the origin's `--key-header`
+    /// (`Idempotency-Key` by default).
+    pub key_headers: idem_core::contract::KeyHeaders,
+    /// `FINGERPRINT_EXCEPT`, `FINGERPRINT_ONLY`, `FINGERPRINT_HEADERS`: which parts of
+    /// a request make two "the same", as the origin's flags of those names. Where the
+    /// origin's rule for a request differs, it says so in its disposition and the edge
+    /// keeps nothing of that answer.
+    pub fingerprint: idem_core::FingerprintRule,
+}
+
+/// A var holding a list: names separated by commas, or a list (a TOML array in
+/// [vars] arrives as JSON), as the origin's flags of the same meaning take them.
+fn list(value: &str) -> Result<Vec<String>, String> {
+    match value.trim_start().starts_with('[') {
+        true => {
+            serde_json::from_str(value).map_err(|_| String::from("a list must hold strings only"))
+        }
+        false => Ok(value
+            .split(',')
+            .map(|p| p.trim().to_owned())
+            .filter(|p| !p.is_empty())
+            .collect()),
+    }
+}
+
+/// `KEY_HEADER`, checked as the origin's `--key-header`.
+fn key_headers(
+    var: &impl Fn(&str) -> Option<String>,
+) -> Result<idem_core::contract::KeyHeaders, String> {
+    let Some(value) = var("KEY_HEADER") else {
+        return Ok(Default::default());
+    };
+    list(&value)
+        .and_then(idem_core::contract::KeyHeaders::new)
+        .map_err(|e| format!("KEY_HEADER: {e}"))
+}
+
+/// `FINGERPRINT_ONLY`, `FINGERPRINT_EXCEPT` and `FINGERPRINT_HEADERS`, checked as the
+/// origin's flags of those names.
+fn fingerprint_rule(
+    var: &impl Fn(&str) -> Option<String>,
+) -> Result<idem_core::FingerprintRule, String> {
+    let read = |name: &str| {
+        var(name).map_or(Ok(Vec::new()), |v| {
+            list(&v).map_err(|e| format!("{name}: {e}"))
+        })
+    };
+    let (only, except, headers) = (
+        read("FINGERPRINT_ONLY")?,
+        read("FINGERPRINT_EXCEPT")?,
+        read("FINGERPRINT_HEADERS")?,
+    );
+    idem_core::FingerprintRule::new(&only, &except, &headers)
+        .map_err(|e| format!("FINGERPRINT_ONLY, FINGERPRINT_EXCEPT, FINGERPRINT_HEADERS: {e}"))
 }
 
 /// `CORS_ORIGINS` (origins separated by commas, or a list) and `CORS_CREDENTIALS`.
@@ -161,15 +207,7 @@ fn cors(
             false => Ok(None),
         };
     };
-    let origins: Vec<String> = match value.trim_start().starts_with('[') {
-        true => serde_json::from_str(&value)
-            .map_err(|_| String::from("CORS_ORIGINS: a list must hold strings only"))?,
-        false => value
-            .split(',')
-            .map(|p| p.trim().to_owned())
-            .filter(|p| !p.is_empty())
-            .collect(),
-    };
+    let origins = list(&value).map_err(|e| format!("CORS_ORIGINS: {e}"))?;
     idem_core::contract::Cors::new(&origins, credentials)
         .map(Some)
         .map_err(|e| format!("CORS_ORIGINS: {e}"))
@@ -217,6 +255,8 @@ impl Default for EdgeConfig {
             edge_secret: EdgeSecret::default(),
             cors: None,
             problem_base: idem_core::contract::DEFAULT_PROBLEM_BASE.into(),
+            key_headers: Default::default(),
+            fingerprint: Default::default(),
         }
     }
 }
@@ -332,6 +372,8 @@ impl EdgeConfig {
                     base
                 }
             },
+            key_headers: key_headers(&var)?,
+            fingerprint: fingerprint_rule(&var)?,
         })
     }
 }
@@ -391,6 +433,74 @@ mod tests {
         ] {
             let error = cors(origins, credentials).unwrap_err();
             assert!(error.contains(says), "{error}");
+        }
+    }
+
+    #[wasm_bindgen_test(unsupported = test)]
+    fn key_headers_and_fingerprint_rules_are_checked_as_the_origin_checks_them() {
+        let config = |vars: &[(&str, &str)]| {
+            let vars: Vec<(String, String)> = vars
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect();
+            EdgeConfig::from_vars(|n| match n {
+                "ORIGIN_URL" => Some("http://o".into()),
+                "EDGE_SECRET" => Some(SECRET.into()),
+                _ => vars.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone()),
+            })
+        };
+        let d = config(&[]).unwrap();
+        assert_eq!(d.key_headers, idem_core::contract::KeyHeaders::default());
+        assert!(d.fingerprint.is_whole());
+        let set = config(&[
+            ("KEY_HEADER", "X-Idempotency-Key, paypal-request-id"),
+            ("FINGERPRINT_EXCEPT", r#"["/sent_at", "/a,b"]"#),
+            ("FINGERPRINT_HEADERS", "x-api-version"),
+        ])
+        .unwrap();
+        assert_eq!(
+            set.key_headers.names(),
+            ["x-idempotency-key", "paypal-request-id"]
+        );
+        assert_eq!(
+            set.fingerprint,
+            idem_core::FingerprintRule::new(
+                &[] as &[&str],
+                &["/sent_at", "/a,b"],
+                &["x-api-version"]
+            )
+            .unwrap(),
+            "a list may be JSON, for a pointer holding a comma"
+        );
+        for (vars, says) in [
+            (
+                vec![("KEY_HEADER", "x-request-id")],
+                "KEY_HEADER: x-request-id",
+            ),
+            (
+                vec![("KEY_HEADER", "authorization")],
+                "KEY_HEADER: authorization",
+            ),
+            (vec![("KEY_HEADER", " , ")], "KEY_HEADER: no header names"),
+            (
+                vec![("KEY_HEADER", "[1]")],
+                "KEY_HEADER: a list must hold strings",
+            ),
+            (
+                vec![("FINGERPRINT_ONLY", "/a"), ("FINGERPRINT_EXCEPT", "/b")],
+                "not both",
+            ),
+            (
+                vec![("FINGERPRINT_EXCEPT", "sent_at")],
+                "FINGERPRINT_ONLY, FINGERPRINT_EXCEPT",
+            ),
+            (
+                vec![("FINGERPRINT_HEADERS", "x-forwarded-for")],
+                "cannot be fingerprinted",
+            ),
+        ] {
+            let error = config(&vars).unwrap_err();
+            assert!(error.contains(says), "{vars:?}: {error}");
         }
     }
 

@@ -6,7 +6,7 @@ use crate::config::EdgeConfig;
 use crate::records::{EdgeRecords, Op, Reply, WireResponse, MAX_TTL_MS};
 use idem_core::contract::{
     self, NotKept, OriginDisposition, Problem, Rejection, Route, Waiting, DEFAULT_METHODS,
-    IDEMPOTENCY_KEY, ORIGIN_DISPOSITION, STORED_HEADERS,
+    ORIGIN_DISPOSITION, STORED_HEADERS,
 };
 use idem_core::{Fingerprint, Millis, RecordKey, StoredResponse};
 
@@ -43,6 +43,15 @@ impl Head {
     /// Every value of the header `name` (case-insensitive), in order.
     pub fn values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a [u8]> + Clone + 'a {
         header_values(&self.headers, name)
+    }
+
+    /// Every value of the header `name`, for a lookup that outlives the name.
+    pub fn all_values(&self, name: &str) -> Vec<&[u8]> {
+        self.headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_bytes())
+            .collect()
     }
 
     /// The first value of the header `name`.
@@ -273,26 +282,22 @@ async fn answer_request<R: EdgeRuntime>(
     head: Head,
     body: R::Body,
 ) -> Answer<Payload<R::Stream>> {
-    let key = match route(config, &head) {
+    // The request as the origin will get it, for every decision over its headers —
+    // its key, who is asking, its fingerprint — made before a byte of the body is read
+    // (as the origin's layer does): a header the edge sends the origin is read as the
+    // origin will get it (a client's `X-Forwarded-Host` is not what the origin sees,
+    // and a header the client's `Connection` names never reaches it); one the edge does
+    // not send (the runtime's own, `CF-Connecting-IP`) as the edge got it.
+    let seen = as_origin_gets(&head);
+    let key = match route(config, &seen) {
         Route::Guard(key) => key,
         Route::Reject(rejection) => return refused(&rejection).map_body(Payload::Bytes),
         Route::PassThrough => return pass(runtime, config, &head, body).await,
     };
-    // Who is asking, before a byte of the body is read (as the origin's layer does):
-    // a header the edge sends the origin is read as the origin will get it (a client's
-    // `X-Forwarded-Host` is not what the origin sees); one the edge does not send (the
-    // runtime's own, `CF-Connecting-IP`) as the edge got it.
-    let forwarded = origin_headers(&head);
-    let values = |name: &str| -> Vec<&[u8]> {
-        let sent = contract::edge_sends_request_header(name);
-        let headers = if sent { &forwarded } else { &head.headers };
-        headers
-            .iter()
-            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_bytes())
-            .collect()
-    };
-    let scope = match config.scope.scope(values, runtime.now() / 1_000) {
+    let scope = match config
+        .scope
+        .scope(|name| seen.all_values(name), runtime.now() / 1_000)
+    {
         Ok(scope) => scope,
         Err(rejection) => return refused(&rejection).map_body(Payload::Bytes),
     };
@@ -300,17 +305,42 @@ async fn answer_request<R: EdgeRuntime>(
         Ok(body) => body,
         Err(rejection) => return refused(&rejection).map_body(Payload::Bytes),
     };
-    guarded(runtime, config, head, RecordKey::new(&scope, &key), body)
-        .await
-        .map_body(Payload::Bytes)
+    let fingerprint = fingerprint_of(runtime, config, &seen, &body).await;
+    guarded(
+        runtime,
+        config,
+        head,
+        RecordKey::new(&scope, &key),
+        fingerprint,
+        body,
+    )
+    .await
+    .map_body(Payload::Bytes)
 }
 
-/// The request's fingerprint: SHA-256 in WASM, or by the runtime for bodies of at least
+/// The request's fingerprint (`head` as the origin gets it), under the edge's rule as
+/// the origin's route computes it: SHA-256 in WASM, or by the runtime for bodies of at least
 /// [`RUNTIME_SHA256_FROM`] bytes, where that measured faster under workerd
 /// (`idem-bench --edge-hash`). The same bytes are hashed either way
 /// (`contract::fingerprint_message`; the shared vectors check both).
-async fn fingerprint_of<R: EdgeRuntime>(runtime: &R, head: &Head, body: &[u8]) -> Fingerprint {
+async fn fingerprint_of<R: EdgeRuntime>(
+    runtime: &R,
+    config: &EdgeConfig,
+    head: &Head,
+    body: &[u8],
+) -> Fingerprint {
     let content_type = || head.values("content-type");
+    if !config.fingerprint.is_whole() {
+        // Under a rule, as the origin's route with the same rule: the selection is
+        // hashed in WASM (it is the fields kept, not the body).
+        return config.fingerprint.fingerprint(
+            &head.method,
+            &head.path_and_query,
+            content_type(),
+            body,
+            |name| head.all_values(name),
+        );
+    }
     if body.len() >= RUNTIME_SHA256_FROM {
         let message =
             contract::fingerprint_message(&head.method, &head.path_and_query, content_type(), body);
@@ -329,9 +359,9 @@ async fn guarded<R: EdgeRuntime>(
     config: &EdgeConfig,
     head: Head,
     record_key: RecordKey,
+    own_fingerprint: Fingerprint,
     body: Vec<u8>,
 ) -> Answer {
-    let own_fingerprint = fingerprint_of(runtime, &head, &body).await;
     let fingerprint = own_fingerprint.to_hex();
     let records = match runtime.records(&record_key) {
         Ok(records) => records,
@@ -373,7 +403,8 @@ async fn guarded<R: EdgeRuntime>(
         );
     }
     let mut handled = Handled::Forwarded;
-    let kept = match contract::edge_keeps(origin_said, &record_key, &own_fingerprint) {
+    let own_tag = config.key_headers.record_tag(&record_key);
+    let kept = match contract::edge_keeps(origin_said, own_tag, &own_fingerprint) {
         Ok(expires_at) => match keep(
             runtime.now(),
             config,
@@ -389,7 +420,8 @@ async fn guarded<R: EdgeRuntime>(
             runtime.warn(&format!(
                 "the origin stored this answer under another record than the edge's {}: \
                  the edge's SCOPE_FROM names callers otherwise than the origin's scope \
-                 rule; nothing is kept at the edge for such requests",
+                 rule, or its KEY_HEADER reads the key from other headers than the \
+                 origin's route; nothing is kept at the edge for such requests",
                 record_key.as_str()
             ));
             handled = Handled::OtherRecord;
@@ -400,9 +432,10 @@ async fn guarded<R: EdgeRuntime>(
                 runtime,
                 &OTHER_FINGERPRINT,
                 "the origin stored an answer under another fingerprint than the edge's: its \
-                 route fingerprints part of the body or headers (fingerprint_except, \
-                 fingerprint_only, fingerprint_headers), the edge the whole request; nothing \
-                 is kept at the edge for such requests, and the origin answers their retries",
+                 route's fingerprint rule (fingerprint_except, fingerprint_only, \
+                 fingerprint_headers) is not the edge's (FINGERPRINT_EXCEPT, FINGERPRINT_ONLY, \
+                 FINGERPRINT_HEADERS); nothing is kept at the edge for such requests, and the \
+                 origin answers their retries",
             );
             handled = Handled::OtherFingerprint;
             false
@@ -429,15 +462,16 @@ async fn pass<R: EdgeRuntime>(
     }
 }
 
-/// The core's routing, on the edge's request.
+/// The core's routing, on the request as the origin gets it ([`as_origin_gets`]).
 pub fn route(config: &EdgeConfig, head: &Head) -> Route {
     let overrides = contract::METHOD_OVERRIDE_HEADERS
         .iter()
         .flat_map(|name| head.values(name));
-    contract::route(
+    contract::route_by_key_headers(
         contract::guards_request(&DEFAULT_METHODS, &head.method, overrides),
         head.path(),
-        head.values(IDEMPOTENCY_KEY),
+        &config.key_headers,
+        |name| head.all_values(name),
         || contract::listed(&config.require_key_paths, head.path()),
     )
 }
@@ -658,6 +692,24 @@ fn origin_headers(head: &Head) -> Vec<(String, String)> {
             .and_then(|ip| std::str::from_utf8(ip).ok()),
         &head.scheme,
     )
+}
+
+/// `head` with the headers the origin will get ([`origin_headers`]) in place of the
+/// client's, and those the edge does not send (the runtime's own) as they came.
+fn as_origin_gets(head: &Head) -> Head {
+    let mut headers = origin_headers(head);
+    headers.extend(
+        head.headers
+            .iter()
+            .filter(|(n, _)| !contract::edge_sends_request_header(n))
+            .cloned(),
+    );
+    Head {
+        method: head.method.clone(),
+        path_and_query: head.path_and_query.clone(),
+        headers,
+        scheme: head.scheme.clone(),
+    }
 }
 
 /// The origin's answer to a `method` request as the client gets it.

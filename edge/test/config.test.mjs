@@ -14,6 +14,8 @@ const misconfigurations = [
   ["TTL_MS past a year", { TTL_MS: String(400 * 24 * 3_600_000) }, /TTL_MS/],
   ["ANONYMOUS misspelt", { ANONYMOUS: "shared" }, /ANONYMOUS must be scoped or refused/],
   ["SCOPE_FROM a header the origin never gets", { SCOPE_FROM: "header:idem-edge-secret" }, /SCOPE_FROM/],
+  ["KEY_HEADER naming a header a proxy sets anew", { KEY_HEADER: "x-request-id" }, /KEY_HEADER: x-request-id cannot carry the idempotency key/],
+  ["FINGERPRINT_ONLY with FINGERPRINT_EXCEPT", { FINGERPRINT_ONLY: "/amount", FINGERPRINT_EXCEPT: "/sent_at" }, /not both/],
 ];
 
 for (const [what, vars, names] of misconfigurations) {

@@ -259,13 +259,25 @@ async fn post(
     body: String,
     prefer_wait: bool,
 ) -> reqwest::Response {
+    post_keyed(http, base, "idempotency-key", key, body, prefer_wait).await
+}
+
+/// [`post`], with the key in the header `key_header`.
+async fn post_keyed(
+    http: &reqwest::Client,
+    base: &str,
+    key_header: &str,
+    key: &str,
+    body: String,
+    prefer_wait: bool,
+) -> reqwest::Response {
     // An overloaded local runtime may drop a connection, or answer 503 by itself (as in
     // the races): a client retries that with the same key, which is what the key is for.
     let mut attempts = 0;
     loop {
         let mut req = http
             .post(format!("{base}/v1/charges"))
-            .header("idempotency-key", key)
+            .header(key_header, key)
             .header("content-type", "application/json")
             .body(body.clone());
         if prefer_wait {
@@ -2385,6 +2397,161 @@ async fn an_edge_keeps_nothing_of_an_origin_that_fingerprints_otherwise() {
         ]
     );
     assert_eq!(charges, 1);
+}
+
+/// An edge given its origin's fingerprint rule and key header (`FINGERPRINT_EXCEPT`,
+/// `KEY_HEADER`, as the origin's route has them) applies them itself: retries that
+/// differ only in the field left out are replayed at the edge, a change to a kept field
+/// is refused there (422), and a key sent in `Idempotency-Key`, which the route does not
+/// read, is refused at the edge as at the origin. Without the vars (the test above) the
+/// edge keeps nothing and every retry goes to the origin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_with_its_origin_s_fingerprint_rule_and_key_header_replays_at_the_edge() {
+    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
+    let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
+        .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+            idem_core::contract::Anonymous::Scoped,
+        ))
+        .key_headers(idem_core::contract::KeyHeaders::new(["x-idempotency-key"]).unwrap())
+        .fingerprint_rule(
+            idem_core::FingerprintRule::new(
+                &[] as &[&str],
+                &["/simulate_latency_ms"],
+                &[] as &[&str],
+            )
+            .unwrap(),
+        )
+        .edge_secret(idem_tests::EDGE_SECRET)
+        .unwrap();
+    let demo = idem_origin::charges::Demo::new(ledger.clone());
+    let router = idem_origin::app::router(layer, store.clone(), demo);
+    let origin = TestOrigin::serve_router(router, store).await;
+    let edge = Edge::start(
+        &origin.url(""),
+        &[
+            ("FINGERPRINT_EXCEPT", "/simulate_latency_ms"),
+            ("KEY_HEADER", "X-Idempotency-Key"),
+        ],
+    )
+    .await;
+    let http = client();
+    let body = |amount: i64, varied: u64| charge_body("c", amount, varied);
+    let mut seen = Vec::new();
+    for (amount, varied) in [(300, 0), (300, 1), (300, 2), (301, 3)] {
+        let res = post_keyed(
+            &http,
+            &edge.base,
+            "x-idempotency-key",
+            "fp-rule-1",
+            body(amount, varied),
+            false,
+        )
+        .await;
+        seen.push((
+            res.status().as_u16(),
+            res.headers().contains_key("idempotent-replayed"),
+            handled_by(&res),
+        ));
+    }
+    let standard = post(&http, &edge.base, "fp-rule-2", body(300, 0), false).await;
+    let standard = (
+        standard.status().as_u16(),
+        handled_by(&standard),
+        standard.text().await.unwrap(),
+    );
+    let charges = (
+        ledger.count_for_key("fp-rule-1"),
+        ledger.count_for_key("fp-rule-2"),
+    );
+    report(
+        "edge",
+        &format!(
+            "an edge and origin both fingerprinting all but /simulate_latency_ms, keys in \
+             X-Idempotency-Key: first, two retries with other values of it, another amount: \
+             {seen:?}; {charges:?} charges; a key in Idempotency-Key: {} {}",
+            standard.0, standard.1
+        ),
+    );
+    assert_eq!(
+        seen,
+        [
+            (201, false, "forwarded".to_owned()),
+            (201, true, "replayed".to_owned()),
+            (201, true, "replayed".to_owned()),
+            (422, false, "refused".to_owned()),
+        ],
+        "the edge answered the retries itself"
+    );
+    assert_eq!(
+        (standard.0, standard.1.as_str()),
+        (400, "refused"),
+        "{}",
+        standard.2
+    );
+    assert!(
+        standard.2.contains("idempotency-key-header-not-read"),
+        "{}",
+        standard.2
+    );
+    assert_eq!(charges, (1, 0));
+}
+
+/// An edge that reads the key from other headers than the origin's route keeps
+/// nothing of the route's answers: the record key is the key's value alone, so the
+/// same value in another header would be another request there. Before the origin
+/// named its key headers in the record tag, the second request below — a new key in
+/// the route's header, the first key's value in the edge's — was answered with the
+/// first request's stored answer at the edge, and never ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edge_reading_the_key_from_other_headers_than_the_route_keeps_nothing() {
+    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
+    let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
+        .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+            idem_core::contract::Anonymous::Scoped,
+        ))
+        .key_headers(idem_core::contract::KeyHeaders::new(["x-idempotency-key"]).unwrap())
+        .edge_secret(idem_tests::EDGE_SECRET)
+        .unwrap();
+    let demo = idem_origin::charges::Demo::new(ledger.clone());
+    let router = idem_origin::app::router(layer, store.clone(), demo);
+    let origin = TestOrigin::serve_router(router, store).await;
+    let edge = Edge::start(&origin.url(""), &[("KEY_HEADER", "paypal-request-id")]).await;
+    let http = client();
+    let send = |route_key: &'static str, edge_key: &'static str| {
+        let (http, base) = (http.clone(), edge.base.clone());
+        async move {
+            let res = http
+                .post(format!("{base}/v1/charges"))
+                .header("x-idempotency-key", route_key)
+                .header("paypal-request-id", edge_key)
+                .header("content-type", "application/json")
+                .body(charge_body("c", 500, 0))
+                .send()
+                .await
+                .unwrap();
+            (res.status().as_u16(), handled_by(&res))
+        }
+    };
+    let first = send("pp-k", "pp-k").await;
+    let second = send("pp-j", "pp-k").await;
+    let charges = (ledger.count_for_key("pp-k"), ledger.count_for_key("pp-j"));
+    report(
+        "edge",
+        &format!(
+            "origin route reading X-Idempotency-Key, edge KEY_HEADER=PayPal-Request-Id: a \
+             request with k in both {first:?}, then j in the route's header and k in the \
+             edge's {second:?}; charges (k, j) {charges:?}"
+        ),
+    );
+    assert_eq!(first, (201, "forwarded; other-record".to_owned()));
+    assert_eq!(
+        second,
+        (201, "forwarded; other-record".to_owned()),
+        "the edge replayed k's answer to a request the origin runs as j"
+    );
+    assert_eq!(charges, (1, 1), "each key ran once, at the origin");
 }
 
 /// With `CORS_ORIGINS`, a page of a listed origin can read the edge's own replay (and

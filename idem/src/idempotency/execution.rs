@@ -483,7 +483,7 @@ where
     match to_edge.filter(|_| for_edge) {
         Some(OriginDisposition::Stored { expires_at, .. }) => super::response::tell_edge_stored(
             &mut parts.headers,
-            &key,
+            config.key_headers.record_tag(&key),
             &fingerprint,
             expires_at,
             &stored_headers,
@@ -513,7 +513,7 @@ where
             let mut res = stored_answer(stored);
             super::response::tell_edge_stored(
                 res.headers_mut(),
-                &key,
+                config.key_headers.record_tag(&key),
                 &fingerprint,
                 expires_at,
                 &names,

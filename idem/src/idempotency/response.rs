@@ -38,11 +38,11 @@ pub(crate) fn rebase_problem(res: &mut Response<Body>, base: &str) {
 
 /// The stored answer, marked `Idempotent-Replayed: true`, and stored until
 /// `expires_at`: the key's TTL the client is told, at `now`, and — to idem's edge
-/// (`for_edge`: the record and the fingerprint it was stored under) — the disposition
-/// it keeps its copy by.
+/// (`for_edge`: the record's tag and the fingerprint it was stored under) — the
+/// disposition it keeps its copy by.
 pub(crate) fn replay(
     stored: StoredResponse,
-    for_edge: Option<(&idem_core::RecordKey, &idem_core::Fingerprint)>,
+    for_edge: Option<(idem_core::RecordTag, &idem_core::Fingerprint)>,
     expires_at: idem_core::Millis,
     now: idem_core::Millis,
 ) -> Response<Body> {
@@ -59,19 +59,20 @@ pub(crate) fn replay(
     res
 }
 
-/// Tells an edge in front that this answer is stored in `record` until `expires_at`,
-/// with these headers: the edge keeps a copy as long, with the same ones — if it
-/// claimed the request under the same record.
+/// Tells an edge in front that this answer is stored in the record tagged `record`
+/// ([`contract::KeyHeaders::record_tag`]) until `expires_at`, with these headers: the
+/// edge keeps a copy as long, with the same ones — if it claimed the request under the
+/// same record, its key read from the same headers.
 pub(crate) fn tell_edge_stored(
     headers: &mut http::HeaderMap,
-    record: &idem_core::RecordKey,
+    record: idem_core::RecordTag,
     fingerprint: &idem_core::Fingerprint,
     expires_at: idem_core::Millis,
     stored: &[(String, Vec<u8>)],
 ) {
     let disposition = contract::OriginDisposition::Stored {
         expires_at,
-        record: record.tag(),
+        record,
         fingerprint: Some(*fingerprint),
     };
     if let Ok(v) = HeaderValue::from_str(&disposition.header_value()) {

@@ -406,7 +406,7 @@ where
                 let for_edge = parts.extensions.get::<super::FromEdge>().is_some();
                 return replay(
                     response,
-                    for_edge.then_some((&record_key, &fingerprint)),
+                    for_edge.then(|| (config.key_headers.record_tag(&record_key), &fingerprint)),
                     expires_at,
                     store.now(),
                 );

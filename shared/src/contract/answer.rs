@@ -388,16 +388,17 @@ pub enum NotKept {
 }
 
 /// Until when a cache in front of the origin (the edge) may keep an answer it claimed
-/// under `own` with `own_fingerprint`: only one the origin stored in the same record
-/// ([`OriginDisposition::Stored`]'s `record`) under the same fingerprint, until the
-/// origin's record expires.
+/// under the record tagged `own` ([`super::KeyHeaders::record_tag`] of its record key
+/// and key headers) with `own_fingerprint`: only one the origin stored in the same
+/// record, read from the same headers ([`OriginDisposition::Stored`]'s `record`), under
+/// the same fingerprint, until the origin's record expires.
 pub fn edge_keeps(
     origin: Option<OriginDisposition>,
-    own: &crate::RecordKey,
+    own: crate::RecordTag,
     own_fingerprint: &crate::Fingerprint,
 ) -> Result<crate::Millis, NotKept> {
     match origin {
-        Some(OriginDisposition::Stored { record, .. }) if record != own.tag() => {
+        Some(OriginDisposition::Stored { record, .. }) if record != own => {
             Err(NotKept::OtherRecord)
         }
         Some(OriginDisposition::Stored {
@@ -690,19 +691,22 @@ mod tests {
                 fingerprint,
             })
         };
-        assert_eq!(edge_keeps(stored(Some(own)), &tenant_a, &own), Ok(5_000));
         assert_eq!(
-            edge_keeps(stored(Some(own)), &tenant_b, &own),
+            edge_keeps(stored(Some(own)), tenant_a.tag(), &own),
+            Ok(5_000)
+        );
+        assert_eq!(
+            edge_keeps(stored(Some(own)), tenant_b.tag(), &own),
             Err(NotKept::OtherRecord),
             "an edge that scopes otherwise than the origin keeps nothing"
         );
         assert_eq!(
-            edge_keeps(stored(Some(other)), &tenant_a, &own),
+            edge_keeps(stored(Some(other)), tenant_a.tag(), &own),
             Err(NotKept::OtherFingerprint),
             "an origin whose route fingerprints otherwise keeps the edge from keeping"
         );
         assert_eq!(
-            edge_keeps(stored(None), &tenant_a, &own),
+            edge_keeps(stored(None), tenant_a.tag(), &own),
             Err(NotKept::OtherFingerprint),
             "nor does one that does not say"
         );
@@ -711,9 +715,40 @@ mod tests {
             Some(OriginDisposition::Pending),
             None,
         ] {
-            assert_eq!(edge_keeps(said, &tenant_a, &own), Err(NotKept::NotStored));
+            assert_eq!(
+                edge_keeps(said, tenant_a.tag(), &own),
+                Err(NotKept::NotStored)
+            );
         }
         assert_ne!(tenant_a.tag(), tenant_b.tag());
+        // Read from other headers, the same key value names another record's tag: an
+        // edge whose KEY_HEADER is not the route's keeps nothing of its answers.
+        let standard = super::super::KeyHeaders::default();
+        let custom = super::super::KeyHeaders::new(["x-idempotency-key"]).unwrap();
+        let both = super::super::KeyHeaders::new(["idempotency-key", "x-idempotency-key"]);
+        let both_reversed = super::super::KeyHeaders::new(["x-idempotency-key", "idempotency-key"]);
+        assert_eq!(standard.record_tag(&tenant_a), tenant_a.tag());
+        let on_custom = Some(OriginDisposition::Stored {
+            expires_at: 5_000,
+            record: custom.record_tag(&tenant_a),
+            fingerprint: Some(own),
+        });
+        assert_eq!(
+            edge_keeps(on_custom, custom.record_tag(&tenant_a), &own),
+            Ok(5_000)
+        );
+        for edge_reads in [&standard, &both.clone().unwrap()] {
+            assert_eq!(
+                edge_keeps(on_custom, edge_reads.record_tag(&tenant_a), &own),
+                Err(NotKept::OtherRecord),
+                "{edge_reads:?}"
+            );
+        }
+        assert_eq!(
+            both.unwrap().record_tag(&tenant_a),
+            both_reversed.unwrap().record_tag(&tenant_a),
+            "the order of the names is not the route's choice of key"
+        );
     }
 
     #[wasm_bindgen_test(unsupported = test)]

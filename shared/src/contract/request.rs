@@ -3,7 +3,7 @@
 
 use super::path::ambiguous_path;
 use super::problem::{Problem, Rejection};
-use crate::{Fingerprint, IdempotencyKey, RequestParts};
+use crate::{Fingerprint, IdempotencyKey, RecordKey, RecordTag, RequestParts};
 use alloc::borrow::Cow;
 use alloc::string::String;
 
@@ -94,7 +94,7 @@ impl KeyHeaders {
                 "baggage",
                 "request-id",
             ];
-            const MEANT_OTHERWISE: [&str; 12] = [
+            const MEANT_OTHERWISE: [&str; 13] = [
                 "authorization",
                 "cookie",
                 "prefer",
@@ -102,6 +102,8 @@ impl KeyHeaders {
                 "content-length",
                 "content-encoding",
                 "accept",
+                // A CDN sets it anew (Cloudflare: `br, gzip`).
+                "accept-encoding",
                 "user-agent",
                 "traceparent",
                 "tracestate",
@@ -142,6 +144,27 @@ impl KeyHeaders {
     /// Whether `Idempotency-Key` is one of them.
     pub fn reads_standard(&self) -> bool {
         self.names.iter().any(|n| n == super::IDEMPOTENCY_KEY)
+    }
+
+    /// The tag by which an origin that read the key from these headers names `record`
+    /// to an edge ([`super::OriginDisposition::Stored`]'s `record`), and by which the
+    /// edge checks it: [`RecordKey::tag`] for `Idempotency-Key` alone, else a hash of
+    /// the record key with the names (in any order). The record key is the key's value
+    /// alone, so an edge reading it from other headers than the route keeps nothing of
+    /// the route's answers: there, the same value in another header is another
+    /// request's key (or none).
+    pub fn record_tag(&self, record: &RecordKey) -> RecordTag {
+        if *self == KeyHeaders::default() {
+            return record.tag();
+        }
+        let mut names: alloc::vec::Vec<&[u8]> = self.names.iter().map(|n| n.as_bytes()).collect();
+        names.sort_unstable();
+        let mut parts = alloc::vec![record.as_str().as_bytes()];
+        parts.extend(names);
+        let digest = crate::scope::tagged_hash(b"idem/record-tag/key-headers/v1", &parts);
+        let mut tag = [0; 16];
+        tag.copy_from_slice(&digest[..16]);
+        RecordTag(tag)
     }
 }
 
