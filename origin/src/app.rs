@@ -283,7 +283,7 @@ pub fn layer(config: &Config, store: Arc<dyn Store>) -> Result<IdempotencyLayer,
             tracing::info!(
                 route = %route.path,
                 line = route.line,
-                "this route fingerprints part of the request: the edge in front keeps none of its answers (it fingerprints whole requests) and sends its retries on to this origin"
+                "this route fingerprints part of the request: the edge in front keeps its answers only if its FINGERPRINT_EXCEPT, FINGERPRINT_ONLY and FINGERPRINT_HEADERS are this rule; otherwise it sends its retries on to this origin"
             );
         }
         if let Some(scope) = route.scope().filter(|s| **s != flags_scope) {

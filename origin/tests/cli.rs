@@ -355,3 +355,86 @@ fn an_edge_secret_that_could_be_guessed_is_refused_at_start_up() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Starts the server with `args`, reads its log until a line holds `until` (or 20 s
+/// pass), stops it, and returns the log read.
+fn log_until(args: &[&str], until: &str) -> String {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_idem-origin"))
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env_remove("IDEM_STORE")
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    let stderr = child.stderr.take().expect("piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut log = String::new();
+    while let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        log.push_str(&line);
+        log.push('\n');
+        if line.contains(until) {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    log
+}
+
+/// A release list holding statuses an API often answers after it acted is warned about
+/// at start-up, by the flag and by a route's own `release_on` (naming its line); a
+/// list without them is not. The warning is the operator's only sign that a retry of
+/// such an answer runs again.
+#[test]
+fn release_statuses_an_api_answers_after_acting_are_warned_at_start_up() {
+    const WARNING: &str = "often answers after it acted";
+    let listen = ["--store", "memory", "--listen", "127.0.0.1:0"];
+    let with = |extra: &[&str]| -> Vec<String> {
+        listen
+            .iter()
+            .chain(extra)
+            .map(|s| (*s).to_owned())
+            .collect()
+    };
+    let args = with(&["--release-on", "default,409"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let warned = log_until(&args, WARNING);
+    assert!(
+        warned.contains("WARN") && warned.contains(WARNING) && warned.contains("409"),
+        "{warned}"
+    );
+    let args = with(&["--release-on", "400,422,429"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let quiet = log_until(&args, "idem-origin listening");
+    assert!(quiet.contains("idem-origin listening"), "{quiet}");
+    assert!(quiet.contains("400,422,429"), "the list is logged: {quiet}");
+    assert!(!quiet.contains(WARNING), "{quiet}");
+
+    let dir = std::env::temp_dir().join(format!("idem-cli-release-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("routes.toml");
+    std::fs::write(
+        &file,
+        "[[route]]\npath = \"/v1/charges\"\nrelease_on = [400, 404]\n",
+    )
+    .unwrap();
+    let args = with(&["--routes", file.to_str().unwrap()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let route = log_until(&args, WARNING);
+    assert!(
+        route.contains(WARNING) && route.contains("/v1/charges") && route.contains("404"),
+        "{route}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

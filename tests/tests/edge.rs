@@ -198,13 +198,18 @@ impl Edge {
             };
             let deadline = Instant::now() + Duration::from_secs(60);
             loop {
-                if let Ok(r) = client().get(format!("{}/healthz", edge.base)).send().await {
-                    if ready(r.status().as_u16()) {
-                        return edge;
-                    }
-                }
                 let log_says = std::fs::read_to_string(&log_path).unwrap_or_default();
                 let port_taken = log_says.contains("Address already in use");
+                // The edge's answer, not another test's server that took the port
+                // (an origin's 404 once stood for a misconfigured edge's 500, in a CI
+                // run here): the worker marks every answer `idem-edge`.
+                if !port_taken {
+                    if let Ok(r) = client().get(format!("{}/healthz", edge.base)).send().await {
+                        if r.headers().contains_key("idem-edge") && ready(r.status().as_u16()) {
+                            return edge;
+                        }
+                    }
+                }
                 if port_taken && attempt < 3 {
                     eprintln!(
                         "wrangler dev: a port was taken ({}); launching again",
