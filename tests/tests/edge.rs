@@ -2322,6 +2322,31 @@ async fn an_edge_scoped_otherwise_than_its_origin_never_replays_another_tenant_s
     );
 }
 
+/// The demo charges API behind the layer on a memory store, scoped by `Authorization`
+/// (anonymous callers scoped), telling the edge what it stored, with `configure`'s
+/// settings: the origin and the ledger of its charges.
+async fn demo_origin_with(
+    configure: impl FnOnce(idem::idempotency::IdempotencyLayer) -> idem::idempotency::IdempotencyLayer,
+) -> (TestOrigin, Arc<idem_origin::charges::MemoryLedger>) {
+    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
+    let layer = idem::idempotency::IdempotencyLayer::new(store.clone()).scope_rule(
+        idem_core::contract::ScopeRule::by_authorization(idem_core::contract::Anonymous::Scoped),
+    );
+    let layer = configure(layer)
+        .edge_secret(idem_tests::EDGE_SECRET)
+        .unwrap();
+    let demo = idem_origin::charges::Demo::new(ledger.clone());
+    let router = idem_origin::app::router(layer, store.clone(), demo);
+    (TestOrigin::serve_router(router, store).await, ledger)
+}
+
+/// The fingerprint rule of the tests below: all of the body but the demo's latency.
+fn all_but_latency() -> idem_core::FingerprintRule {
+    idem_core::FingerprintRule::new(&[] as &[&str], &["/simulate_latency_ms"], &[] as &[&str])
+        .unwrap()
+}
+
 /// An origin whose route leaves a field out of its fingerprint, behind an edge that
 /// fingerprints whole requests: the edge keeps nothing of its answers (the origin says
 /// under which fingerprint it stored them, and it is not the edge's), so a retry with
@@ -2329,25 +2354,7 @@ async fn an_edge_scoped_otherwise_than_its_origin_never_replays_another_tenant_s
 /// edge would refuse it with 422. A change to a kept field is still 422.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edge_keeps_nothing_of_an_origin_that_fingerprints_otherwise() {
-    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
-    let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
-    let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
-        .scope_rule(idem_core::contract::ScopeRule::by_authorization(
-            idem_core::contract::Anonymous::Scoped,
-        ))
-        .fingerprint_rule(
-            idem_core::FingerprintRule::new(
-                &[] as &[&str],
-                &["/simulate_latency_ms"],
-                &[] as &[&str],
-            )
-            .unwrap(),
-        )
-        .edge_secret(idem_tests::EDGE_SECRET)
-        .unwrap();
-    let demo = idem_origin::charges::Demo::new(ledger.clone());
-    let router = idem_origin::app::router(layer, store.clone(), demo);
-    let origin = TestOrigin::serve_router(router, store).await;
+    let (origin, ledger) = demo_origin_with(|l| l.fingerprint_rule(all_but_latency())).await;
     let edge = Edge::start(&origin.url(""), &[]).await;
     let http = client();
     // The demo refuses unknown fields: the field its retries change is the latency.
@@ -2412,26 +2419,11 @@ async fn an_edge_keeps_nothing_of_an_origin_that_fingerprints_otherwise() {
 /// edge keeps nothing and every retry goes to the origin.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edge_with_its_origin_s_fingerprint_rule_and_key_header_replays_at_the_edge() {
-    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
-    let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
-    let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
-        .scope_rule(idem_core::contract::ScopeRule::by_authorization(
-            idem_core::contract::Anonymous::Scoped,
-        ))
-        .key_headers(idem_core::contract::KeyHeaders::new(["x-idempotency-key"]).unwrap())
-        .fingerprint_rule(
-            idem_core::FingerprintRule::new(
-                &[] as &[&str],
-                &["/simulate_latency_ms"],
-                &[] as &[&str],
-            )
-            .unwrap(),
-        )
-        .edge_secret(idem_tests::EDGE_SECRET)
-        .unwrap();
-    let demo = idem_origin::charges::Demo::new(ledger.clone());
-    let router = idem_origin::app::router(layer, store.clone(), demo);
-    let origin = TestOrigin::serve_router(router, store).await;
+    let (origin, ledger) = demo_origin_with(|l| {
+        l.key_headers(idem_core::contract::KeyHeaders::new(["x-idempotency-key"]).unwrap())
+            .fingerprint_rule(all_but_latency())
+    })
+    .await;
     let edge = Edge::start(
         &origin.url(""),
         &[
@@ -2510,18 +2502,10 @@ async fn an_edge_with_its_origin_s_fingerprint_rule_and_key_header_replays_at_th
 /// first request's stored answer at the edge, and never ran.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edge_reading_the_key_from_other_headers_than_the_route_keeps_nothing() {
-    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
-    let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
-    let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
-        .scope_rule(idem_core::contract::ScopeRule::by_authorization(
-            idem_core::contract::Anonymous::Scoped,
-        ))
-        .key_headers(idem_core::contract::KeyHeaders::new(["x-idempotency-key"]).unwrap())
-        .edge_secret(idem_tests::EDGE_SECRET)
-        .unwrap();
-    let demo = idem_origin::charges::Demo::new(ledger.clone());
-    let router = idem_origin::app::router(layer, store.clone(), demo);
-    let origin = TestOrigin::serve_router(router, store).await;
+    let (origin, ledger) = demo_origin_with(|l| {
+        l.key_headers(idem_core::contract::KeyHeaders::new(["x-idempotency-key"]).unwrap())
+    })
+    .await;
     let edge = Edge::start(&origin.url(""), &[("KEY_HEADER", "paypal-request-id")]).await;
     let http = client();
     let send = |route_key: &'static str, edge_key: &'static str| {
