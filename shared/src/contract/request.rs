@@ -154,8 +154,10 @@ impl KeyHeaders {
     /// the route's answers: there, the same value in another header is another
     /// request's key (or none).
     pub fn record_tag(&self, record: &RecordKey) -> RecordTag {
-        if *self == KeyHeaders::default() {
-            return record.tag();
+        if let [only] = self.names.as_slice() {
+            if only == super::IDEMPOTENCY_KEY {
+                return record.tag();
+            }
         }
         let mut names: alloc::vec::Vec<&[u8]> = self.names.iter().map(|n| n.as_bytes()).collect();
         names.sort_unstable();
