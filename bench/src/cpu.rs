@@ -15,6 +15,7 @@ pub const FOLLOWED: &[&str] = &[
     crate::proxy::PROGRAM,
     crate::peer::PROGRAM,
     crate::proxy::IPX_PROGRAM,
+    crate::proxy::NGINX_PROGRAM,
     "python3",
 ];
 

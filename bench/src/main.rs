@@ -98,6 +98,11 @@ struct Args {
     /// standalone Redis. Left out without it.
     #[arg(long, value_name = "BIN")]
     idempotent_proxy: Option<PathBuf>,
+    /// nginx (`scripts/bench` installs nginx-light): idempotent-proxy is also measured
+    /// behind it, as it is deployed in front of a whole API — nginx sends the guarded
+    /// POSTs to it and every other request to the API. Left out without it.
+    #[arg(long, value_name = "BIN")]
+    nginx: Option<PathBuf>,
     /// Concurrent connections of the comparison with the `idempotent` crate (on the
     /// standalone Redis).
     #[arg(long, value_delimiter = ',', default_value = "8,32")]
@@ -439,6 +444,7 @@ async fn run(args: Args) -> Result<()> {
                 out: &args.out,
                 nonce,
                 idempotent_proxy: args.idempotent_proxy.as_deref(),
+                nginx: args.nginx.as_deref(),
             })
             .await?
         }

@@ -216,6 +216,8 @@ pub struct Settings<'a> {
     /// idempotent-proxy's server (1.2.2), to compare proxy mode with in the same run,
     /// in front of the builtin upstream, both on the standalone Redis.
     pub idempotent_proxy: Option<&'a Path>,
+    /// nginx, to run idempotent-proxy behind as its users front it.
+    pub nginx: Option<&'a Path>,
 }
 
 /// Each upstream alone, then through idem on each store, at each concurrency.
@@ -328,6 +330,7 @@ async fn run_one(s: &Settings<'_>, kind: UpstreamKind) -> Result<Vec<ProxyRow>> 
 pub const IPX_PROGRAM: &str = "bench-ipx";
 /// The rows' labels.
 pub const IPX_LABEL: &str = "idempotent-proxy";
+const IPX_FRONTED_LABEL: &str = "nginx+idempotent-proxy";
 const IDEM_VS_IPX_LABEL: &str = "idem on redis";
 
 /// idempotent-proxy's server, run as its README says: environment variables, an
@@ -383,6 +386,94 @@ impl Drop for IpxProcess {
     }
 }
 
+/// The program name nginx's processes run under, for their CPU.
+pub const NGINX_PROGRAM: &str = "nginx";
+
+/// nginx in front of idempotent-proxy, as its users deploy it in front of an API:
+/// idempotent-proxy guards every request it is given and forwards only to the URLs
+/// it is configured with (`/URL_CHARGES`), so a front sends it the guarded requests
+/// and everything else to the API. Configured as a careful operator would: kept-alive
+/// HTTP/1.1 connections to both, no access log, a worker per core. Stopped on drop.
+struct NginxFront {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl NginxFront {
+    async fn start(nginx: &Path, out: &Path, ipx: SocketAddr, api: SocketAddr) -> Result<Self> {
+        let dir = out.join("nginx");
+        std::fs::create_dir_all(&dir)?;
+        let dir = dir.canonicalize()?;
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let conf = format!(
+            r#"worker_processes auto;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  # The load keeps its connections open for the whole run (nginx closes one after
+  # 1 000 requests by default).
+  keepalive_requests 100000000;
+  client_body_temp_path {dir}/body;
+  proxy_temp_path {dir}/proxy;
+  upstream ipx {{ server {ipx}; keepalive 64; keepalive_requests 100000000; }}
+  upstream api {{ server {api}; keepalive 64; keepalive_requests 100000000; }}
+  proxy_http_version 1.1;
+  proxy_set_header Connection "";
+  server {{
+    listen {addr} reuseport;
+    location = /v1/charges {{
+      if ($request_method = POST) {{
+        rewrite ^ /URL_CHARGES break;
+        proxy_pass http://ipx;
+      }}
+      proxy_pass http://api;
+    }}
+    location / {{ proxy_pass http://api; }}
+  }}
+}}
+"#,
+            dir = dir.display()
+        );
+        let conf_path = dir.join("nginx.conf");
+        std::fs::write(&conf_path, conf)?;
+        let log = std::fs::File::create(out.join("nginx.log"))?;
+        let child = Command::new(nginx)
+            .arg("-p")
+            .arg(&dir)
+            .arg("-e")
+            .arg(dir.join("error.log"))
+            .arg("-c")
+            .arg(&conf_path)
+            .args(["-g", "daemon off; master_process on; user root;"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", nginx.display()))?;
+        let front = NginxFront { child, addr };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(addr).await.is_err() {
+            if std::time::Instant::now() > deadline {
+                bail!("nginx did not listen on {addr} within 10 s (its logs: nginx.log, nginx/error.log)");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(front)
+    }
+}
+
+impl Drop for NginxFront {
+    fn drop(&mut self) {
+        // SIGTERM: the master stops its workers (a SIGKILL would leave them serving).
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
 /// idem on the standalone Redis and idempotent-proxy on the same Redis, in front of
 /// the same upstream, by the same load, their order alternated by concurrency: new
 /// keys, then replays of keys each stored once.
@@ -412,31 +503,46 @@ async fn against_idempotent_proxy(
     )
     .await?;
     let ipx = IpxProcess::start(bin, s.out, &s.targets.redis_url, upstream.addr).await?;
-    let idem = (IDEM_VS_IPX_LABEL, Server::idem(origin.addr));
-    let peer = (
-        IPX_LABEL,
-        Server {
-            addr: ipx.addr,
-            program: IPX_PROGRAM,
-            target: Target {
-                path: "/URL_CHARGES".into(),
-                marks_replays: false,
+    let front = match s.nginx {
+        Some(nginx) => Some(NginxFront::start(nginx, s.out, ipx.addr, upstream.addr).await?),
+        None => None,
+    };
+    let mut servers = vec![
+        (IDEM_VS_IPX_LABEL, Server::idem(origin.addr)),
+        (
+            IPX_LABEL,
+            Server {
+                addr: ipx.addr,
+                programs: &[IPX_PROGRAM],
+                target: Target {
+                    path: "/URL_CHARGES".into(),
+                    marks_replays: false,
+                },
             },
-        },
-    );
+        ),
+    ];
+    if let Some(front) = &front {
+        // The client sends what it sends to idem: `POST /v1/charges`.
+        servers.push((
+            IPX_FRONTED_LABEL,
+            Server {
+                addr: front.addr,
+                programs: &[IPX_PROGRAM, NGINX_PROGRAM],
+                target: Target {
+                    marks_replays: false,
+                    ..Target::default()
+                },
+            },
+        ));
+    }
     let mut rows = Vec::new();
     for (round, &c) in s.concurrency.iter().enumerate() {
         let base = alone.iter().find(|(ac, _)| *ac == c).map(|(_, rps)| *rps);
-        let order = match round % 2 {
-            0 => [&idem, &peer],
-            _ => [&peer, &idem],
-        };
-        for (label, server) in order {
-            let prefix = format!(
-                "x{}-{}-{c}",
-                s.nonce,
-                if *label == IPX_LABEL { "ipx" } else { "idem" }
-            );
+        // Each server first in turn.
+        let first = round % servers.len();
+        let order = servers[first..].iter().chain(&servers[..first]);
+        for (n, (label, server)) in order.enumerate() {
+            let prefix = format!("x{}-{n}-{c}", s.nonce);
             let unique = Keys::Unique {
                 prefix: format!("u{prefix}"),
             };
@@ -463,41 +569,46 @@ async fn against_idempotent_proxy(
     Ok(rows)
 }
 
-/// idem ÷ idempotent-proxy in req/s, from the rows of [`against_idempotent_proxy`].
+/// idem ÷ idempotent-proxy in req/s, from the rows of [`against_idempotent_proxy`]:
+/// against idempotent-proxy behind nginx (how it is deployed in front of an API, and
+/// what the targets are measured on) when it ran, and against it alone.
 pub fn ipx_ratios(rows: &[ProxyRow]) -> Option<String> {
     let find = |path: &str, phase: &str, c: usize| {
         rows.iter()
             .find(|r| r.path == path && r.phase == phase && r.concurrency == c)
     };
     let mut out = String::new();
-    for r in rows.iter().filter(|r| r.path == IPX_LABEL) {
-        let Some(idem) = find(IDEM_VS_IPX_LABEL, r.phase, r.concurrency) else {
-            continue;
-        };
-        let _ = writeln!(
-            out,
-            "  {:<6} {:>3} conns: idem {:>8.0} req/s, idempotent-proxy {:>8.0} req/s: {:.2}x (upstream calls per request {:.2} and {:.2}; CPU per request {:.1} and {:.1} µs)",
-            r.phase,
-            r.concurrency,
-            idem.requests_per_s,
-            r.requests_per_s,
-            idem.requests_per_s / r.requests_per_s.max(1e-9),
-            idem.upstream_calls,
-            r.upstream_calls,
-            idem.idem_cpu_us,
-            r.idem_cpu_us,
-        );
+    for peer in [IPX_FRONTED_LABEL, IPX_LABEL] {
+        for r in rows.iter().filter(|r| r.path == peer) {
+            let Some(idem) = find(IDEM_VS_IPX_LABEL, r.phase, r.concurrency) else {
+                continue;
+            };
+            let _ = writeln!(
+                out,
+                "  {:<6} {:>3} conns: idem {:>8.0} req/s, {peer} {:>8.0} req/s: {:.2}x (upstream calls per request {:.2} and {:.2}; CPU per request {:.1} and {:.1} µs)",
+                r.phase,
+                r.concurrency,
+                idem.requests_per_s,
+                r.requests_per_s,
+                idem.requests_per_s / r.requests_per_s.max(1e-9),
+                idem.upstream_calls,
+                r.upstream_calls,
+                idem.idem_cpu_us,
+                r.idem_cpu_us,
+            );
+        }
     }
     (!out.is_empty()).then(|| {
-        format!("proxy mode vs idempotent-proxy 1.2.2, same upstream, same Redis, same run (targets: 2x on new keys, 5x on replays):\n{out}")
+        format!("proxy mode vs idempotent-proxy 1.2.2, same upstream, same Redis, same run (targets: 2x on new keys, 5x on replays, against it behind nginx):\n{out}")
     })
 }
 
 /// Who answers the load, and where.
 struct Server<'a> {
     addr: SocketAddr,
-    /// Its program name, for its CPU.
-    program: &'a str,
+    /// Its programs' names, for its CPU: every process a request passes through on
+    /// its way to the upstream.
+    programs: &'a [&'a str],
     target: Target,
 }
 
@@ -506,7 +617,7 @@ impl Server<'_> {
     fn idem(addr: SocketAddr) -> Server<'static> {
         Server {
             addr,
-            program: "idem-origin",
+            programs: &["idem-origin"],
             target: Target::default(),
         }
     }
@@ -552,7 +663,13 @@ async fn measure(
         ratio: base.filter(|b| *b > 0.0).map(|b| rps / b),
         p50_ms: result.quantile_ms(0.5),
         p99_ms: result.quantile_ms(0.99),
-        idem_cpu_us: cpu.seconds_of(server.program) / answered * 1e6,
+        idem_cpu_us: server
+            .programs
+            .iter()
+            .map(|p| cpu.seconds_of(p))
+            .sum::<f64>()
+            / answered
+            * 1e6,
         upstream_cpu_us: cpu.seconds_of(upstream.kind.program()) / answered * 1e6,
         upstream_calls: calls_after.saturating_sub(calls_before) as f64 / answered,
         unexpected: result.unexpected,
@@ -571,7 +688,7 @@ pub fn table(rows: &[ProxyRow]) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<8} {:<16} {:<6} {:>5} {:>9} {:>6} {:>7} {:>7} {:>12} {:>16} {:>15}",
+        "{:<8} {:<22} {:<6} {:>5} {:>9} {:>6} {:>7} {:>7} {:>12} {:>16} {:>15}",
         "upstream",
         "path",
         "phase",
@@ -587,7 +704,7 @@ pub fn table(rows: &[ProxyRow]) -> String {
     for r in rows {
         let _ = writeln!(
             s,
-            "{:<8} {:<16} {:<6} {:>5} {:>9.0} {:>6} {:>7.2} {:>7.2} {:>12.1} {:>16.1} {:>15.2}",
+            "{:<8} {:<22} {:<6} {:>5} {:>9.0} {:>6} {:>7.2} {:>7.2} {:>12.1} {:>16.1} {:>15.2}",
             r.upstream,
             r.path,
             r.phase,
