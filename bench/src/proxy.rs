@@ -368,13 +368,7 @@ impl IpxProcess {
             .spawn()
             .with_context(|| format!("starting {}", program.display()))?;
         let ipx = IpxProcess { child, addr };
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while tokio::net::TcpStream::connect(addr).await.is_err() {
-            if std::time::Instant::now() > deadline {
-                bail!("idempotent-proxy did not listen on {addr} within 10 s (its log: idempotent-proxy.log)");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_listening(addr, "idempotent-proxy", "idempotent-proxy.log").await?;
         Ok(ipx)
     }
 }
@@ -384,6 +378,18 @@ impl Drop for IpxProcess {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Waits up to 10 s for a peer process to accept connections on `addr`.
+async fn wait_listening(addr: SocketAddr, what: &str, logs: &str) -> Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(addr).await.is_err() {
+        if std::time::Instant::now() > deadline {
+            bail!("{what} did not listen on {addr} within 10 s (its logs: {logs})");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
 }
 
 /// The program name nginx's processes run under, for their CPU.
@@ -453,13 +459,7 @@ http {{
             .spawn()
             .with_context(|| format!("starting {}", nginx.display()))?;
         let front = NginxFront { child, addr };
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while tokio::net::TcpStream::connect(addr).await.is_err() {
-            if std::time::Instant::now() > deadline {
-                bail!("nginx did not listen on {addr} within 10 s (its logs: nginx.log, nginx/error.log)");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_listening(addr, "nginx", "nginx.log, nginx/error.log").await?;
         Ok(front)
     }
 }

@@ -142,16 +142,21 @@ fn an_upstream_that_is_not_an_http_or_https_url_is_refused() {
     }
 }
 
-#[test]
-fn a_bad_route_file_is_refused_with_its_line() {
-    let dir = std::env::temp_dir().join(format!("idem-cli-routes-{}", std::process::id()));
+/// A route file holding `text`, in a directory of this test process's own.
+fn route_file(name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("idem-cli-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("routes.toml");
-    std::fs::write(
-        &file,
+    std::fs::write(&file, text).unwrap();
+    file
+}
+
+#[test]
+fn a_bad_route_file_is_refused_with_its_line() {
+    let file = route_file(
+        "routes",
         "[[route]]\npath = \"/v1/charges\"\nwait = \"soon\"\n",
-    )
-    .unwrap();
+    );
     let o = run(&["--routes", file.to_str().unwrap()], &[]);
     assert_eq!(o.status.code(), Some(2));
     let expected = format!("{}:3:8: wait: \"soon\" is not a duration", file.display());
@@ -163,7 +168,7 @@ fn a_bad_route_file_is_refused_with_its_line() {
         "{}",
         stderr(&o)
     );
-    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(file.parent().unwrap()).unwrap();
 }
 
 #[test]
@@ -421,14 +426,10 @@ fn release_statuses_an_api_answers_after_acting_are_warned_at_start_up() {
     assert!(quiet.contains("400,422,429"), "the list is logged: {quiet}");
     assert!(!quiet.contains(WARNING), "{quiet}");
 
-    let dir = std::env::temp_dir().join(format!("idem-cli-release-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("routes.toml");
-    std::fs::write(
-        &file,
+    let file = route_file(
+        "release",
         "[[route]]\npath = \"/v1/charges\"\nrelease_on = [400, 404]\n",
-    )
-    .unwrap();
+    );
     let args = with(&["--routes", file.to_str().unwrap()]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let route = log_until(&args, WARNING);
@@ -436,5 +437,5 @@ fn release_statuses_an_api_answers_after_acting_are_warned_at_start_up() {
         route.contains(WARNING) && route.contains("/v1/charges") && route.contains("404"),
         "{route}"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(file.parent().unwrap()).unwrap();
 }
