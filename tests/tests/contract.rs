@@ -332,6 +332,10 @@ async fn a_handler_that_blocks_its_thread_keeps_its_lease() {
             }),
         )
         .layer(layer);
+    // The pool's first connection is made now, not inside the first claim: on a loaded
+    // machine its setup could take the claim past its budget (a 503, nothing run), and
+    // the lease would never be tested.
+    store.ping().await.unwrap();
     let origin = TestOrigin::serve_router(app, store).await;
     let url = origin.url("");
     let body = charge_body("c", 100, 0);
