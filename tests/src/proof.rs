@@ -158,6 +158,11 @@ pub const TABLES: &[Table] = &[
                 &["heartbeats shared the pool: B took over, 2 charges"],
             ),
             row(
+                "slow-connects",
+                &["new connections to Postgres take 150 ms (a proxy delays them) once the store is up; a 3 s handler, lease 1 s (a renewal is given up after 83 ms); a retry after 1.5 s", "postgres"],
+                &["the heartbeats' connections were opened by the first renewal, each given up with it: the retry took over, 2 charges"],
+            ),
+            row(
                 "drain-deadline",
                 &["SIGTERM while a completion can't be written (Postgres down), `--drain-timeout 2s`", "postgres"],
                 &["—"],

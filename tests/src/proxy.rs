@@ -19,6 +19,9 @@ pub struct Proxy {
     /// Connections cut after a request went through, replies being lost.
     lost: Arc<AtomicU32>,
     generation: Arc<AtomicU32>,
+    /// Milliseconds a new connection waits before it is put through: a database far
+    /// away, or one too loaded to start a session quickly ([`Proxy::slow_connects`]).
+    connect_delay_ms: Arc<AtomicU32>,
     task: JoinHandle<()>,
 }
 
@@ -31,11 +34,13 @@ impl Proxy {
         let losing = Arc::new(AtomicBool::new(false));
         let lost = Arc::new(AtomicU32::new(0));
         let generation = Arc::new(AtomicU32::new(0));
-        let (d, g, l, n) = (
+        let connect_delay_ms = Arc::new(AtomicU32::new(0));
+        let (d, g, l, n, w) = (
             down.clone(),
             generation.clone(),
             losing.clone(),
             lost.clone(),
+            connect_delay_ms.clone(),
         );
         let task = tokio::spawn(async move {
             loop {
@@ -48,7 +53,9 @@ impl Proxy {
                 }
                 let (d, g, l, n) = (d.clone(), g.clone(), l.clone(), n.clone());
                 let born = g.load(Ordering::SeqCst);
+                let delay = Duration::from_millis(w.load(Ordering::SeqCst).into());
                 tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
                     let Ok(outbound) = TcpStream::connect(upstream).await else {
                         return;
                     };
@@ -64,8 +71,16 @@ impl Proxy {
             losing,
             lost,
             generation,
+            connect_delay_ms,
             task,
         }
+    }
+
+    /// From now on a new connection is put through only after `delay` (connections
+    /// already made are not slowed).
+    pub fn slow_connects(&self, delay: Duration) {
+        let ms = u32::try_from(delay.as_millis()).unwrap_or(u32::MAX);
+        self.connect_delay_ms.store(ms, Ordering::SeqCst);
     }
 
     /// From now on every request reaches the backend and its reply is lost: the

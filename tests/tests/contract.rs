@@ -153,6 +153,78 @@ async fn the_release_rule_holds_on_every_store() {
     );
 }
 
+/// A holder keeps its lease when the store's new connections are slow to open (a
+/// database far away, or too loaded to start a session quickly): its renewals go on
+/// their own connections, and one opened for a renewal that gave up waiting is kept for
+/// the next. Here a new connection takes 150 ms and a renewal gives up after a twelfth
+/// of the 1 s lease (83 ms).
+#[tokio::test]
+async fn a_holder_keeps_its_lease_when_new_store_connections_are_slow() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let db = TestDb::new("slow_connects").await;
+    let proxy = Proxy::start(pg_addr(&db.url)).await;
+    let store: Arc<dyn Store> = Arc::new(
+        PostgresStore::connect(&via(&db.url, proxy.addr), PgOptions::default())
+            .await
+            .unwrap(),
+    );
+    store.ping().await.unwrap();
+    proxy.slow_connects(Duration::from_millis(150));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = runs.clone();
+    let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
+        .scope_rule(idem_core::contract::ScopeRule::by_authorization(
+            idem_core::contract::Anonymous::Scoped,
+        ))
+        .require_key_on(["/v1/slow"])
+        .lease(Duration::from_secs(1));
+    let app = axum::Router::new()
+        .route(
+            "/v1/slow",
+            axum::routing::post(move || {
+                r.fetch_add(1, Ordering::SeqCst);
+                async {
+                    tokio::time::sleep(Duration::from_millis(3_000)).await;
+                    http::StatusCode::CREATED
+                }
+            }),
+        )
+        .layer(layer);
+    let origin = TestOrigin::serve_router(app, store).await;
+    let url = origin.url("/v1/slow");
+    let send = || {
+        let url = url.clone();
+        async move {
+            let res = client()
+                .post(url)
+                .header("idempotency-key", "slow-connects")
+                .body("{}")
+                .send()
+                .await
+                .unwrap();
+            (res.status().as_u16(), res.text().await.unwrap())
+        }
+    };
+    let first = tokio::spawn(send());
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let (retry, retry_body) = send().await;
+    let (first, _) = first.await.unwrap();
+    let runs = runs.load(Ordering::SeqCst);
+    idem_tests::report(
+        "contract",
+        &format!("a 3 s charge under a 1 s lease, new store connections taking 150 ms: first {first}, its retry at 1.5 s {retry}; {runs} run(s)"),
+    );
+    assert_eq!(retry, 409, "the charge kept its lease: {retry_body}");
+    assert_eq!((first, runs), (201, 1), "ran once");
+    idem_tests::proof::record(
+        "faults",
+        "slow-connects",
+        &[&format!(
+            "retry {retry} while it ran, {runs} charge; the first answered {first}"
+        )],
+    );
+}
+
 #[tokio::test]
 async fn store_unreachable_is_503_and_the_handler_never_runs_then_it_recovers() {
     let db = TestDb::new("unreachable").await;
@@ -340,10 +412,13 @@ async fn a_handler_that_blocks_its_thread_keeps_its_lease() {
     let url = origin.url("");
     let body = charge_body("c", 100, 0);
     // Other work keeps the runtime's other workers awake, as a server's other requests
-    // do (idle, they would all sleep with the blocked one, and nothing would run).
+    // do (idle, they would all sleep with the blocked one, and nothing would run). A
+    // timer, not a `yield_now` loop: spinning, two such tests at once took both cores
+    // here, the store's replies came too late for a renewal (a twelfth of the lease), and
+    // the lease was lost with nothing wrong in idem (CI at 62556a7 and 0f5e048).
     let busy = tokio::spawn(async {
         loop {
-            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
     });
     let first = {
@@ -372,9 +447,10 @@ async fn a_handler_that_blocks_its_thread_keeps_its_lease() {
 
 /// A handler that blocks its thread holds back no other claim's lease: a slow async
 /// charge is claimed, then, before its first renewal is due, another request's handler
-/// blocks its worker for 4 s. The heartbeats are started by the layer's keeper (a thread
-/// of its own) into the runtime's shared queue: the slow charge keeps its lease, its
-/// retry is refused while it runs, and it runs once.
+/// blocks its worker for 4 s. Each heartbeat is a task of its own that leaves the
+/// worker it was spawned on before its handler runs: the slow charge keeps its lease,
+/// its retry is refused while it runs, and it runs once. (Other work wakes the runtime
+/// as in the test above.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_blocked_worker_holds_back_no_other_claim_s_heartbeat() {
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -412,20 +488,20 @@ async fn a_blocked_worker_holds_back_no_other_claim_s_heartbeat() {
     let send = |path: &'static str| {
         let url = origin.url(path);
         async move {
-            client()
+            let res = client()
                 .post(url)
                 .header("idempotency-key", path)
                 .body("{}")
                 .send()
                 .await
-                .unwrap()
-                .status()
-                .as_u16()
+                .unwrap();
+            let status = res.status().as_u16();
+            (status, res.text().await.unwrap())
         }
     };
     let busy = tokio::spawn(async {
         loop {
-            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
     });
     let slow = tokio::spawn(send("/v1/slow"));
@@ -438,8 +514,14 @@ async fn a_blocked_worker_holds_back_no_other_claim_s_heartbeat() {
     let runs = runs.load(Ordering::SeqCst);
     idem_tests::report(
         "contract",
-        &format!("a slow charge under a 1 s lease while another handler blocks its worker 4 s: the slow one {slow}, its retry at 1.5 s {retry}, the blocking one {blocking}; runs {runs} (slow + 100 × blocking)"),
+        &format!("a slow charge under a 1 s lease while another handler blocks its worker 4 s: the slow one {}, its retry at 1.5 s {}, the blocking one {}; runs {runs} (slow + 100 × blocking)", slow.0, retry.0, blocking.0),
     );
+    for (what, (status, body)) in [("slow", &slow), ("retry", &retry), ("blocking", &blocking)] {
+        if *status >= 500 {
+            idem_tests::report("contract", &format!("the {what} one's {status}: {body}"));
+        }
+    }
+    let (slow, retry, blocking) = (slow.0, retry.0, blocking.0);
     assert_eq!(retry, 409, "the slow charge kept its lease");
     assert_eq!((slow, blocking, runs), (201, 201, 101), "each ran once");
 }

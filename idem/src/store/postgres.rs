@@ -223,6 +223,19 @@ fn heartbeat_pool_size(pool_size: usize) -> usize {
     (pool_size / 4).max(2)
 }
 
+/// Opens every connection of `pool` (within `timeout`; one that fails is opened when
+/// first needed). The heartbeat pool's are opened with the store: a renewal that had to
+/// open its own would be given up with it when connections are slower to open than a
+/// renewal may take (a twelfth of the lease: a database far away, or loaded), every
+/// time, and the lease lost with the store up. A connection closed later (its
+/// statement given up) is replaced when needed, by then beside the others still open.
+async fn open_all(pool: &Pool, timeout: Duration) {
+    let opening = (0..pool.status().max_size).map(|_| pool.get());
+    // Held until all are open, so each is a connection of its own; then back to the
+    // pool, idle.
+    let _ = tokio::time::timeout(timeout, futures_util::future::join_all(opening)).await;
+}
+
 impl PostgresStore {
     /// How long a statement, pool wait included, may take.
     #[cfg(feature = "tiered")]
@@ -266,6 +279,7 @@ impl PostgresStore {
         };
         let (pending, id) = store.with_client(async |c| migrate(c).await).await?;
         store.sql = Arc::new(Sql::new(id));
+        open_all(&store.heartbeat_pool, store.options.timeout).await;
         // Indexes too big to build in the migration are built in the background: the
         // listing they speed up works without them.
         if pending && tokio::runtime::Handle::try_current().is_ok() {
