@@ -22,6 +22,7 @@
 //!     .layer(IdempotencyLayer::new(Arc::new(MemoryStore::new())).require_key_on(["/v1/charges"]));
 //! ```
 #![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod admin;
 pub mod idempotency;

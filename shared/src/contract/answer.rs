@@ -295,7 +295,7 @@ pub fn edge_kept_headers(value: Option<&[u8]>) -> Option<Vec<String>> {
     Some(names)
 }
 
-/// What the origin said about an answer, read from [`ORIGIN_DISPOSITION`].
+/// What the origin said about an answer, read from [`ORIGIN_DISPOSITION`](super::ORIGIN_DISPOSITION).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OriginDisposition {
     /// The answer is stored at the origin, in the record `record` names, until

@@ -304,7 +304,7 @@ pub fn check_pattern(pattern: &str) -> Result<(), String> {
 /// (Go and WSGI decode them, others don't), a plain `\` (IIS reads it as `/`), a `;`
 /// parameter (Tomcat drops it), a `.` or `..` segment, plain, encoded or with
 /// parameters (some resolve them, some route them as written), a letter that case-folds
-/// to ASCII ([`CONFUSABLES`]), or an escape some decoder reads otherwise (`%00`, `%u…`,
+/// to ASCII (`ſ`, `K` (Kelvin), `ı`, `İ`: raw or percent-encoded), or an escape some decoder reads otherwise (`%00`, `%u…`,
 /// overlong UTF-8 `%C0`/`%C1`).
 pub fn ambiguous_path(path: &str) -> bool {
     // Most paths: ASCII without an escape, a `;` or a `\` — then only a dot segment

@@ -13,7 +13,7 @@
 //! closed and drained, retrying until `drain_deadline`.
 //!
 //! A writer that must know when its record reached Postgres (a release: see
-//! `TieredStore::holder_write`) sends it with [`Slot::send_acknowledged`]; it is told
+//! `TieredStore::holder_write`) sends it with `Slot::send_acknowledged`; it is told
 //! once the batch that wrote it (or a record of the key that superseded it) committed.
 
 use crate::store::{PostgresStore, StoreError};
