@@ -3,7 +3,7 @@
 //! bench's housekeeping: a database of its own, and deleting what it wrote.
 
 use anyhow::{anyhow, bail, Context, Result};
-use idem::store::postgres::IdColumn;
+use idem::internal::IdColumn;
 use redis::aio::MultiplexedConnection;
 use std::str::FromStr;
 use tokio_postgres::{Client, NoTls};
@@ -98,7 +98,7 @@ impl Postgres {
 
 /// How `idem_records` (created by the origin) holds keys.
 pub async fn id_column(client: &Client) -> Result<IdColumn> {
-    idem::store::postgres::id_column(client)
+    idem::internal::id_column(client)
         .await
         .map_err(|e| anyhow!("reading the type of idem_records.id: {e}"))
 }

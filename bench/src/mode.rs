@@ -1,7 +1,7 @@
 //! The store modes the bench runs, and what each is compared against.
 
 use clap::ValueEnum;
-use idem::store::PgStrategy;
+use idem::PgStrategy;
 use serde::Serialize;
 
 /// One way to run the origin.

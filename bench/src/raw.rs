@@ -3,8 +3,8 @@
 //! store's own claim statements.
 
 use anyhow::{anyhow, bail, Context, Result};
-use idem::store::postgres::{claim_statements, completion_statement, IdColumn};
-use idem::store::PgStrategy;
+use idem::internal::{claim_statements, completion_statement, IdColumn};
+use idem::PgStrategy;
 use idem_core::{decide, Decision, Fingerprint, Policy, StoredResponse};
 use serde::Serialize;
 use std::path::Path;

@@ -5,7 +5,7 @@
 #[macro_use]
 mod rows;
 
-use idem::store::{MemoryStore, Store};
+use idem::{MemoryStore, Store};
 use std::sync::Arc;
 
 async fn memory(_row: &str) -> (Arc<dyn Store>, ()) {

@@ -8,8 +8,8 @@ use axum::routing::post;
 use axum::Router;
 use http::Request;
 use http_body_util::BodyExt;
-use idem::idempotency::IdempotencyLayer;
-use idem::store::MemoryStore;
+use idem::IdempotencyLayer;
+use idem::MemoryStore;
 use std::sync::Arc;
 use std::time::Duration;
 use tower::ServiceExt;
@@ -31,9 +31,7 @@ fn app() -> Router {
         .route(
             "/invalid",
             post(|| async {
-                idem::idempotency::release(
-                    (http::StatusCode::BAD_REQUEST, "nothing happened").into_response(),
-                )
+                idem::release((http::StatusCode::BAD_REQUEST, "nothing happened").into_response())
             }),
         )
         .layer(

@@ -6,8 +6,8 @@ use axum::body::Body;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::BodyExt;
-use idem::idempotency::IdempotencyLayer;
-use idem::store::MemoryStore;
+use idem::IdempotencyLayer;
+use idem::MemoryStore;
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -333,11 +333,8 @@ async fn an_answer_of_exactly_the_stored_limit_is_stored_and_one_byte_more_is_no
 /// The defaults README and the flags document.
 #[test]
 fn the_documented_defaults() {
-    assert_eq!(
-        idem::idempotency::DEFAULT_BUFFERED_BODY_BYTES,
-        64 * 1024 * 1024
-    );
-    assert_eq!(idem::idempotency::DEFAULT_MAX_IN_PROGRESS, 10_000);
+    assert_eq!(idem::DEFAULT_BUFFERED_BODY_BYTES, 64 * 1024 * 1024);
+    assert_eq!(idem::DEFAULT_MAX_IN_PROGRESS, 10_000);
     assert_eq!(MemoryStore::DEFAULT_MAX_RECORDS, 1_000_000);
     assert_eq!(MemoryStore::DEFAULT_MAX_BYTES, 256 * 1024 * 1024);
 }

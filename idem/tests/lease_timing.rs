@@ -10,8 +10,8 @@ use axum::Router;
 use http::Request;
 use http_body_util::BodyExt;
 use idem::core::{Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, Transition};
-use idem::idempotency::{IdempotencyContext, IdempotencyLayer};
-use idem::store::{HolderWrite, MemoryStore, Store, StoreError};
+use idem::{HolderWrite, MemoryStore, Store, StoreError};
+use idem::{IdempotencyContext, IdempotencyLayer};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -88,7 +88,7 @@ impl Store for SlowReply {
         key: &RecordKey,
         expected: &Record,
         not_before: Millis,
-    ) -> Result<idem::store::Deletion, StoreError> {
+    ) -> Result<idem::Deletion, StoreError> {
         self.inner.delete_if_same(key, expected, not_before).await
     }
 
@@ -97,7 +97,7 @@ impl Store for SlowReply {
         claimed_before: Millis,
         cursor: Option<&str>,
         limit: usize,
-    ) -> Result<idem::store::InProgressPage, StoreError> {
+    ) -> Result<idem::InProgressPage, StoreError> {
         self.inner.in_progress(claimed_before, cursor, limit).await
     }
 

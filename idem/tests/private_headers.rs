@@ -6,8 +6,8 @@ use axum::body::Body;
 use axum::routing::{get, post};
 use axum::Router;
 use http::Request;
-use idem::idempotency::IdempotencyLayer;
-use idem::store::MemoryStore;
+use idem::IdempotencyLayer;
+use idem::MemoryStore;
 use std::sync::Arc;
 use tower::ServiceExt;
 
@@ -93,7 +93,7 @@ fn edged(with_secret: bool) -> Router {
         .route(
             "/release",
             post(|| async {
-                idem::idempotency::release(axum::response::IntoResponse::into_response((
+                idem::release(axum::response::IntoResponse::into_response((
                     http::StatusCode::UNPROCESSABLE_ENTITY,
                     "invalid",
                 )))

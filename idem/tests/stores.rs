@@ -4,7 +4,7 @@
 mod conformance;
 
 use conformance::{conformance, purges_and_listing};
-use idem::store::{MemoryStore, ReplayCache};
+use idem::{MemoryStore, ReplayCache};
 use std::sync::Arc;
 
 #[tokio::test]

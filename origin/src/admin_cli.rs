@@ -293,7 +293,7 @@ impl AdminCli {
              the listener's certificate",
         )?;
         let config =
-            idem::store::tls::client_config(idem::store::tls::Verify::Full, Some(ca_file))?;
+            idem::internal::tls::client_config(idem::internal::tls::Verify::Full, Some(ca_file))?;
         Ok(tokio_rustls::TlsConnector::from(std::sync::Arc::new(
             config,
         )))

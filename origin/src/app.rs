@@ -8,10 +8,10 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use http::{header, StatusCode};
-use idem::idempotency::IdempotencyLayer;
-use idem::store::tiered::outbox::OutboxOptions;
-use idem::store::{
-    postgres::PgOptions, MemoryStore, PostgresStore, RedisOptions, RedisStore, ReplayCache, Store,
+use idem::IdempotencyLayer;
+use idem::OutboxOptions;
+use idem::{
+    MemoryStore, PgOptions, PostgresStore, RedisOptions, RedisStore, ReplayCache, Store,
     TieredStore,
 };
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -27,7 +27,7 @@ pub struct Origin {
     /// The demo ledger.
     pub ledger: Arc<dyn Ledger>,
     /// The executions the layer started: shutdown drains them before flushing.
-    pub executions: idem::idempotency::Executions,
+    pub executions: idem::Executions,
     /// The admin API, for its own listener (`--admin-listen`); `None` when off.
     pub admin: Option<Router>,
     /// idem's own endpoints, for their own listener (`--ops-listen`); `None`: they are
@@ -247,9 +247,9 @@ pub fn layer(config: &Config, store: Arc<dyn Store>) -> Result<IdempotencyLayer,
         .max_body_bytes(config.max_body_bytes)
         .max_buffered_body_bytes(config.max_buffered_body_bytes)
         .max_in_progress(config.max_requests)
-        .scope_quota(idem::quota::ScopeQuota {
+        .scope_quota(idem::ScopeQuota {
             in_progress: (config.scope_max_in_progress > 0).then_some(config.scope_max_in_progress),
-            new_keys: (config.scope_max_new_keys > 0).then_some(idem::quota::NewKeys {
+            new_keys: (config.scope_max_new_keys > 0).then_some(idem::NewKeys {
                 count: config.scope_max_new_keys,
                 per: config.scope_new_keys_window,
             }),
@@ -387,11 +387,11 @@ async fn readyz(State(h): State<Health>) -> impl IntoResponse {
     let store = h.store.ping().await.map_err(|e| {
         tracing::warn!(error = %e, "readiness: the store is not ready");
         match e {
-            idem::store::StoreError::Unavailable(_) => "unreachable",
-            idem::store::StoreError::Corrupt(_) => "corrupt record",
-            idem::store::StoreError::Contention => "contention",
-            idem::store::StoreError::Unsafe(_) => "unsafe configuration",
-            idem::store::StoreError::Full(_) => "full",
+            idem::StoreError::Unavailable(_) => "unreachable",
+            idem::StoreError::Corrupt(_) => "corrupt record",
+            idem::StoreError::Contention => "contention",
+            idem::StoreError::Unsafe(_) => "unsafe configuration",
+            idem::StoreError::Full(_) => "full",
         }
     });
     let ledger = match &h.ledger {

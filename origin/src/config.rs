@@ -1,7 +1,7 @@
 //! The command line of `idem-origin`: every flag has an environment fallback.
 
 use clap::{Parser, ValueEnum};
-use idem::store::{Durability, PgStrategy, RedisLayout};
+use idem::{Durability, PgStrategy, RedisLayout};
 use idem_core::contract::{self, Anonymous, JwtKeys, JwtVerifier, ScopeRule, ScopeSource};
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -92,12 +92,12 @@ pub struct Config {
 
     /// --store memory: the most records it holds; a new key past it gets 503
     /// (store-full) and nothing runs.
-    #[arg(long, env = "IDEM_MEMORY_MAX_RECORDS", default_value_t = idem::store::MemoryStore::DEFAULT_MAX_RECORDS)]
+    #[arg(long, env = "IDEM_MEMORY_MAX_RECORDS", default_value_t = idem::MemoryStore::DEFAULT_MAX_RECORDS)]
     pub memory_max_records: usize,
 
     /// --store memory: about the most bytes its records take (keys and stored answers);
     /// a new key past it gets 503 (store-full) and nothing runs.
-    #[arg(long, env = "IDEM_MEMORY_MAX_BYTES", default_value_t = idem::store::MemoryStore::DEFAULT_MAX_BYTES)]
+    #[arg(long, env = "IDEM_MEMORY_MAX_BYTES", default_value_t = idem::MemoryStore::DEFAULT_MAX_BYTES)]
     pub memory_max_bytes: usize,
 
     /// Postgres URL, e.g. postgres://user@127.0.0.1:5432/idem (required with --store postgres;
@@ -212,7 +212,7 @@ pub struct Config {
     /// Bytes of guarded request bodies being read at once; a body that does not fit (its
     /// Content-Length, or undeclared --max-body-bytes) gets 503 (server-busy) and
     /// nothing runs.
-    #[arg(long, env = "IDEM_MAX_BUFFERED_BODY_BYTES", default_value_t = idem::idempotency::DEFAULT_BUFFERED_BODY_BYTES)]
+    #[arg(long, env = "IDEM_MAX_BUFFERED_BODY_BYTES", default_value_t = idem::DEFAULT_BUFFERED_BODY_BYTES)]
     pub max_buffered_body_bytes: usize,
 
     /// How long a client may take to send a request's head (request line and headers),

@@ -5,7 +5,7 @@
 //! on stderr), 2 for a bad command line.
 
 use clap::Parser;
-use idem::store::postgres::{convert_keys, Converted};
+use idem::{convert_keys, Converted};
 use std::process::ExitCode;
 use std::time::Duration;
 

@@ -124,7 +124,7 @@ async fn main() -> ExitCode {
         },
         _ => None,
     };
-    let sweeper = idem::store::spawn_sweeper(origin.store.clone(), config.sweep_interval);
+    let sweeper = idem::spawn_sweeper(origin.store.clone(), config.sweep_interval);
     tracing::info!(listen = %config.listen, store = origin.store.name(), "idem-origin listening");
     let limits = idem_origin::serve::Limits {
         // With --ops-listen, /healthz and the like are the API's here.

@@ -24,7 +24,7 @@ use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilde
 use hyper_util::client::legacy::connect::{capture_connection, HttpConnector};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use idem::idempotency::{release, IdempotencyContext};
+use idem::{release, IdempotencyContext};
 use idem_core::contract::{self, Problem, Rejection};
 use std::convert::Infallible;
 use std::net::SocketAddr;

@@ -20,7 +20,7 @@
 
 use crate::config::{parse_duration, Config};
 use http::Method;
-use idem::idempotency::IdempotencyLayer;
+use idem::IdempotencyLayer;
 #[cfg(test)]
 use idem_core::contract::JwtVerifier;
 use idem_core::contract::{self, Anonymous, JwtKeys, ScopeRule, ScopeSource};

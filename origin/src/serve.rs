@@ -5,7 +5,7 @@
 //! a client that sends half its headers and stops holds its connection for ever, and
 //! a few thousand such clients take every file descriptor. Here every connection has
 //! a deadline for its request head (which also ends a keep-alive connection idle that
-//! long), every request body a deadline ([`idem::limits::DeadlineBody`]), and the
+//! long), every request body a deadline ([`idem::DeadlineBody`]), and the
 //! connections and the requests in progress are capped: past the first cap new
 //! connections wait in the kernel's backlog, past the second a request gets `503`.
 
@@ -15,7 +15,7 @@ use axum::Router;
 use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use idem::limits::DeadlineBody;
+use idem::DeadlineBody;
 use idem_core::contract::{Problem, Rejection};
 use std::convert::Infallible;
 use std::future::Future;
@@ -252,7 +252,7 @@ fn is_probe<B>(request: &Request<B>) -> bool {
 }
 
 fn busy(base: &str) -> Response<Body> {
-    idem::idempotency::problem_response_under(
+    idem::problem_response_under(
         &Rejection::with_detail(
             Problem::Busy,
             "the server is at its limit of requests in progress; nothing was run, retry later",

@@ -95,8 +95,8 @@ fn transactional_completion_without_postgres_records_is_refused_at_start_up() {
 /// The library refuses too, at start-up, naming the store.
 #[test]
 fn the_layer_refuses_transactions_on_a_store_without_them() {
-    use idem::idempotency::IdempotencyLayer;
-    use idem::store::MemoryStore;
+    use idem::IdempotencyLayer;
+    use idem::MemoryStore;
     let err = IdempotencyLayer::new(std::sync::Arc::new(MemoryStore::new()))
         .transactional()
         .err()

@@ -4,8 +4,8 @@
 use axum::body::Body;
 use http::{HeaderValue, Request};
 use http_body_util::BodyExt;
-use idem::idempotency::IdempotencyLayer;
-use idem::store::MemoryStore;
+use idem::IdempotencyLayer;
+use idem::MemoryStore;
 use idem_origin::charges::MemoryLedger;
 use proptest::prelude::*;
 use std::sync::Arc;

@@ -15,7 +15,7 @@ pub struct TestOrigin {
     /// Where it listens.
     pub addr: SocketAddr,
     /// What it was built from.
-    pub origin_store: Arc<dyn idem::store::Store>,
+    pub origin_store: Arc<dyn idem::Store>,
     server: JoinHandle<()>,
 }
 
@@ -46,10 +46,7 @@ impl TestOrigin {
     /// a minute for a request's head: a test's client may leave a pooled connection
     /// idle longer than the default 10 s between two requests, and a POST sent as the
     /// server closes it would fail the test, not the code).
-    pub async fn serve_router(
-        router: axum::Router,
-        store: Arc<dyn idem::store::Store>,
-    ) -> TestOrigin {
+    pub async fn serve_router(router: axum::Router, store: Arc<dyn idem::Store>) -> TestOrigin {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let limits = idem_origin::serve::Limits {
@@ -72,10 +69,10 @@ impl TestOrigin {
     /// The demo API behind the layer on `store`, with its charges kept in memory — so a
     /// handler that ran without the store's protection is still counted.
     pub async fn demo_on(
-        store: Arc<dyn idem::store::Store>,
+        store: Arc<dyn idem::Store>,
     ) -> (TestOrigin, Arc<idem_origin::charges::MemoryLedger>) {
         let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
-        let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
+        let layer = idem::IdempotencyLayer::new(store.clone())
             .scope_rule(idem_core::contract::ScopeRule::by_authorization(
                 idem_core::contract::Anonymous::Scoped,
             ))
@@ -90,11 +87,11 @@ impl TestOrigin {
     /// [`TestOrigin::demo_on`] with its keys scoped by `rule` — as an edge in front
     /// must scope them too, or it keeps none of the origin's answers.
     pub async fn demo_scoped(
-        store: Arc<dyn idem::store::Store>,
+        store: Arc<dyn idem::Store>,
         rule: idem_core::contract::ScopeRule,
     ) -> (TestOrigin, Arc<idem_origin::charges::MemoryLedger>) {
         let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
-        let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
+        let layer = idem::IdempotencyLayer::new(store.clone())
             .scope_rule(rule)
             .require_key_on(["/v1/charges"])
             .edge_secret(EDGE_SECRET)

@@ -1,7 +1,7 @@
 //! The shared Redis and Redis Cluster (`scripts/services-start` starts both); each
 //! test keeps its keys in a namespace of its own.
 
-use idem::store::{RedisOptions, RedisStore};
+use idem::{RedisOptions, RedisStore};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 /// The standalone Redis the tests use (`IDEM_TEST_REDIS_URL`).

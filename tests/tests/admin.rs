@@ -446,10 +446,10 @@ async fn purge_test(args: Vec<String>, db: TestDb, label: &str) {
     let took = purge_reaches_the_other_replica(&args, &db, label).await;
     report(
         "admin",
-        &format!("{label}: the other replica stopped replaying {} ms after the purge answered (bound {} ms)", took.as_millis(), idem::store::cache::STALENESS_BOUND.as_millis()),
+        &format!("{label}: the other replica stopped replaying {} ms after the purge answered (bound {} ms)", took.as_millis(), idem::internal::STALENESS_BOUND.as_millis()),
     );
     assert!(
-        took < idem::store::cache::STALENESS_BOUND,
+        took < idem::internal::STALENESS_BOUND,
         "{label}: {took:?} past the purge"
     );
     proof::record(
@@ -458,7 +458,7 @@ async fn purge_test(args: Vec<String>, db: TestDb, label: &str) {
         &[&format!(
             "B stopped replaying {} ms after the purge answered (bound {} ms); 2 charges: the first, and one after the purge",
             took.as_millis(),
-            idem::store::cache::STALENESS_BOUND.as_millis()
+            idem::internal::STALENESS_BOUND.as_millis()
         )],
     );
 }
@@ -538,7 +538,7 @@ async fn a_replica_that_lost_the_purge_channel_forgets_its_cache() {
             took.as_millis()
         ),
     );
-    assert!(took < idem::store::cache::STALENESS_BOUND, "{took:?}");
+    assert!(took < idem::internal::STALENESS_BOUND, "{took:?}");
     proof::record(
         "admin",
         "listen-cut",

@@ -8,9 +8,9 @@
 #[path = "../../idem/tests/rows/mod.rs"]
 mod rows;
 
-use idem::store::postgres::PgOptions;
-use idem::store::tiered::outbox::OutboxOptions;
-use idem::store::{Durability, PostgresStore, Store, TieredStore};
+use idem::OutboxOptions;
+use idem::PgOptions;
+use idem::{Durability, PostgresStore, Store, TieredStore};
 use idem_tests::{
     charge_body, client, pg_addr, post_charge, redis_cluster_urls, redis_store, redis_url, via,
     Proxy, TestDb, TestOrigin,
@@ -89,10 +89,7 @@ mod on_tiered_async {
 
 /// Proxy mode: the handler served over HTTP on a socket, the layer in front of
 /// `idem-origin`'s upstream client, as `--upstream` builds it.
-fn through_the_proxy(
-    app: axum::Router,
-    layer: idem::idempotency::IdempotencyLayer,
-) -> axum::Router {
+fn through_the_proxy(app: axum::Router, layer: idem::IdempotencyLayer) -> axum::Router {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let addr = listener.local_addr().unwrap();
@@ -115,7 +112,7 @@ fn through_the_proxy(
 
 async fn proxied_memory(_row: &str) -> (Arc<dyn Store>, ()) {
     rows::through(through_the_proxy);
-    (Arc::new(idem::store::MemoryStore::new()), ())
+    (Arc::new(idem::MemoryStore::new()), ())
 }
 
 async fn proxied_redis_cluster(row: &str) -> (Arc<dyn Store>, ()) {
@@ -134,7 +131,7 @@ mod through_the_proxy_on_redis_cluster {
 /// README's row for the release rule, once it held on every store.
 #[tokio::test]
 async fn the_release_rule_holds_on_every_store() {
-    let memory: Arc<dyn Store> = Arc::new(idem::store::MemoryStore::new());
+    let memory: Arc<dyn Store> = Arc::new(idem::MemoryStore::new());
     rows::gateway_errors_and_no_store_answers_are_the_result(memory).await;
     let (store, _db) = postgres("").await;
     rows::gateway_errors_and_no_store_answers_are_the_result(store).await;
@@ -172,7 +169,7 @@ async fn a_holder_keeps_its_lease_when_new_store_connections_are_slow() {
     proxy.slow_connects(Duration::from_millis(150));
     let runs = Arc::new(AtomicUsize::new(0));
     let r = runs.clone();
-    let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
+    let layer = idem::IdempotencyLayer::new(store.clone())
         .scope_rule(idem_core::contract::ScopeRule::by_authorization(
             idem_core::contract::Anonymous::Scoped,
         ))
@@ -387,7 +384,7 @@ async fn a_handler_that_blocks_its_thread_keeps_its_lease() {
     let store: Arc<dyn Store> = pg_store(&db).await;
     let runs = Arc::new(AtomicUsize::new(0));
     let r = runs.clone();
-    let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
+    let layer = idem::IdempotencyLayer::new(store.clone())
         .scope_rule(idem_core::contract::ScopeRule::by_authorization(
             idem_core::contract::Anonymous::Scoped,
         ))
@@ -458,7 +455,7 @@ async fn a_blocked_worker_holds_back_no_other_claim_s_heartbeat() {
     let store: Arc<dyn Store> = pg_store(&db).await;
     let runs = Arc::new(AtomicUsize::new(0));
     let (slow_runs, blocking_runs) = (runs.clone(), runs.clone());
-    let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
+    let layer = idem::IdempotencyLayer::new(store.clone())
         .scope_rule(idem_core::contract::ScopeRule::by_authorization(
             idem_core::contract::Anonymous::Scoped,
         ))

@@ -628,7 +628,7 @@ async fn the_edge_keeps_nothing_the_origin_did_not_store() {
                 }
             }),
         );
-    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let store: Arc<dyn idem::Store> = Arc::new(idem::MemoryStore::new());
     let origin = TestOrigin::serve_router(bare, store).await;
     let edge = Edge::start(&origin.url(""), &[]).await;
     let http = client();
@@ -659,7 +659,7 @@ async fn the_edge_keeps_nothing_the_origin_did_not_store() {
 /// passes the edge; no client sees the private headers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_edge_that_knows_the_origin_s_secret_is_told_what_it_stored() {
-    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let store: Arc<dyn idem::Store> = Arc::new(idem::MemoryStore::new());
     let (origin, ledger) = TestOrigin::demo_on(store).await;
     let http = client();
     let another = "another-edge-secret-0123456789";
@@ -735,7 +735,7 @@ async fn recording_origin() -> (TestOrigin, Arc<std::sync::Mutex<Vec<String>>>) 
                 }
             }
         });
-    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let store: Arc<dyn idem::Store> = Arc::new(idem::MemoryStore::new());
     (TestOrigin::serve_router(app, store).await, seen)
 }
 
@@ -984,12 +984,12 @@ async fn the_edge_scopes_by_the_headers_the_origin_gets() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let runs = Arc::new(AtomicUsize::new(0));
     let r = runs.clone();
-    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let store: Arc<dyn idem::Store> = Arc::new(idem::MemoryStore::new());
     let rule = ScopeRule {
         source: ScopeSource::Header("x-forwarded-host".into()),
         anonymous: Anonymous::Scoped,
     };
-    let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
+    let layer = idem::IdempotencyLayer::new(store.clone())
         .scope_rule(idem_core::contract::ScopeRule::by_authorization(
             idem_core::contract::Anonymous::Scoped,
         ))
@@ -1043,7 +1043,7 @@ async fn the_edge_scopes_by_the_headers_the_origin_gets() {
 /// answers (before record tags, it kept them under its own per-address record).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_edge_scopes_by_a_header_its_runtime_sets() {
-    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let store: Arc<dyn idem::Store> = Arc::new(idem::MemoryStore::new());
     let (origin, ledger) = TestOrigin::demo_on(store).await;
     let edge = Edge::start(
         &origin.url(""),
@@ -1112,7 +1112,7 @@ async fn the_origin_gets_the_edge_s_forwarding_headers_not_the_client_s() {
                     .into_response()
             }),
         );
-    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let store: Arc<dyn idem::Store> = Arc::new(idem::MemoryStore::new());
     let origin = TestOrigin::serve_router(app, store).await;
     let edge = Edge::start(&origin.url(""), &[]).await;
     let res = client()
@@ -1223,7 +1223,7 @@ async fn the_edge_streams_what_it_does_not_guard() {
             }),
         )
         .route("/file", axum::routing::get(|| async { vec![b'x'; 12_345] }));
-    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let store: Arc<dyn idem::Store> = Arc::new(idem::MemoryStore::new());
     let origin = TestOrigin::serve_router(app, store).await;
     let edge = Edge::start(&origin.url(""), &[]).await;
     let http = client();
@@ -1387,8 +1387,8 @@ async fn origin_storing_at_most(
     use std::sync::atomic::{AtomicUsize, Ordering};
     let runs = Arc::new(AtomicUsize::new(0));
     let r = runs.clone();
-    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
-    let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
+    let store: Arc<dyn idem::Store> = Arc::new(idem::MemoryStore::new());
+    let layer = idem::IdempotencyLayer::new(store.clone())
         .scope_rule(idem_core::contract::ScopeRule::by_authorization(
             idem_core::contract::Anonymous::Scoped,
         ))
@@ -1580,7 +1580,7 @@ async fn the_edge_stores_records_as_bytes_and_its_alarm_deletes_them_at_expiry()
 /// hand: the edge stopped, its object's record rewritten to the claim as it stood.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_the_edge_lost_track_of_does_not_bind_the_key_there() {
-    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let store: Arc<dyn idem::Store> = Arc::new(idem::MemoryStore::new());
     let (origin, ledger) = TestOrigin::demo_on(store).await;
     let edge = Edge::start(&origin.url(""), &[("LEASE_MS", "1000")]).await;
     let http = client();
@@ -1666,7 +1666,7 @@ async fn a_claim_the_edge_lost_track_of_does_not_bind_the_key_there() {
 /// and its alarm, fired, does not delete it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_the_edge_cannot_read_is_neither_overwritten_nor_deleted() {
-    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let store: Arc<dyn idem::Store> = Arc::new(idem::MemoryStore::new());
     let (origin, ledger) = TestOrigin::demo_on(store).await;
     let edge = Edge::start(&origin.url(""), &[]).await;
     let http = client();
@@ -1762,7 +1762,7 @@ async fn a_record_the_edge_cannot_read_is_neither_overwritten_nor_deleted() {
 /// is freed, and the next retry is replayed — by the origin, then by the edge.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_origin_past_the_edge_lease_still_charges_once() {
-    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let store: Arc<dyn idem::Store> = Arc::new(idem::MemoryStore::new());
     let (origin, ledger) = TestOrigin::demo_on(store).await;
     let edge = Edge::start(&origin.url(""), &[("LEASE_MS", "1000")]).await;
     let http = client();
@@ -1982,7 +1982,7 @@ async fn the_edge_scopes_by_an_identity_provider_s_tokens() {
         }
     }
     let jwks = format!("{UNQUOTED}{}", inline(&vectors["jwks"]));
-    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let store: Arc<dyn idem::Store> = Arc::new(idem::MemoryStore::new());
     let keys = JwtKeys::either(None, Some(vectors["jwks"].to_string().as_bytes()))
         .unwrap()
         .unwrap();
@@ -2048,7 +2048,7 @@ async fn the_edge_scopes_by_a_verified_jwt_claim() {
     use idem_core::contract::scope::sign_hs256;
     use idem_core::contract::{Anonymous, JwtKeys, JwtVerifier, ScopeRule, ScopeSource};
     const SECRET: &str = "the gateway's HS256 secret, 32 bytes or more";
-    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let store: Arc<dyn idem::Store> = Arc::new(idem::MemoryStore::new());
     // The origin scopes as the edge does: else it names other records, and the edge
     // keeps none of its answers.
     let jwt = JwtVerifier::new(JwtKeys::Hs256(SECRET.as_bytes().to_vec()), None, None).unwrap();
@@ -2128,8 +2128,8 @@ async fn origin_answering_without_a_body(
     use std::sync::atomic::{AtomicUsize, Ordering};
     let runs = Arc::new(AtomicUsize::new(0));
     let r = runs.clone();
-    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
-    let layer = idem::idempotency::IdempotencyLayer::new(store.clone())
+    let store: Arc<dyn idem::Store> = Arc::new(idem::MemoryStore::new());
+    let layer = idem::IdempotencyLayer::new(store.clone())
         .scope_rule(idem_core::contract::ScopeRule::by_authorization(
             idem_core::contract::Anonymous::Scoped,
         ))
@@ -2326,11 +2326,11 @@ async fn an_edge_scoped_otherwise_than_its_origin_never_replays_another_tenant_s
 /// (anonymous callers scoped), telling the edge what it stored, with `configure`'s
 /// settings: the origin and the ledger of its charges.
 async fn demo_origin_with(
-    configure: impl FnOnce(idem::idempotency::IdempotencyLayer) -> idem::idempotency::IdempotencyLayer,
+    configure: impl FnOnce(idem::IdempotencyLayer) -> idem::IdempotencyLayer,
 ) -> (TestOrigin, Arc<idem_origin::charges::MemoryLedger>) {
-    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let store: Arc<dyn idem::Store> = Arc::new(idem::MemoryStore::new());
     let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
-    let layer = idem::idempotency::IdempotencyLayer::new(store.clone()).scope_rule(
+    let layer = idem::IdempotencyLayer::new(store.clone()).scope_rule(
         idem_core::contract::ScopeRule::by_authorization(idem_core::contract::Anonymous::Scoped),
     );
     let layer = configure(layer)
@@ -2547,7 +2547,7 @@ async fn an_edge_reading_the_key_from_other_headers_than_the_route_keeps_nothing
 /// the headers it carries); another origin's page cannot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_page_of_a_listed_origin_reads_the_edge_s_replay() {
-    let store: Arc<dyn idem::store::Store> = Arc::new(idem::store::MemoryStore::new());
+    let store: Arc<dyn idem::Store> = Arc::new(idem::MemoryStore::new());
     let (origin, ledger) = TestOrigin::demo_on(store).await;
     let app = "https://app.example";
     let edge = Edge::start(&origin.url(""), &[("CORS_ORIGINS", app)]).await;

@@ -2,8 +2,8 @@
 //! a Redis Cluster master killed mid-race, a Redis flushed mid-run, Postgres stopped
 //! under load, Redis gone in `redis` mode, SIGTERM during async load.
 
-use idem::store::postgres::PgOptions;
-use idem::store::{PostgresStore, RedisOptions, RedisStore, Store};
+use idem::PgOptions;
+use idem::{PostgresStore, RedisOptions, RedisStore, Store};
 use idem_core::{IdempotencyKey, RecordKey, Scope};
 use idem_tests::procs::{redis_cli, PgProc, RedisClusterProc, RedisProc};
 use idem_tests::{
@@ -548,8 +548,8 @@ async fn sigterm_during_async_load_flushes_the_outbox() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_full_outbox_refuses_claims_with_503_until_postgres_keeps_up() {
-    use idem::store::tiered::outbox::OutboxOptions;
-    use idem::store::{Durability, TieredStore};
+    use idem::OutboxOptions;
+    use idem::{Durability, TieredStore};
     let db = TestDb::new("backpressure").await;
     let pg = Arc::new(
         PostgresStore::connect(&db.url, PgOptions::default())
@@ -716,7 +716,7 @@ async fn tiered_sync_claims_go_on_while_redis_hangs() {
 /// exactly one charge, on Redis and on Postgres.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lost_replies_whose_writes_landed_charge_once() {
-    use idem::idempotency::IdempotencyLayer;
+    use idem::IdempotencyLayer;
     let redis = tokio::task::block_in_place(|| RedisProc::start("lost-replies"));
     let db = TestDb::new("lost_replies").await;
     let mut seen = Vec::new();

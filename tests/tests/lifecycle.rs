@@ -3,10 +3,10 @@
 //! gone, a body that panics, a handler that never ends, a stale Redis record. Each
 //! test counts charges and fails on the code before its fix (see the closing notes).
 
-use idem::idempotency::IdempotencyLayer;
-use idem::store::postgres::PgOptions;
-use idem::store::StoreExt;
-use idem::store::{PostgresStore, Store};
+use idem::IdempotencyLayer;
+use idem::PgOptions;
+use idem::StoreExt;
+use idem::{PostgresStore, Store};
 use idem_tests::procs::{Partition, PgProc};
 use idem_tests::{
     charge_body, client, post_charge, proof, report, OriginProcess, TestDb, TestOrigin,
@@ -700,7 +700,7 @@ async fn a_panic_inside_the_body_is_stored_and_never_pins_the_key() {
     use axum::body::Body;
     use futures_util::StreamExt;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let store: Arc<dyn Store> = Arc::new(idem::store::MemoryStore::new());
+    let store: Arc<dyn Store> = Arc::new(idem::MemoryStore::new());
     let calls = Arc::new(AtomicUsize::new(0));
     let c = calls.clone();
     let router = axum::Router::new()
@@ -760,7 +760,7 @@ async fn a_panic_inside_the_body_is_stored_and_never_pins_the_key() {
 #[tokio::test]
 async fn a_handler_past_max_execution_is_stored_as_a_problem() {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let store: Arc<dyn Store> = Arc::new(idem::store::MemoryStore::new());
+    let store: Arc<dyn Store> = Arc::new(idem::MemoryStore::new());
     let calls = Arc::new(AtomicUsize::new(0));
     let c = calls.clone();
     let router = axum::Router::new()
@@ -813,8 +813,8 @@ async fn a_handler_past_max_execution_is_stored_as_a_problem() {
 /// the running handler sees `lease_lost` cancelled at its next heartbeat.
 #[tokio::test]
 async fn a_fenced_holder_is_told_through_its_context() {
-    use idem::idempotency::IdempotencyContext;
-    let store: Arc<dyn Store> = Arc::new(idem::store::MemoryStore::new());
+    use idem::IdempotencyContext;
+    let store: Arc<dyn Store> = Arc::new(idem::MemoryStore::new());
     let router = axum::Router::new()
         .route(
             "/op",
@@ -891,7 +891,7 @@ async fn a_fenced_holder_is_told_through_its_context() {
 /// fresh Postgres schema, its charges in memory.
 async fn tiered_demo(
     label: &str,
-    durability: idem::store::Durability,
+    durability: idem::Durability,
 ) -> (
     TestDb,
     String,
@@ -907,10 +907,10 @@ async fn tiered_demo(
 /// schema.
 async fn tiered_store(
     label: &str,
-    durability: idem::store::Durability,
+    durability: idem::Durability,
 ) -> (TestDb, String, Arc<dyn Store>) {
-    use idem::store::tiered::outbox::OutboxOptions;
-    use idem::store::{RedisOptions, RedisStore, TieredStore};
+    use idem::OutboxOptions;
+    use idem::{RedisOptions, RedisStore, TieredStore};
     let db = TestDb::new(label).await;
     let ns = idem_tests::unique_namespace(label);
     let redis = RedisStore::connect(
@@ -960,7 +960,7 @@ async fn put_in_redis(ns: &str, key: &idem_core::RecordKey, record: &idem_core::
 /// the handler again — and the write-behind must never bury the completed row.
 #[tokio::test]
 async fn tiered_async_asks_the_authority_before_taking_over_a_stale_redis_record() {
-    use idem::store::Durability;
+    use idem::Durability;
     use idem_core::{IdempotencyKey, Record, RecordKey, Scope};
     let (db, ns, origin, ledger) = tiered_demo("stale_redis", Durability::Async).await;
     let http = client();
@@ -1041,7 +1041,7 @@ async fn tiered_async_asks_the_authority_before_taking_over_a_stale_redis_record
 /// over the provisional claim.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tiered_async_a_live_holder_outlasts_a_retry_s_provisional_claim() {
-    use idem::store::{CasRecords, Durability, RedisOptions, RedisStore, Stamp};
+    use idem::{internal::CasRecords, internal::Stamp, Durability, RedisOptions, RedisStore};
     use idem_core::{IdempotencyKey, Policy, Record, RecordKey, Scope};
     let (db, ns, store) = tiered_store("provisional", Durability::Async).await;
     let lease = Duration::from_millis(1_500);
@@ -1145,7 +1145,7 @@ async fn tiered_async_a_live_holder_outlasts_a_retry_s_provisional_claim() {
 /// freed the key, decides — not be answered 422 from Redis' stale record.
 #[tokio::test]
 async fn tiered_sync_lets_postgres_decide_over_a_stale_redis_claim() {
-    use idem::store::Durability;
+    use idem::Durability;
     use idem_core::{IdempotencyKey, Record, RecordKey, Scope};
     let (db, ns, origin, ledger) = tiered_demo("stale_sync", Durability::Sync).await;
     let http = client();
@@ -1199,7 +1199,7 @@ async fn tiered_sync_lets_postgres_decide_over_a_stale_redis_claim() {
 async fn an_answer_too_large_to_store_is_delivered_and_replayed_as_a_problem() {
     use futures_util::StreamExt;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let store: Arc<dyn Store> = Arc::new(idem::store::MemoryStore::new());
+    let store: Arc<dyn Store> = Arc::new(idem::MemoryStore::new());
     let calls = Arc::new(AtomicUsize::new(0));
     let c = calls.clone();
     let router = axum::Router::new()
@@ -1359,7 +1359,7 @@ async fn a_claim_holding_the_pool_does_not_starve_a_holder_s_heartbeats() {
                     &url,
                     PgOptions {
                         pool_size,
-                        strategy: idem::store::PgStrategy::AdvisoryLock,
+                        strategy: idem::PgStrategy::AdvisoryLock,
                         ..PgOptions::default()
                     },
                 )

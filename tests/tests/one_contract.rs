@@ -14,8 +14,8 @@ use axum::routing::post;
 use axum::Router;
 use http::{HeaderName, HeaderValue, Request, StatusCode};
 use http_body_util::BodyExt;
-use idem::idempotency::{release, IdempotencyLayer};
-use idem::store::MemoryStore;
+use idem::MemoryStore;
+use idem::{release, IdempotencyLayer};
 use idem_core::RecordKey;
 use idem_edge::config::EdgeConfig;
 use idem_edge::flow::{

@@ -2,8 +2,8 @@
 //! refused at start-up (unless accepted explicitly), and `--redis-wait-replicas N`
 //! makes a claim or completion count only once N replicas have it.
 
-use idem::store::StoreExt;
-use idem::store::{RedisOptions, RedisStore, Store, StoreError};
+use idem::StoreExt;
+use idem::{RedisOptions, RedisStore, Store, StoreError};
 use idem_core::{Decision, Fingerprint, IdempotencyKey, Policy, RecordKey, Scope};
 use idem_tests::procs::{RedisClusterProc, RedisProc};
 use idem_tests::{redis_cluster_urls, unique_namespace, OriginProcess};
@@ -133,7 +133,7 @@ async fn wait_replicas_makes_a_write_count_only_once_replicated() {
             .complete(&k, &c.holder(), done, cluster.now(), &P)
             .await
             .unwrap(),
-        idem::store::HolderWrite::Written
+        idem::HolderWrite::Written
     );
     // A standalone Redis has no replica: the claim is refused (503), never trusted.
     let single = tokio::task::block_in_place(|| RedisProc::start("no-replica"));

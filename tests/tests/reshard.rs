@@ -238,7 +238,7 @@ async fn resharding_and_adding_a_master_mid_race_charges_each_key_once() {
 /// during its rebalance, under CPU load, in about one run in two.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_master_without_slots_is_listed_and_probed_while_writes_go_on() {
-    use idem::store::{RedisOptions, RedisStore, Store, StoreExt};
+    use idem::{RedisOptions, RedisStore, Store, StoreExt};
     use idem_core::{Decision, Fingerprint, IdempotencyKey, Policy, RecordKey, Scope};
     const P: Policy = Policy {
         lease_ms: 600_000,

@@ -6,10 +6,10 @@ mod conformance;
 
 use conformance::*;
 
-use idem::store::postgres::{IdColumn, PgOptions};
-use idem::store::tiered::outbox::OutboxOptions;
-use idem::store::{Durability, PostgresStore, RedisStore, ReplayCache, Store, TieredStore};
-use idem::store::{HolderWrite, StoreError, StoreExt};
+use idem::OutboxOptions;
+use idem::{internal::IdColumn, PgOptions};
+use idem::{Durability, PostgresStore, RedisStore, ReplayCache, Store, TieredStore};
+use idem::{HolderWrite, StoreError, StoreExt};
 use idem_core::{Decision, Record, RecordKey};
 use idem_tests::{redis_cluster_urls, redis_url, TestDb};
 use std::sync::Arc;
@@ -31,9 +31,9 @@ async fn redis(urls: &str) -> RedisStore {
 /// returned with it (for the tests that write Redis' keys directly).
 async fn tiered_async_in(db: &TestDb, label: &str) -> (TieredStore, String) {
     let namespace = idem_tests::unique_namespace(label);
-    let options = idem::store::RedisOptions {
+    let options = idem::RedisOptions {
         namespace: namespace.clone(),
-        ..idem::store::RedisOptions::default()
+        ..idem::RedisOptions::default()
     };
     let redis = RedisStore::connect(&redis_url(), options).await.unwrap();
     let store = TieredStore::new(
@@ -117,7 +117,7 @@ async fn redis_takeover_swap() {
 async fn postgres_advisory_lock() {
     let db = TestDb::new("conf_adv").await;
     let options = PgOptions {
-        strategy: idem::store::PgStrategy::AdvisoryLock,
+        strategy: idem::PgStrategy::AdvisoryLock,
         ..PgOptions::default()
     };
     let store = PostgresStore::connect(&db.url, options).await.unwrap();
@@ -183,7 +183,7 @@ async fn postgres_serves_tables_of_idem_0_1_and_after_their_conversion() {
     let advisory = PostgresStore::connect(
         &db.url,
         PgOptions {
-            strategy: idem::store::PgStrategy::AdvisoryLock,
+            strategy: idem::PgStrategy::AdvisoryLock,
             ..PgOptions::default()
         },
     )
@@ -592,7 +592,7 @@ async fn serving(cache: &ReplayCache) {
 /// into today's layout.
 #[tokio::test]
 async fn redis_serves_and_rewrites_records_of_the_hash_layout() {
-    use idem::store::RedisOptions;
+    use idem::RedisOptions;
     use idem_core::{Holder, Record};
     for urls in [redis_url(), redis_cluster_urls()] {
         let namespace = idem_tests::unique_namespace("hash-layout");
@@ -689,7 +689,7 @@ async fn redis_serves_and_rewrites_records_of_the_hash_layout() {
 
         // A purge deletes an old-layout record.
         let purged = store.delete_if_same(&done_key, &done, 0).await.unwrap();
-        assert_eq!(purged, idem::store::Deletion::Deleted);
+        assert_eq!(purged, idem::Deletion::Deleted);
         assert_eq!(raw.kind(&name(&done_key)).await, "none");
 
         // New records are strings, expiring with the record.
@@ -708,7 +708,7 @@ async fn redis_serves_and_rewrites_records_of_the_hash_layout() {
 /// fencing them; a record a string-writing replica wrote becomes a hash again.
 #[tokio::test]
 async fn redis_hash_layout_writes_records_as_idem_0_1_did() {
-    use idem::store::{RedisLayout, RedisOptions};
+    use idem::{RedisLayout, RedisOptions};
     for urls in [redis_url(), redis_cluster_urls()] {
         let namespace = idem_tests::unique_namespace("hash-writes");
         let connect = |layout| {
@@ -931,7 +931,7 @@ async fn a_table_analysed_empty_is_still_read_by_index() {
 /// replay. Charges = the handler's executions: the holder's, plus the retry's if it ran.
 #[tokio::test]
 async fn a_purge_does_not_delete_a_completion_that_landed_while_it_was_deleting() {
-    use idem::store::Purged;
+    use idem::Purged;
     let db = TestDb::new("purge_race").await;
     let name = format!("idem-purge-race-{}", std::process::id());
     let store = Arc::new(
@@ -1173,7 +1173,7 @@ async fn tiered_async_a_late_holder_never_replaces_a_completed_takeover() {
 /// the clock that decided). Executions of N: 2 before, 1 after.
 #[tokio::test]
 async fn tiered_async_writes_behind_a_reuse_when_postgres_clock_runs_behind() {
-    use idem::store::RedisOptions;
+    use idem::RedisOptions;
     use idem_core::{Fingerprint, Policy};
     // A Postgres of its own, its clock 2 s behind the machine's (and Redis').
     let behind = idem_tests::procs::PgProc::start_skewed("reuse-behind", "-2s");
@@ -1392,7 +1392,7 @@ async fn the_replay_cache_never_outlives_the_stored_answer() {
 /// retry's if it ran.
 #[tokio::test]
 async fn tiered_async_a_purge_of_a_stale_redis_record_keeps_the_newer_claim_in_postgres() {
-    use idem::store::Purged;
+    use idem::Purged;
     use idem_core::Record;
     let db = TestDb::new("tasync_purge_stale").await;
     let (store, namespace) = tiered_async_in(&db, "purge-stale").await;
@@ -1447,16 +1447,16 @@ async fn tiered_async_a_purge_of_a_stale_redis_record_keeps_the_newer_claim_in_p
 /// answering a corrected request 422 for the record's whole TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tiered_sync_a_purge_while_redis_is_cut_off_deletes_nothing() {
-    use idem::store::Purged;
+    use idem::Purged;
     let db = TestDb::new("tsync_purge_cut").await;
     let redis_addr: std::net::SocketAddr =
         redis_url().trim_start_matches("redis://").parse().unwrap();
     let gate = idem_tests::Proxy::start(redis_addr).await;
     let namespace = idem_tests::unique_namespace("purge-cut");
-    let options = idem::store::RedisOptions {
+    let options = idem::RedisOptions {
         namespace: namespace.clone(),
         timeout: Duration::from_millis(300),
-        ..idem::store::RedisOptions::default()
+        ..idem::RedisOptions::default()
     };
     let redis = RedisStore::connect(&format!("redis://{}", gate.addr), options)
         .await
@@ -1540,7 +1540,7 @@ async fn tiered_sync_a_purge_while_redis_is_cut_off_deletes_nothing() {
 /// flight.
 #[tokio::test]
 async fn tiered_async_an_unforced_purge_respects_the_lease_postgres_holds() {
-    use idem::store::Purged;
+    use idem::Purged;
     use idem_core::{Policy, Record};
     const LONG: Policy = Policy {
         lease_ms: 20_000,
@@ -1662,7 +1662,7 @@ async fn tiered_async_a_release_never_replaces_the_next_claim() {
 /// both are reported. Executions: the holder's, plus each retry's that ran.
 #[tokio::test]
 async fn a_purge_of_what_the_listing_showed_refuses_what_completed_since() {
-    use idem::store::Purged;
+    use idem::Purged;
     use idem_core::{Policy, PurgeTarget};
     let db = TestDb::new("purge_expect").await;
     let store = pg(&db).await;
@@ -1733,9 +1733,9 @@ async fn tiered_async_a_completion_redis_refused_is_not_reported_written() {
     let namespace = idem_tests::unique_namespace("refused-copy");
     let redis = RedisStore::connect(
         &redis_url(),
-        idem::store::RedisOptions {
+        idem::RedisOptions {
             namespace: namespace.clone(),
-            ..idem::store::RedisOptions::default()
+            ..idem::RedisOptions::default()
         },
     )
     .await

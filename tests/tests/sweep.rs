@@ -1,8 +1,8 @@
 //! Expired records are deleted in batches; live ones are kept.
 
-use idem::store::postgres::PgOptions;
-use idem::store::StoreExt;
-use idem::store::{MemoryStore, PostgresStore, Store};
+use idem::PgOptions;
+use idem::StoreExt;
+use idem::{MemoryStore, PostgresStore, Store};
 use idem_core::{Decision, Fingerprint, IdempotencyKey, Policy, RecordKey, Scope, StoredResponse};
 use idem_tests::TestDb;
 

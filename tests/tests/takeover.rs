@@ -1,8 +1,8 @@
 //! A holder that dies mid-handler: after its lease, the retry executes exactly once,
 //! under a higher fencing token, and the dead holder's late writes are refused.
 
-use idem::store::postgres::PgOptions;
-use idem::store::{HolderWrite, PostgresStore, StoreExt};
+use idem::PgOptions;
+use idem::{HolderWrite, PostgresStore, StoreExt};
 use idem_core::{
     Decision, Fingerprint, IdempotencyKey, Policy, RecordKey, RequestParts, Scope, StoredResponse,
 };

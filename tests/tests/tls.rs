@@ -2,9 +2,9 @@
 //! with certificates from a CA the test makes; the right CA is trusted, a wrong CA is
 //! refused with a readable error.
 
-use idem::store::postgres::PgOptions;
-use idem::store::StoreExt;
-use idem::store::{PostgresStore, RedisOptions, RedisStore, Store};
+use idem::PgOptions;
+use idem::StoreExt;
+use idem::{PostgresStore, RedisOptions, RedisStore, Store};
 use idem_core::{Decision, Fingerprint, IdempotencyKey, Policy, RecordKey, Scope};
 use idem_tests::procs::{PgProc, RedisProc, TestCa};
 

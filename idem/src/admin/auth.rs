@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 /// Shortest token accepted: a guessable token would make the admin listener a way in.
-pub const MIN_TOKEN_LEN: usize = 16;
+pub(crate) const MIN_TOKEN_LEN: usize = 16;
 
 /// The operators' tokens, kept as SHA-256 digests.
 #[derive(Clone)]
@@ -101,7 +101,7 @@ fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
 /// one client usually holds whole. At most [`FailedLogins::PEERS`] peers are tracked;
 /// past that, the one tracked longest is forgotten.
 #[derive(Debug, Default)]
-pub struct FailedLogins {
+pub(crate) struct FailedLogins {
     peers: std::sync::Mutex<HashMap<IpAddr, Failures>>,
 }
 
@@ -115,14 +115,14 @@ struct Failures {
 
 impl FailedLogins {
     /// Failed logins a peer may make in one window.
-    pub const LIMIT: u32 = 10;
+    pub(crate) const LIMIT: u32 = 10;
     /// The window failures are counted over, from the first.
-    pub const WINDOW: Duration = Duration::from_secs(60);
+    pub(crate) const WINDOW: Duration = Duration::from_secs(60);
     /// Peers tracked at once.
-    pub const PEERS: usize = 10_000;
+    pub(crate) const PEERS: usize = 10_000;
 
     /// How long `peer` must wait, if it made [`Self::LIMIT`] failures in the window.
-    pub fn blocked(&self, peer: IpAddr, now: Instant) -> Option<Duration> {
+    pub(crate) fn blocked(&self, peer: IpAddr, now: Instant) -> Option<Duration> {
         let peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
         let failures = peers.get(&counted(peer))?;
         let left = Self::WINDOW.checked_sub(now.saturating_duration_since(failures.since))?;
@@ -130,7 +130,7 @@ impl FailedLogins {
     }
 
     /// Counts a failed login by `peer`; returns its failures in the window.
-    pub fn failed(&self, peer: IpAddr, now: Instant) -> u32 {
+    pub(crate) fn failed(&self, peer: IpAddr, now: Instant) -> u32 {
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
         let peer = counted(peer);
         if !peers.contains_key(&peer) && peers.len() >= Self::PEERS {
@@ -159,7 +159,7 @@ impl FailedLogins {
     }
 
     /// Whether this is the first refusal of `peer` in its window (to log it once).
-    pub fn first_refusal(&self, peer: IpAddr) -> bool {
+    pub(crate) fn first_refusal(&self, peer: IpAddr) -> bool {
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
         peers
             .get_mut(&counted(peer))
@@ -167,7 +167,7 @@ impl FailedLogins {
     }
 
     /// Clears `peer`'s failures (it presented a valid token).
-    pub fn succeeded(&self, peer: IpAddr) {
+    pub(crate) fn succeeded(&self, peer: IpAddr) {
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
         peers.remove(&counted(peer));
     }
@@ -189,7 +189,7 @@ fn counted(peer: IpAddr) -> IpAddr {
 
 /// What an `Authorization` header presents.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Presented<'a> {
+pub(crate) enum Presented<'a> {
     /// No header, or not a bearer token.
     Nothing,
     /// A bearer token.
@@ -197,7 +197,7 @@ pub enum Presented<'a> {
 }
 
 /// Reads the bearer token of an `Authorization` value.
-pub fn presented(value: Option<&[u8]>) -> Presented<'_> {
+pub(crate) fn presented(value: Option<&[u8]>) -> Presented<'_> {
     match value {
         Some(v) if v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer ") => {
             Presented::Bearer(v[7..].trim_ascii())

@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 /// How often the history is sampled, and how far back it goes.
-pub const SAMPLE_EVERY: Duration = Duration::from_secs(5);
+pub(crate) const SAMPLE_EVERY: Duration = Duration::from_secs(5);
 const HISTORY: usize = 61;
 
 /// The outcomes of `idem_requests_total`, in the order the page shows them.
-pub const OUTCOMES: [&str; 6] = [
+pub(crate) const OUTCOMES: [&str; 6] = [
     "executed",
     "replayed",
     "in_flight",
@@ -33,7 +33,7 @@ pub struct StatusInputs {
 
 /// One line of the exposition: name, labels, value.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Sample {
+pub(crate) struct Sample {
     /// The metric's name (with `_bucket`, `_sum`, `_count` for histograms).
     pub name: String,
     /// Its labels, in order.
@@ -52,7 +52,7 @@ impl Sample {
 }
 
 /// Parses the Prometheus text format's samples (comments and malformed lines skipped).
-pub fn parse(text: &str) -> Vec<Sample> {
+pub(crate) fn parse(text: &str) -> Vec<Sample> {
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         .filter_map(parse_line)
@@ -102,7 +102,7 @@ fn parse_labels(mut rest: &str) -> Option<Vec<(String, String)>> {
 /// The `q` quantile (0–1) of a histogram's cumulative buckets `(le, count)`, as
 /// Prometheus' `histogram_quantile` estimates it: linear within the bucket it falls in.
 /// `None` without observations.
-pub fn quantile(q: f64, buckets: &[(f64, f64)]) -> Option<f64> {
+pub(crate) fn quantile(q: f64, buckets: &[(f64, f64)]) -> Option<f64> {
     let mut buckets = buckets.to_vec();
     buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
     let total = buckets.last()?.1;
@@ -152,7 +152,7 @@ fn counters(samples: &[Sample]) -> Counters {
 }
 
 /// Samples of the counters, oldest first: (ms since the history began, counters).
-pub struct History {
+pub(crate) struct History {
     began: std::time::Instant,
     samples: Mutex<VecDeque<(u64, Counters)>>,
 }
@@ -186,7 +186,7 @@ impl History {
 }
 
 /// Samples the counters every [`SAMPLE_EVERY`] for as long as `history` lives.
-pub fn start_sampling(inputs: StatusInputs, history: Weak<History>) {
+pub(crate) fn start_sampling(inputs: StatusInputs, history: Weak<History>) {
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(SAMPLE_EVERY);
         loop {
@@ -203,7 +203,7 @@ pub fn start_sampling(inputs: StatusInputs, history: Weak<History>) {
 /// The status as JSON: request outcomes (in all, over the last minute and the last
 /// five, and per interval), executions running here, store latency percentiles by
 /// operation, the outbox's depth, and the replay cache's hit rate.
-pub fn status(inputs: &StatusInputs, history: &History, store: &str) -> Value {
+pub(crate) fn status(inputs: &StatusInputs, history: &History, store: &str) -> Value {
     let samples = parse(&(inputs.metrics)());
     let now = counters(&samples);
     let past = history.snapshot();

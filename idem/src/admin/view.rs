@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 /// A record as JSON: its state, fingerprint, token, lease and times (store time, ms
 /// since the epoch), the stored answer's status and headers, and its body when asked.
-pub fn record(key: &RecordKey, record: &Record, now: Millis, with_body: bool) -> Value {
+pub(crate) fn record(key: &RecordKey, record: &Record, now: Millis, with_body: bool) -> Value {
     let signed = |at: Millis| i128::from(at) - i128::from(now);
     let mut out = json!({
         "record_key": key.as_str(),
@@ -49,7 +49,7 @@ pub fn record(key: &RecordKey, record: &Record, now: Millis, with_body: bool) ->
 }
 
 /// Standard base64 with padding (RFC 4648), for bodies that are not UTF-8.
-pub fn base64(bytes: &[u8]) -> String {
+pub(crate) fn base64(bytes: &[u8]) -> String {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
     for chunk in bytes.chunks(3) {
@@ -71,7 +71,7 @@ pub fn base64(bytes: &[u8]) -> String {
 }
 
 /// Parses an age such as `500ms`, `30s`, `5m`, `2h` or `1d` into ms.
-pub fn age_ms(text: &str) -> Result<Millis, String> {
+pub(crate) fn age_ms(text: &str) -> Result<Millis, String> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())

@@ -36,7 +36,7 @@ use tower::{Service, ServiceExt};
 
 /// How long the client waits for the final write before it gets its answer anyway
 /// (marked `pending`: the write goes on in the background).
-pub const CLIENT_WAIT: Duration = Duration::from_secs(1);
+pub(crate) const CLIENT_WAIT: Duration = Duration::from_secs(1);
 
 /// The executions a layer started and whose records are not written yet.
 #[derive(Clone, Default)]

@@ -1,42 +1,5 @@
-//! The idempotency middleware: [`IdempotencyLayer`] and [`IdempotencyService`].
-//!
-//! Guarded requests (POST and PATCH by default) that carry an `Idempotency-Key` run
-//! their handler at most once per (scope, key, TTL): concurrent retries get `409` (or
-//! wait, with `Prefer: wait=N`), later retries get the stored response with
-//! `Idempotent-Replayed: true`, and a reused key with a different request gets `422`.
-//! Every other request passes through untouched.
-//!
-//! ```
-//! use axum::{routing::post, Router};
-//! use idem::idempotency::IdempotencyLayer;
-//! use idem::store::MemoryStore;
-//! use std::{sync::Arc, time::Duration};
-//!
-//! let idempotency = IdempotencyLayer::new(Arc::new(MemoryStore::new()))
-//!     .require_key_on(["/v1/charges"])
-//!     .ttl(Duration::from_secs(24 * 60 * 60))
-//!     .lease(Duration::from_secs(30))
-//!     .max_wait(Duration::from_secs(10))
-//!     .max_body_bytes(256 * 1024);
-//!
-//! let app: Router = Router::new()
-//!     .route("/v1/charges", post(|| async { "charged once" }))
-//!     .layer(idempotency);
-//! ```
-//!
-//! Once the handler started, its answer is the request's result, whatever its status
-//! or headers, and is replayed to every retry — unless the handler says that nothing
-//! happened by passing its answer through [`release`] (for example when it rejects an
-//! invalid body before doing anything): then the key is freed for a corrected retry.
-//!
-//! The handler runs in its own task: a client that disconnects mid-request doesn't
-//! cancel it, its answer is still stored for the retry, and graceful shutdown waits
-//! for it ([`IdempotencyLayer::executions`]). While it runs, and until its answer is
-//! written, the claim's lease is renewed; if the process dies, the lease runs out and
-//! the next retry takes over under a higher fencing token, and the dead holder's late
-//! writes are refused. The handler can read that token from the [`IdempotencyContext`]
-//! request extension to fence its own side effects, and learns there when its lease
-//! was lost.
+//! The idempotency middleware: [`IdempotencyLayer`] (its documentation is the
+//! contract) and [`IdempotencyService`].
 
 mod execution;
 mod response;
@@ -46,7 +9,7 @@ mod trace;
 #[cfg(feature = "postgres")]
 mod transaction;
 
-pub use execution::{Executions, CLIENT_WAIT};
+pub use execution::Executions;
 
 /// One of idem's `application/problem+json` answers, with the headers the layer puts
 /// on its own ([`contract::Rejection::headers`]: `Retry-After` where it applies, never
@@ -102,7 +65,7 @@ pub struct IdempotencyContext {
 /// nothing; free its key". Set it with [`release`]. The layer removes it; the client
 /// never sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ReleaseSignal;
+pub(crate) struct ReleaseSignal;
 
 /// Marks `response` as an answer after which nothing happened (for example a body
 /// that failed validation before any effect): idem stores nothing and frees the key,
@@ -110,7 +73,7 @@ pub struct ReleaseSignal;
 ///
 /// ```
 /// use axum::{http::StatusCode, response::IntoResponse};
-/// let rejected = idem::idempotency::release(
+/// let rejected = idem::release(
 ///     (StatusCode::BAD_REQUEST, "amount must be positive").into_response(),
 /// );
 /// ```
@@ -181,7 +144,45 @@ pub(crate) struct Config {
     pub(crate) authority: Option<crate::store::postgres::Authority>,
 }
 
-/// A tower layer that makes guarded requests idempotent. See the [module docs](self).
+/// A tower layer that makes guarded requests idempotent.
+///
+/// Guarded requests (POST and PATCH by default) that carry an `Idempotency-Key` run
+/// their handler at most once per (scope, key, TTL): concurrent retries get `409` (or
+/// wait, with `Prefer: wait=N`), later retries get the stored response with
+/// `Idempotent-Replayed: true`, and a reused key with a different request gets `422`.
+/// Every other request passes through untouched.
+///
+/// ```
+/// use axum::{routing::post, Router};
+/// use idem::IdempotencyLayer;
+/// use idem::MemoryStore;
+/// use std::{sync::Arc, time::Duration};
+///
+/// let idempotency = IdempotencyLayer::new(Arc::new(MemoryStore::new()))
+///     .require_key_on(["/v1/charges"])
+///     .ttl(Duration::from_secs(24 * 60 * 60))
+///     .lease(Duration::from_secs(30))
+///     .max_wait(Duration::from_secs(10))
+///     .max_body_bytes(256 * 1024);
+///
+/// let app: Router = Router::new()
+///     .route("/v1/charges", post(|| async { "charged once" }))
+///     .layer(idempotency);
+/// ```
+///
+/// Once the handler started, its answer is the request's result, whatever its status
+/// or headers, and is replayed to every retry — unless the handler says that nothing
+/// happened by passing its answer through [`release`] (for example when it rejects an
+/// invalid body before doing anything): then the key is freed for a corrected retry.
+///
+/// The handler runs in its own task: a client that disconnects mid-request doesn't
+/// cancel it, its answer is still stored for the retry, and graceful shutdown waits
+/// for it ([`IdempotencyLayer::executions`]). While it runs, and until its answer is
+/// written, the claim's lease is renewed; if the process dies, the lease runs out and
+/// the next retry takes over under a higher fencing token, and the dead holder's late
+/// writes are refused. The handler can read that token from the [`IdempotencyContext`]
+/// request extension to fence its own side effects, and learns there when its lease
+/// was lost.
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     config: Arc<Config>,
@@ -327,8 +328,8 @@ impl IdempotencyLayer {
     /// executions.
     ///
     /// ```
-    /// use idem::idempotency::IdempotencyLayer;
-    /// use idem::store::MemoryStore;
+    /// use idem::IdempotencyLayer;
+    /// use idem::MemoryStore;
     /// use std::{sync::Arc, time::Duration};
     ///
     /// let idempotency = IdempotencyLayer::new(Arc::new(MemoryStore::new()))
@@ -553,19 +554,6 @@ fn rule_scope(rule: contract::ScopeRule) -> Arc<ScopeFn> {
         let values = |name: &str| parts.headers.get_all(name).iter().map(|v| v.as_bytes());
         rule.scope(values, now_secs)
     })
-}
-
-/// The `Authorization` header's bearer token (or, for another scheme, the whole header
-/// value), hashed; [`Scope::anonymous`] without one. Never refuses: a signature
-/// scheme's value, new on every attempt, makes every retry a new caller. The layer's
-/// default is [`contract::ScopeRule::default`], which refuses such schemes.
-pub fn bearer_scope(parts: &Parts) -> Scope {
-    Scope::from_authorization(
-        parts
-            .headers
-            .get(http::header::AUTHORIZATION)
-            .map(|v| v.as_bytes()),
-    )
 }
 
 fn millis(d: Duration) -> u64 {

@@ -10,7 +10,7 @@
 //!
 //! ```no_run
 //! use axum::{body::Body, http::{Response, StatusCode}, Extension};
-//! use idem::idempotency::IdempotencyContext;
+//! use idem::IdempotencyContext;
 //!
 //! async fn create_charge(Extension(ctx): Extension<IdempotencyContext>) -> Response<Body> {
 //!     let tx = match ctx.transaction().await {

@@ -32,9 +32,9 @@ use std::time::Duration;
 const ENTRY_OVERHEAD: u64 = 128;
 
 /// How often a listening cache publishes a probe on the purge channel.
-pub const PROBE_EVERY: Duration = Duration::from_millis(500);
+pub(crate) const PROBE_EVERY: Duration = Duration::from_millis(500);
 /// How long a probe may take to come back before the cache stops serving.
-pub const PROBE_DEADLINE: Duration = Duration::from_millis(1000);
+pub(crate) const PROBE_DEADLINE: Duration = Duration::from_millis(1000);
 /// How often the listener looks at its probe.
 const TICK: Duration = Duration::from_millis(100);
 /// The longest a cache serves an entry after its record was purged, whatever happens

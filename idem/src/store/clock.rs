@@ -9,40 +9,40 @@
 //! [`Stamp`]). This module keeps the offset between the store's clock and ours, so that
 //! the next `now` is usually right at the first try.
 
+#[cfg(any(feature = "postgres", feature = "redis"))]
 use idem_core::Millis;
 pub use idem_core::Stamp;
+#[cfg(any(feature = "postgres", feature = "redis"))]
 use std::sync::atomic::{AtomicI64, Ordering};
 
+#[cfg(any(feature = "postgres", feature = "redis"))]
 /// The store's clock: the local clock plus the offset last observed.
 #[derive(Debug, Default)]
-pub struct StoreClock {
+pub(crate) struct StoreClock {
     offset_ms: AtomicI64,
 }
 
+#[cfg(any(feature = "postgres", feature = "redis"))]
 impl StoreClock {
     /// A clock that trusts the local one until it observes the store's.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// The store's time, estimated from the last observation.
-    pub fn now(&self) -> Millis {
+    pub(crate) fn now(&self) -> Millis {
         shift(crate::now(), self.offset_ms.load(Ordering::Relaxed))
     }
 
     /// Records the store's time as a statement just returned it.
-    pub fn observe(&self, store_now: Millis) {
+    pub(crate) fn observe(&self, store_now: Millis) {
         let local = i128::from(crate::now());
         let offset = (i128::from(store_now) - local).clamp(i64::MIN.into(), i64::MAX.into());
         self.offset_ms.store(offset as i64, Ordering::Relaxed);
     }
-
-    /// The last observed offset (store − local), in milliseconds.
-    pub fn offset_ms(&self) -> i64 {
-        self.offset_ms.load(Ordering::Relaxed)
-    }
 }
 
+#[cfg(any(feature = "postgres", feature = "redis"))]
 fn shift(t: Millis, by: i64) -> Millis {
     if by >= 0 {
         t.saturating_add(by as u64)
@@ -51,11 +51,7 @@ fn shift(t: Millis, by: i64) -> Millis {
     }
 }
 
-/// A write refused because its stamp was too far from the store's clock, which read `0`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Skewed(pub Millis);
-
-#[cfg(test)]
+#[cfg(all(test, any(feature = "postgres", feature = "redis")))]
 mod tests {
     use super::*;
 

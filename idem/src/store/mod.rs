@@ -12,36 +12,36 @@ use idem_core::{
 use std::fmt;
 use std::sync::Arc;
 
-pub use clock::{Stamp, StoreClock};
+pub use clock::Stamp;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+pub(crate) use clock::StoreClock;
 
-pub mod cache;
-pub mod clock;
-pub mod memory;
+pub(crate) mod cache;
+pub(crate) mod clock;
+pub(crate) mod memory;
 #[cfg(feature = "postgres")]
-pub mod postgres;
-pub mod purge;
+pub(crate) mod postgres;
+pub(crate) mod purge;
 #[cfg(feature = "redis")]
-pub mod redis;
+pub(crate) mod redis;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod shared;
 mod sweeper;
 #[cfg(feature = "tiered")]
-pub mod tiered;
+pub(crate) mod tiered;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 pub mod tls;
 
-#[cfg(feature = "redis")]
-pub use self::redis::{RedisLayout, RedisOptions, RedisStore};
+#[cfg(feature = "tiered")]
+pub(crate) use self::redis::RedisStore;
 pub use cache::ReplayCache;
 pub use memory::MemoryStore;
-#[cfg(feature = "postgres")]
-pub use postgres::{PgStrategy, PostgresStore};
+#[cfg(feature = "tiered")]
+pub(crate) use postgres::PostgresStore;
 pub use purge::{Deletion, InProgressPage, PurgeChannel, Purged};
 #[cfg(any(feature = "postgres", feature = "redis"))]
 pub(crate) use shared::{claim_by_cas, decode, holder_write_at, Written};
 pub use sweeper::spawn_sweeper;
-#[cfg(feature = "tiered")]
-pub use tiered::{Durability, TieredStore};
 
 /// A store failed to answer; the request must not run unguarded (fail closed).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -126,7 +126,7 @@ pub(crate) mod batched_reads;
 mod convert;
 mod purge;
 mod sql;
-pub mod transaction;
+pub(crate) mod transaction;
 
 pub use convert::{convert_keys, Converted};
 pub use sql::IdColumn;
@@ -848,7 +848,7 @@ async fn build_index(
 
 /// A bounded pool for `url` (TLS as its `sslmode` says; see [`super::tls`]);
 /// connecting is lazy, so this never blocks.
-pub fn pool(
+pub(crate) fn pool(
     url: &str,
     size: usize,
     timeout: Duration,

@@ -48,8 +48,9 @@ pub struct InProgressPage {
     pub next: Option<String>,
 }
 
+#[cfg(any(feature = "postgres", feature = "redis"))]
 /// Messages longer than this are not record keys nor probes, and are ignored.
-pub const MAX_MESSAGE: usize = 128;
+pub(crate) const MAX_MESSAGE: usize = 128;
 
 /// Where a shared store announces purges to every process using it.
 ///
@@ -74,14 +75,16 @@ pub trait PurgeChannel: Send + Sync {
     }
 }
 
+#[cfg(any(feature = "postgres", feature = "redis"))]
 /// Capacity of a subscription's queue; a listener that falls this far behind is
 /// disconnected (and starts over with an empty cache) rather than buffering without
 /// bound.
-pub const QUEUE: usize = 4096;
+pub(crate) const QUEUE: usize = 4096;
 
+#[cfg(any(feature = "postgres", feature = "redis"))]
 /// Hands `message` to the subscriber; `false` when it is gone or too far behind, and
 /// the subscription should end.
-pub fn forward(to: &mpsc::Sender<String>, message: String) -> bool {
+pub(crate) fn forward(to: &mpsc::Sender<String>, message: String) -> bool {
     if message.len() > MAX_MESSAGE {
         return true;
     }

@@ -190,7 +190,7 @@ mod nodes;
 mod purge;
 mod slots;
 
-pub use allow::NodeAllowList;
+pub(crate) use allow::NodeAllowList;
 
 /// Redis-backed [`Store`].
 pub struct RedisStore {

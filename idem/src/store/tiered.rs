@@ -14,7 +14,7 @@
 //! and replayed, an in-progress one answers 409 (the cold path). Before any takeover
 //! decided on Redis' record, Postgres is asked too (async): Redis may hold a stale one.
 
-pub mod outbox;
+pub(crate) mod outbox;
 
 use super::postgres::batched_reads::BatchedReads;
 use super::postgres::Authority;

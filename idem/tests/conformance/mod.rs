@@ -4,7 +4,10 @@
 
 #![allow(dead_code)]
 
-use idem::store::{CasRecords, Deletion, HolderWrite, Purged, Stamp, Store, StoreExt, Swap};
+use idem::{
+    internal::CasRecords, internal::Stamp, internal::Swap, Deletion, HolderWrite, Purged, Store,
+    StoreExt,
+};
 use idem_core::{
     decide, Decision, Fingerprint, IdempotencyKey, Policy, Record, RecordKey, Refusal, Scope,
     StoredResponse,

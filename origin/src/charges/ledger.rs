@@ -34,7 +34,7 @@ pub struct Execution<'a> {
     /// The execution's fencing token.
     pub fencing_token: Option<u64>,
     /// The key a payment processor would get for this charge
-    /// ([`idem::idempotency::IdempotencyContext::downstream_key`]).
+    /// ([`idem::IdempotencyContext::downstream_key`]).
     pub processor_key: Option<&'a str>,
 }
 

@@ -9,7 +9,7 @@
 //! execution shows up as a second row.
 //!
 //! When the charges and idem's records share a Postgres, a charge and its record
-//! commit in one transaction ([`idem::idempotency::Transaction`]): a crash between
+//! commit in one transaction ([`idem::Transaction`]): a crash between
 //! the two, or a holder paused past its lease, can't charge twice. With `--demo-faults`
 //! a request can ask for such a fault (see [`Fault`]).
 
@@ -26,7 +26,7 @@ use axum::routing::post;
 use axum::{Extension, Router};
 use futures_util::FutureExt;
 use http::{header, HeaderValue, Response, StatusCode};
-use idem::idempotency::IdempotencyContext;
+use idem::IdempotencyContext;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -57,7 +57,7 @@ pub struct Demo {
     /// Where charges are written.
     pub ledger: Arc<dyn Ledger>,
     /// Whether a charge commits in the transaction that stores its answer (the layer
-    /// must be [`idem::idempotency::IdempotencyLayer::transactional`], and the ledger
+    /// must be [`idem::IdempotencyLayer::transactional`], and the ledger
     /// in the records' Postgres).
     pub transactional: bool,
     /// Whether requests may ask for faults (`Demo-Fault`).
@@ -150,7 +150,7 @@ async fn create(
     // Rejected before anything happened: idem's release signal frees the key for
     // the corrected retry.
     let rejected = |slug: &str, title: &str, detail: &str| {
-        idem::idempotency::release(demo_problem(StatusCode::BAD_REQUEST, slug, title, detail))
+        idem::release(demo_problem(StatusCode::BAD_REQUEST, slug, title, detail))
     };
     let fault = match Fault::from_headers(&headers, demo.faults) {
         Ok(fault) => fault,
@@ -215,10 +215,7 @@ async fn charge_in_transaction(
     if let Err(e) = insert_charge(tx.client(), charge, execution).await {
         tx.rollback().await;
         // Rolled back: no charge was made, so the key is freed for a retry.
-        return idem::idempotency::release(ledger_unavailable(
-            &e,
-            "the charge was not made; retry",
-        ));
+        return idem::release(ledger_unavailable(&e, "the charge was not made; retry"));
     }
     fault.before_commit().await;
     tx.commit(created(charge))

@@ -19,8 +19,13 @@ use tokio_postgres::NoTls;
 /// What [`convert_keys`] did.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Converted {
-    /// The table held text keys; now it holds this many rows with binary keys.
-    Rows { rows: u64, took: Duration },
+    /// The table held text keys; now it holds binary keys.
+    Rows {
+        /// The rows converted.
+        rows: u64,
+        /// How long the conversion took.
+        took: Duration,
+    },
     /// The table already held binary keys: nothing was changed.
     AlreadyBinary,
 }

@@ -14,7 +14,7 @@ use tokio_postgres::AsyncMessage;
 /// The channel every process of a database listens on. Shared by deployments that
 /// share a database (in other schemas): they hear each other's purges, which only
 /// costs them a cache entry they did not have.
-pub const CHANNEL: &str = "idem_purge";
+pub(crate) const CHANNEL: &str = "idem_purge";
 
 impl PostgresStore {
     pub(crate) async fn delete_record_if_same(
@@ -86,7 +86,7 @@ impl PostgresStore {
 /// [`PurgeChannel`] over `LISTEN`/`NOTIFY`. Probes go out on the listening connection
 /// itself: they need no pooled connection, so a pool busy with claims can't delay
 /// them, and they prove that very connection alive.
-pub struct PgPurgeChannel {
+pub(crate) struct PgPurgeChannel {
     store: PostgresStore,
     listening: std::sync::Mutex<Option<Arc<tokio_postgres::Client>>>,
 }

@@ -15,14 +15,14 @@ enum Allowed {
 
 /// The addresses a cluster's credentials may be sent to.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NodeAllowList {
+pub(crate) struct NodeAllowList {
     entries: Vec<Allowed>,
 }
 
 impl NodeAllowList {
     /// `host:port` nodes (the URLs given) and `--redis-allow-host` entries: a host
     /// name or an IP address (any port), `host:port`, or a network `10.0.0.0/8`.
-    pub fn new<'a>(
+    pub(crate) fn new<'a>(
         listed: impl IntoIterator<Item = String>,
         allowed: impl IntoIterator<Item = &'a str>,
     ) -> Result<Self, String> {
@@ -37,7 +37,7 @@ impl NodeAllowList {
     }
 
     /// Whether `node` (`host:port`, an IPv6 host with or without brackets) is allowed.
-    pub fn allows(&self, node: &str) -> bool {
+    pub(crate) fn allows(&self, node: &str) -> bool {
         let Some((host, port)) = split(node) else {
             return false;
         };
