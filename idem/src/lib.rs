@@ -52,7 +52,7 @@ pub use store::redis::{RedisLayout, RedisOptions, RedisStore};
 pub use store::tiered::{outbox::OutboxOptions, Durability, TieredStore};
 pub use store::{
     spawn_sweeper, Deletion, HolderWrite, InProgressPage, MemoryStore, PurgeChannel, Purged,
-    ReplayCache, Store, StoreError, StoreExt,
+    ReplayCache, Store, StoreError, StoreErrorKind, StoreExt,
 };
 
 /// Hooks for idem's own tests and benchmarks. Not part of the API: anything here may

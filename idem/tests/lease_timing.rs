@@ -72,7 +72,7 @@ impl Store for SlowReply {
         policy: &Policy,
     ) -> Result<HolderWrite, StoreError> {
         if self.no_renewals && *change == Transition::Renew {
-            return Err(StoreError::Unavailable("out for heartbeats".into()));
+            return Err(StoreError::unavailable("out for heartbeats"));
         }
         self.inner
             .write_as_holder(key, holder, change, now, policy)

@@ -386,12 +386,13 @@ fn serve_demo(
 async fn readyz(State(h): State<Health>) -> impl IntoResponse {
     let store = h.store.ping().await.map_err(|e| {
         tracing::warn!(error = %e, "readiness: the store is not ready");
-        match e {
-            idem::StoreError::Unavailable(_) => "unreachable",
-            idem::StoreError::Corrupt(_) => "corrupt record",
-            idem::StoreError::Contention => "contention",
-            idem::StoreError::Unsafe(_) => "unsafe configuration",
-            idem::StoreError::Full(_) => "full",
+        match e.kind() {
+            idem::StoreErrorKind::Corrupt => "corrupt record",
+            idem::StoreErrorKind::Contention => "contention",
+            idem::StoreErrorKind::Unsafe => "unsafe configuration",
+            idem::StoreErrorKind::Full => "full",
+            // And any kind a later idem adds: not ready, whatever it is.
+            _ => "unreachable",
         }
     });
     let ledger = match &h.ledger {

@@ -3,7 +3,7 @@
 //! makes a claim or completion count only once N replicas have it.
 
 use idem::StoreExt;
-use idem::{RedisOptions, RedisStore, Store, StoreError};
+use idem::{RedisOptions, RedisStore, Store, StoreErrorKind};
 use idem_core::{Decision, Fingerprint, IdempotencyKey, Policy, RecordKey, Scope};
 use idem_tests::procs::{RedisClusterProc, RedisProc};
 use idem_tests::{redis_cluster_urls, unique_namespace, OriginProcess};
@@ -38,7 +38,7 @@ async fn an_evicting_redis_is_refused_unless_accepted() {
         .await
         .err()
         .expect("an evicting Redis is refused");
-    assert!(matches!(err, StoreError::Unsafe(_)), "{err}");
+    assert_eq!(err.kind(), StoreErrorKind::Unsafe, "{err}");
     let msg = err.to_string();
     assert!(
         msg.contains("allkeys-lru")

@@ -32,7 +32,7 @@ mod view;
 pub use auth::Tokens;
 pub use status::StatusInputs;
 
-use crate::store::{Purged, Store, StoreError};
+use crate::store::{Purged, Store, StoreError, StoreErrorKind};
 use axum::extract::{ConnectInfo, Path, Query, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -621,11 +621,20 @@ async fn in_progress(
             "next_cursor": page.next,
         })),
         // A cursor the store cannot read is the caller's mistake, not the store's.
-        Err(StoreError::Corrupt(e)) if cursor.is_some() && e.contains("cursor") => problem(
-            StatusCode::BAD_REQUEST,
-            "bad-request",
-            format!("{e}: pass next_cursor as the previous page gave it"),
-        ),
+        Err(e)
+            if e.kind() == StoreErrorKind::Corrupt
+                && cursor.is_some()
+                && e.detail().contains("cursor") =>
+        {
+            problem(
+                StatusCode::BAD_REQUEST,
+                "bad-request",
+                format!(
+                    "{}: pass next_cursor as the previous page gave it",
+                    e.detail()
+                ),
+            )
+        }
         Err(e) => unavailable(&e),
     }
 }
@@ -689,7 +698,7 @@ async fn purge(
         Ok(Purged::Absent) => "absent",
         Ok(Purged::LeaseLive(_)) => "refused-lease-live",
         Ok(Purged::Changed(_)) => "refused-changed",
-        Err(StoreError::Contention) => "refused-changing",
+        Err(e) if e.kind() == StoreErrorKind::Contention => "refused-changing",
         Err(_) => "store-error",
     };
     let state = match &purged {
@@ -741,7 +750,7 @@ async fn purge(
             "the record changed while it was being purged: its attempt completed, or another attempt claimed the key. Nothing was deleted; read it and decide again (a completed answer may already be with the client, and purging it lets a retry run the handler again)",
             json!({ "record": view::record(&key, &record, now, false) }),
         ),
-        Err(StoreError::Contention) => problem(
+        Err(e) if e.kind() == StoreErrorKind::Contention => problem(
             StatusCode::CONFLICT,
             "record-changing",
             "the record kept changing while it was being purged (a completion, a takeover, a write-behind landing); read it and try again",

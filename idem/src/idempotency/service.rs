@@ -8,7 +8,7 @@ use super::transaction::Completion;
 use super::{Config, IdempotencyContext};
 use crate::limits::{BodyBudget, BodyTimeout, Reservation};
 use crate::metrics::{self, Outcome};
-use crate::store::{StoreError, StoreExt};
+use crate::store::{StoreError, StoreErrorKind, StoreExt};
 use axum::body::Body;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
@@ -445,7 +445,7 @@ where
                 )
                 .await;
             }
-            return unavailable(&StoreError::Unavailable(format!(
+            return unavailable(&StoreError::unavailable(format!(
                 "the claim took {round_trip} ms, too close to its {} ms lease",
                 config.policy.lease_ms
             )));
@@ -567,10 +567,10 @@ fn invalid(rejection: &Rejection) -> Response<Body> {
 }
 
 fn unavailable(e: &StoreError) -> Response<Body> {
-    if let StoreError::Full(why) = e {
+    if e.kind() == StoreErrorKind::Full {
         metrics::outcome(Outcome::StoreFull);
         tracing::warn!(error = %e, "idempotency store full; refusing to run the handler unguarded");
-        return refusal(&Rejection::with_detail(Problem::StoreFull, why.clone()));
+        return refusal(&Rejection::with_detail(Problem::StoreFull, e.detail()));
     }
     metrics::outcome(Outcome::Unavailable);
     tracing::error!(error = %e, "idempotency store unavailable; refusing to run the handler unguarded");

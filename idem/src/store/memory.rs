@@ -3,7 +3,7 @@
 //!
 //! Bounded: keys are chosen by clients, so a map without a cap grows with every new
 //! key until the process dies. A claim that would take the store past its records or
-//! bytes is refused ([`StoreError::Full`], `503 …:store-full`), and nothing runs; a
+//! bytes is refused (a full [`StoreError`], `503 …:store-full`), and nothing runs; a
 //! claim already admitted always stores its answer (refusing it would lose the outcome
 //! of a handler that ran), so the bytes may pass the cap by the answers in flight.
 
@@ -154,7 +154,7 @@ impl Store for MemoryStore {
             // A key already held (expired, or taken over) takes no new entry.
             if map.get(key).is_none() {
                 if let Some(why) = self.full(&map) {
-                    return Err(StoreError::Full(why));
+                    return Err(StoreError::full(why));
                 }
             }
             map.insert(key, c.record.clone());

@@ -44,34 +44,128 @@ pub(crate) use shared::{claim_by_cas, decode, holder_write_at, Written};
 pub use sweeper::spawn_sweeper;
 
 /// A store failed to answer; the request must not run unguarded (fail closed).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoreError {
+///
+/// What kind of failure it was is [`StoreError::kind`]; the backend's own error, when
+/// there is one, is its [`source`](std::error::Error::source). Its `Display` is the
+/// kind, the detail and the chain of causes, so that a log line holds all of it (as
+/// `tokio_postgres::Error`'s does).
+#[derive(Clone)]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    detail: String,
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+/// What kind of failure a [`StoreError`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
     /// The backend is unreachable, timed out or returned an error.
-    Unavailable(String),
+    Unavailable,
     /// A stored record could not be decoded.
-    Corrupt(String),
+    Corrupt,
     /// A compare-and-swap kept losing to concurrent writers.
     Contention,
     /// The backend is configured so that it may lose records (an evicting Redis).
-    Unsafe(String),
+    Unsafe,
     /// The store is at its configured capacity (the memory store's cap): nothing was
     /// written.
-    Full(String),
+    Full,
+}
+
+impl StoreError {
+    /// An error of `kind`, described by `detail`.
+    pub fn new(kind: StoreErrorKind, detail: impl Into<String>) -> Self {
+        StoreError {
+            kind,
+            detail: detail.into(),
+            source: None,
+        }
+    }
+
+    /// The backend is unreachable, timed out or returned an error.
+    pub fn unavailable(detail: impl Into<String>) -> Self {
+        Self::new(StoreErrorKind::Unavailable, detail)
+    }
+
+    /// A stored record could not be decoded.
+    pub fn corrupt(detail: impl Into<String>) -> Self {
+        Self::new(StoreErrorKind::Corrupt, detail)
+    }
+
+    /// A compare-and-swap kept losing to concurrent writers.
+    pub fn contention() -> Self {
+        Self::new(StoreErrorKind::Contention, "")
+    }
+
+    /// The backend is configured so that it may lose records.
+    pub fn unsafe_config(detail: impl Into<String>) -> Self {
+        Self::new(StoreErrorKind::Unsafe, detail)
+    }
+
+    /// The store is at its configured capacity.
+    pub fn full(detail: impl Into<String>) -> Self {
+        Self::new(StoreErrorKind::Full, detail)
+    }
+
+    /// The same error, caused by `source` (the backend's own error).
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Arc::new(source));
+        self
+    }
+
+    /// What kind of failure it is.
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+
+    /// What idem says of it, without its causes.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+}
+
+impl fmt::Debug for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("StoreError");
+        d.field("kind", &self.kind).field("detail", &self.detail);
+        if let Some(source) = &self.source {
+            d.field("source", source);
+        }
+        d.finish()
+    }
 }
 
 impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StoreError::Unavailable(e) => write!(f, "store unavailable: {e}"),
-            StoreError::Corrupt(e) => write!(f, "stored record is corrupt: {e}"),
-            StoreError::Contention => f.write_str("store contention: claim retried too often"),
-            StoreError::Unsafe(e) => write!(f, "unsafe store configuration: {e}"),
-            StoreError::Full(e) => write!(f, "store full: {e}"),
+        f.write_str(match self.kind {
+            StoreErrorKind::Unavailable => "store unavailable",
+            StoreErrorKind::Corrupt => "stored record is corrupt",
+            StoreErrorKind::Contention => "store contention: claim retried too often",
+            StoreErrorKind::Unsafe => "unsafe store configuration",
+            StoreErrorKind::Full => "store full",
+        })?;
+        if !self.detail.is_empty() {
+            write!(f, ": {}", self.detail)?;
         }
+        // The causes too: tokio-postgres puts the useful part ("connection refused",
+        // the server's message) in its error's sources.
+        let mut cause = self.source.as_deref().map(|s| s as &dyn std::error::Error);
+        while let Some(c) = cause {
+            write!(f, ": {c}")?;
+            cause = c.source();
+        }
+        Ok(())
     }
 }
 
-impl std::error::Error for StoreError {}
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn std::error::Error + 'static))
+    }
+}
 
 /// What a holder's write (heartbeat, completion, release) came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -305,7 +399,7 @@ pub trait StoreExt: Store {
                 }
             }
         }
-        Err(StoreError::Contention)
+        Err(StoreError::contention())
     }
 
     /// Frees the key so that a retry may run.
@@ -371,4 +465,35 @@ pub trait CasRecords: Sync {
         record: &Record,
         at: Stamp,
     ) -> Result<(Swap, Millis), StoreError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{StoreError, StoreErrorKind};
+    use std::error::Error as _;
+
+    #[test]
+    fn a_store_error_keeps_its_cause_and_shows_the_chain() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        let e = StoreError::unavailable("postgres: connecting").with_source(io);
+        assert_eq!(e.kind(), StoreErrorKind::Unavailable);
+        assert_eq!(e.detail(), "postgres: connecting");
+        assert_eq!(
+            e.to_string(),
+            "store unavailable: postgres: connecting: connection refused"
+        );
+        let cause = e.source().expect("the cause is kept");
+        assert_eq!(
+            cause
+                .downcast_ref::<std::io::Error>()
+                .map(std::io::Error::kind),
+            Some(std::io::ErrorKind::ConnectionRefused)
+        );
+        // Without a detail or a cause: the kind alone.
+        assert_eq!(
+            StoreError::contention().to_string(),
+            "store contention: claim retried too often"
+        );
+        assert!(StoreError::full("at 10 records").source().is_none());
+    }
 }

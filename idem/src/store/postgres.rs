@@ -165,17 +165,10 @@ pub fn completion_statement(id: IdColumn) -> String {
     id.render(sql::HOLDER_WRITE)
 }
 
-fn unavailable(e: impl std::error::Error) -> StoreError {
-    // tokio-postgres puts the useful part ("connection refused", the server's message)
-    // in the error's sources.
-    let mut msg = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
-        source = s.source();
-    }
-    StoreError::Unavailable(msg)
+fn unavailable(e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+    // Its Display shows the error's sources, where tokio-postgres puts the useful part
+    // ("connection refused", the server's message).
+    StoreError::unavailable("").with_source(e)
 }
 
 /// Tokens and instants are u64 in the core and bigint here; both stay far below 2^63.
@@ -337,7 +330,7 @@ impl PostgresStore {
         f: impl AsyncFnOnce(&mut Client) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let no_answer = || {
-            StoreError::Unavailable(format!(
+            StoreError::unavailable(format!(
                 "postgres: no answer within {:?}",
                 self.options.timeout
             ))
@@ -379,7 +372,7 @@ impl PostgresStore {
                 return Ok(decision);
             }
         }
-        Err(StoreError::Contention)
+        Err(StoreError::contention())
     }
 
     /// One locked round: `None` when a holder's write changed the row in between.
@@ -731,7 +724,7 @@ pub async fn id_column(
         .as_deref()
         .and_then(IdColumn::of_type)
         .ok_or_else(|| {
-            StoreError::Unavailable(format!(
+            StoreError::unavailable(format!(
                 "idem_records.id is of type {}: idem uses bytea, or text as idem 0.1 created it",
                 column.as_deref().unwrap_or("(none)")
             ))
@@ -880,7 +873,7 @@ fn pool_with(
         .create_timeout(Some(timeout))
         .recycle_timeout(Some(timeout))
         .build()
-        .map_err(|e| StoreError::Unavailable(format!("cannot build the connection pool: {e}")))
+        .map_err(|e| StoreError::unavailable(format!("cannot build the connection pool: {e}")))
 }
 
 /// Whether every host of `config` is this machine (a Unix socket, `localhost`, a
@@ -925,7 +918,7 @@ fn connector(
     ca_file: Option<&std::path::Path>,
     statement_timeout: Option<Duration>,
 ) -> Result<Connector, StoreError> {
-    let invalid = |e: String| StoreError::Unavailable(format!("invalid database URL: {e}"));
+    let invalid = |e: String| StoreError::unavailable(format!("invalid database URL: {e}"));
     let tls = super::tls::split_pg_url(url).map_err(invalid)?;
     let mut config =
         tokio_postgres::Config::from_str(&tls.url).map_err(|e| invalid(e.to_string()))?;
@@ -995,7 +988,7 @@ fn connector(
                 );
             }
             let client = super::tls::client_config(verify, ca.as_deref())
-                .map_err(StoreError::Unavailable)?;
+                .map_err(StoreError::unavailable)?;
             Ok(Connector::Tls(
                 config,
                 tokio_postgres_rustls::MakeRustlsConnect::new(client),

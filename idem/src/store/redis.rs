@@ -225,7 +225,7 @@ fn client_for<T: redis::IntoConnectionInfo>(
 }
 
 fn unavailable(e: redis::RedisError) -> StoreError {
-    StoreError::Unavailable(format!("redis: {e}"))
+    StoreError::unavailable("redis").with_source(e)
 }
 
 fn pexpire_at(record: &Record) -> u64 {
@@ -242,7 +242,7 @@ impl RedisStore {
             .filter(|s| !s.is_empty())
             .collect();
         if nodes.is_empty() {
-            return Err(StoreError::Unavailable("no Redis URL given".into()));
+            return Err(StoreError::unavailable("no Redis URL given"));
         }
         if nodes.iter().any(|url| url.ends_with("#insecure")) {
             tracing::warn!(
@@ -254,8 +254,8 @@ impl RedisStore {
         let timeout = options.timeout;
         let ca = match &options.ca_file {
             Some(path) => {
-                crate::store::tls::load_ca(path).map_err(StoreError::Unavailable)?;
-                Some(std::fs::read(path).map_err(|e| StoreError::Unavailable(e.to_string()))?)
+                crate::store::tls::load_ca(path).map_err(StoreError::unavailable)?;
+                Some(std::fs::read(path).map_err(|e| StoreError::unavailable(e.to_string()))?)
             }
             None => None,
         };
@@ -281,7 +281,7 @@ impl RedisStore {
                 nodes.iter().filter_map(|url| slots::host_port(url)),
                 options.allow_hosts.iter().map(String::as_str),
             )
-            .map_err(StoreError::Unavailable)?;
+            .map_err(StoreError::unavailable)?;
             Self::cluster(&nodes, timeout, ca.as_ref(), options.wait_replicas, allowed).await?
         } else {
             Self::single(nodes[0], timeout, ca.as_ref()).await?
@@ -313,7 +313,7 @@ impl RedisStore {
         ca: Option<&Vec<u8>>,
     ) -> Result<Conn, StoreError> {
         let invalid =
-            |e: redis::RedisError| StoreError::Unavailable(format!("invalid Redis URL: {e}"));
+            |e: redis::RedisError| StoreError::unavailable(format!("invalid Redis URL: {e}"));
         let client = client_for(url, ca.map(Vec::as_slice)).map_err(invalid)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
@@ -324,7 +324,7 @@ impl RedisStore {
             tokio::time::timeout(timeout, ConnectionManager::new_with_config(client, config))
                 .await
                 .map_err(|_| {
-                    StoreError::Unavailable(format!(
+                    StoreError::unavailable(format!(
                         "redis: no connection to {url} within {timeout:?}"
                     ))
                 })?
@@ -375,12 +375,12 @@ impl RedisStore {
             .max_retry_wait(1_000)
             .build()
             .map_err(|e| {
-                StoreError::Unavailable(format!("invalid Redis Cluster configuration: {e}"))
+                StoreError::unavailable(format!("invalid Redis Cluster configuration: {e}"))
             })?;
         let conn = tokio::time::timeout(timeout, client.get_async_connection())
             .await
             .map_err(|_| {
-                StoreError::Unavailable(format!("redis cluster: no connection within {timeout:?}"))
+                StoreError::unavailable(format!("redis cluster: no connection within {timeout:?}"))
             })?
             .map_err(unavailable)?;
         let router = Arc::new(slots::SlotRouter::new(seeds));
@@ -409,7 +409,7 @@ impl RedisStore {
         node_connections: &nodes::NodeConnections,
         seeds: &[String],
     ) -> Result<(), StoreError> {
-        let mut last = StoreError::Unavailable("redis: no seed node to ask".into());
+        let mut last = StoreError::unavailable("redis: no seed node to ask");
         for seed in seeds {
             let reply: Result<Value, StoreError> = node_connections
                 .query(seed, redis::cmd("CLUSTER").arg("SLOTS"))
@@ -426,7 +426,7 @@ impl RedisStore {
                 .filter(|n| !node_connections.allows(n))
                 .collect();
             if !outside.is_empty() {
-                return Err(StoreError::Unavailable(format!(
+                return Err(StoreError::unavailable(format!(
                     "the Redis Cluster announces nodes at {} that no --redis-url names: idem \
                      sends the URLs' credentials only to addresses you list — add them to \
                      --redis-url, or allow them with --redis-allow-host (a host, host:port \
@@ -436,7 +436,7 @@ impl RedisStore {
             }
             return Ok(());
         }
-        Err(StoreError::Unavailable(format!(
+        Err(StoreError::unavailable(format!(
             "redis: no seed told which nodes the cluster has, so idem cannot check where \
              the URLs' credentials would go: {last}"
         )))
@@ -499,7 +499,7 @@ impl RedisStore {
             tracing::warn!(%found, "Redis may evict records (accepted with --redis-allow-eviction): an evicted claim lets a retry run the handler again");
             return Ok(());
         }
-        Err(StoreError::Unsafe(format!(
+        Err(StoreError::unsafe_config(format!(
             "Redis evicts keys when full ({found}): an evicted claim or answer lets a retry run the handler again. \
              Set maxmemory-policy noeviction (or maxmemory 0), or pass --redis-allow-eviction to accept the risk"
         )))
@@ -568,14 +568,14 @@ impl RedisStore {
                     .await
                     .and_then(|v| {
                         redis::from_redis_value(v)
-                            .map_err(|e| StoreError::Corrupt(format!("WAIT answered {e}")))
+                            .map_err(|e| StoreError::corrupt(format!("WAIT answered {e}")))
                     });
                 h.observe(&result);
                 result?
             }
         };
         if acked < i64::from(self.wait_replicas) {
-            return Err(StoreError::Unavailable(format!(
+            return Err(StoreError::unavailable(format!(
                 "redis: the write reached {acked} of {} replicas within {wait_ms} ms",
                 self.wait_replicas
             )));
@@ -594,7 +594,7 @@ impl RedisStore {
     ) -> Result<T, StoreError> {
         match tokio::time::timeout(self.timeout, op).await {
             Ok(r) => r.map_err(unavailable),
-            Err(_) => Err(StoreError::Unavailable(format!(
+            Err(_) => Err(StoreError::unavailable(format!(
                 "redis: no answer within {:?}",
                 self.timeout
             ))),
@@ -712,7 +712,7 @@ impl RedisStore {
                 self.clock.observe(u64::try_from(*now).unwrap_or(0));
                 Ok((*code, rest))
             }
-            other => Err(StoreError::Corrupt(format!(
+            other => Err(StoreError::corrupt(format!(
                 "unexpected script reply {other:?}"
             ))),
         }
@@ -846,7 +846,7 @@ impl CasRecords for RedisStore {
             (1, [Value::BulkString(bytes)]) => Insert::Existing(decode(bytes)?),
             (2, _) => Insert::Skewed,
             _ => {
-                return Err(StoreError::Corrupt(format!(
+                return Err(StoreError::corrupt(format!(
                     "unexpected insert reply {reply:?}"
                 )))
             }
@@ -953,7 +953,7 @@ impl Store for RedisStore {
         if pong == "PONG" {
             Ok(())
         } else {
-            Err(StoreError::Unavailable(format!(
+            Err(StoreError::unavailable(format!(
                 "redis answered {pong:?} to PING"
             )))
         }

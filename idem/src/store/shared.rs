@@ -6,7 +6,7 @@ use idem_core::{
     decide, Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, Transition,
 };
 
-/// CAS attempts before a claim gives up with [`StoreError::Contention`].
+/// CAS attempts before a claim gives up with [`StoreError::contention()`].
 pub(crate) const MAX_CLAIM_ROUNDS: usize = 16;
 
 /// A claim on a compare-and-swap store: assume the key is new (one round trip in the
@@ -54,7 +54,7 @@ pub(crate) async fn claim_by_cas(
             _ => return Ok((decision, Some(existing))),
         }
     }
-    Err(StoreError::Contention)
+    Err(StoreError::contention())
 }
 
 /// What a store's holder write did.
@@ -96,15 +96,15 @@ where
                     Err(refusal) => Ok(HolderWrite::Refused(refusal)),
                     // Tokens only grow, so the record can't have changed back; report
                     // contention rather than guess.
-                    Ok(()) => Err(StoreError::Contention),
+                    Ok(()) => Err(StoreError::contention()),
                 };
             }
             Written::Skewed(store_now) => at = at.at(store_now),
         }
     }
-    Err(StoreError::Contention)
+    Err(StoreError::contention())
 }
 
 pub(crate) fn decode(bytes: &[u8]) -> Result<Record, StoreError> {
-    Record::decode(bytes).map_err(|e| StoreError::Corrupt(e.to_string()))
+    Record::decode(bytes).map_err(|e| StoreError::corrupt(e.to_string()))
 }

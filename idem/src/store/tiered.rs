@@ -141,7 +141,7 @@ impl TieredStore {
     ) {
         let mirrored = self.mirror(key, expected, record, at);
         if tokio::time::timeout(budget, mirrored).await.is_err() {
-            let e = StoreError::Unavailable(format!("redis: no answer within {budget:?}"));
+            let e = StoreError::unavailable(format!("redis: no answer within {budget:?}"));
             self.redis_failed("mirror", &e);
         }
     }
@@ -168,7 +168,7 @@ impl TieredStore {
         let answered = tokio::time::timeout(redis_budget, asked)
             .await
             .unwrap_or_else(|_| {
-                Err(StoreError::Unavailable(format!(
+                Err(StoreError::unavailable(format!(
                     "redis: no answer within {redis_budget:?} (a quarter of the claim's time)"
                 )))
             });
@@ -309,7 +309,7 @@ impl TieredStore {
                                 outbox.park(key.clone(), holder.token, slot, crate::now());
                             }
                             // It changed meanwhile: the layer writes again and sees.
-                            return Err(StoreError::Contention);
+                            return Err(StoreError::contention());
                         }
                         if replaced == Some(true) {
                             metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
@@ -341,7 +341,7 @@ impl TieredStore {
                                 if let (true, Some(slot)) = (change.is_final(), slot) {
                                     outbox.park(key.clone(), holder.token, slot, crate::now());
                                 }
-                                return Err(StoreError::Contention);
+                                return Err(StoreError::contention());
                             }
                             HolderWrite::Written
                         }

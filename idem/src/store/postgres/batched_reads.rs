@@ -76,7 +76,7 @@ impl BatchedReads {
         tokio::time::timeout(timeout, read)
             .await
             .unwrap_or_else(|_| {
-                Err(StoreError::Unavailable(format!(
+                Err(StoreError::unavailable(format!(
                     "postgres: no answer within {timeout:?}"
                 )))
             })

@@ -69,7 +69,7 @@ pub async fn convert_keys(
         Some(IdColumn::Bytes) => return Ok(Converted::AlreadyBinary),
         Some(IdColumn::Text) => {}
         None => {
-            return Err(StoreError::Unavailable(match column {
+            return Err(StoreError::unavailable(match column {
                 None => "there is no idem_records table on this search_path".into(),
                 Some(t) => format!("idem_records.id is of type {t}, neither text nor bytea"),
             }))
@@ -101,7 +101,7 @@ pub async fn convert_keys(
                     )
                 })
                 .collect();
-            return Err(StoreError::Unavailable(format!(
+            return Err(StoreError::unavailable(format!(
                 "{} other sessions have used idem_records, replicas still running ({}): stop \
                  every replica first (a handler one is running would run again after its \
                  lease), or pass --force if they are not idem's",

@@ -55,7 +55,7 @@ impl PostgresStore {
         // A cursor is the last record key of the previous page: anything else is the
         // caller's mistake (and a bytea table's `decode` would fail on it).
         if let Some(c) = cursor.filter(|c| RecordKey::from_stored(c).is_none()) {
-            return Err(StoreError::Corrupt(format!("listing cursor {c:?}")));
+            return Err(StoreError::corrupt(format!("listing cursor {c:?}")));
         }
         let after = cursor.unwrap_or("");
         // One more than asked tells whether a next page exists.
@@ -76,7 +76,7 @@ impl PostgresStore {
         for row in rows {
             let id: String = row.get(0);
             let key = RecordKey::from_stored(&id)
-                .ok_or_else(|| StoreError::Corrupt(format!("record key {id:?} is not a key")))?;
+                .ok_or_else(|| StoreError::corrupt(format!("record key {id:?} is not a key")))?;
             found.push((key, decode(row.get::<_, &[u8]>(1))?));
         }
         Ok(crate::store::memory::page_by_key(found, limit))
@@ -135,9 +135,7 @@ impl PurgeChannel for PgPurgeChannel {
         };
         let (client, messages) = tokio::time::timeout(store.options.timeout, connecting)
             .await
-            .map_err(|_| {
-                StoreError::Unavailable("postgres: LISTEN did not answer in time".into())
-            })??;
+            .map_err(|_| StoreError::unavailable("postgres: LISTEN did not answer in time"))??;
         *self.listening.lock().unwrap_or_else(|p| p.into_inner()) = Some(client);
         Ok(messages)
     }
@@ -148,7 +146,7 @@ impl PurgeChannel for PgPurgeChannel {
 
     async fn probe(&self, id: &str) -> Result<Vec<String>, StoreError> {
         let Some(client) = self.listening() else {
-            return Err(StoreError::Unavailable("not listening".into()));
+            return Err(StoreError::unavailable("not listening"));
         };
         client
             .execute("SELECT pg_notify('idem_purge', $1)", &[&id])

@@ -134,7 +134,7 @@ impl Authority {
         tokio::time::timeout(self.timeout, op)
             .await
             .unwrap_or_else(|_| {
-                Err(StoreError::Unavailable(format!(
+                Err(StoreError::unavailable(format!(
                     "postgres: no answer to {what} within {:?}",
                     self.timeout
                 )))
@@ -466,10 +466,10 @@ impl FencedTransaction {
             return match self.holder.check(current.as_ref(), store_now) {
                 Err(refusal) => Err(CommitError::Refused(refusal)),
                 // Tokens only grow: the record can't have changed back.
-                Ok(()) => Err(CommitError::Failed(StoreError::Contention)),
+                Ok(()) => Err(CommitError::Failed(StoreError::contention())),
             };
         }
-        Err(CommitError::Failed(StoreError::Contention))
+        Err(CommitError::Failed(StoreError::contention()))
     }
 }
 

@@ -109,7 +109,7 @@ impl NodeConnections {
             if first {
                 tracing::error!("{why}");
             }
-            return Err(StoreError::Unavailable(why));
+            return Err(StoreError::unavailable(why));
         }
         client_for(self.url_for(node), self.ca.as_deref()).map_err(unavailable)
     }
@@ -126,7 +126,7 @@ impl NodeConnections {
         let conn = tokio::time::timeout(self.timeout, connecting)
             .await
             .map_err(|_| {
-                StoreError::Unavailable(format!(
+                StoreError::unavailable(format!(
                     "redis: no connection to {node} within {:?}",
                     self.timeout
                 ))
@@ -162,7 +162,7 @@ impl NodeConnections {
             Ok(Err(e)) if !(e.is_io_error() || e.is_timeout()) => Err(NodeFailure::Answered(e)),
             result => Err(NodeFailure::Unreachable(
                 self.settle::<T>(node, result).err().unwrap_or_else(|| {
-                    StoreError::Unavailable(format!("redis: {node}: no answer"))
+                    StoreError::unavailable(format!("redis: {node}: no answer"))
                 }),
             )),
         }
@@ -188,7 +188,7 @@ impl NodeConnections {
             Ok(Ok(value)) => return Ok(value),
             Ok(Err(e)) if !(e.is_io_error() || e.is_timeout()) => return Err(unavailable(e)),
             Ok(Err(e)) => unavailable(e),
-            Err(_) => StoreError::Unavailable(format!(
+            Err(_) => StoreError::unavailable(format!(
                 "redis: {node}: no answer within {:?}",
                 self.timeout
             )),

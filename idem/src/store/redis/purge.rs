@@ -98,7 +98,7 @@ impl RedisStore {
             Conn::Cluster(h) => {
                 let reply: Value = h.nodes.query(node, &cmd).await?;
                 redis::from_redis_value(reply)
-                    .map_err(|e| StoreError::Corrupt(format!("SCAN answered {e}")))
+                    .map_err(|e| StoreError::corrupt(format!("SCAN answered {e}")))
             }
         }
     }
@@ -136,7 +136,7 @@ impl RedisStore {
                     // record is read below through the cluster connection, which
                     // follows the redirection (a record listed twice is allowed).
                     "MOVED" | "ASK" | "TRYAGAIN" => candidates.push(key),
-                    _ => return Err(StoreError::Unavailable(format!("redis: {node}: {e}"))),
+                    _ => return Err(StoreError::unavailable(format!("redis: {node}: {e}"))),
                 },
                 _ => {}
             }
@@ -216,7 +216,7 @@ impl RedisStore {
             },
             Some(c) => {
                 let (node, scan, after) = parse_cursor(c)
-                    .ok_or_else(|| StoreError::Corrupt(format!("listing cursor {c:?}")))?;
+                    .ok_or_else(|| StoreError::corrupt(format!("listing cursor {c:?}")))?;
                 if masters.contains(&node) {
                     (node, scan, after)
                 } else {
@@ -321,7 +321,7 @@ impl RedisPurgeChannel {
         };
         let pubsub = match tokio::time::timeout(self.timeout, subscribing).await {
             Ok(subscribed) => subscribed.map_err(unavailable)?,
-            Err(_) => return Err(StoreError::Unavailable("redis: SUBSCRIBE timed out".into())),
+            Err(_) => return Err(StoreError::unavailable("redis: SUBSCRIBE timed out")),
         };
         let mut messages = pubsub.into_on_message();
         tokio::spawn(async move {
@@ -386,8 +386,8 @@ impl PurgeChannel for RedisPurgeChannel {
         let masters = masters(&self.conn, self.timeout).await?;
         if *self.subscribed.lock().unwrap_or_else(|p| p.into_inner()) != masters {
             // A master this subscription does not listen on: subscribe again.
-            return Err(StoreError::Unavailable(
-                "redis: the cluster's masters changed since subscribing".into(),
+            return Err(StoreError::unavailable(
+                "redis: the cluster's masters changed since subscribing",
             ));
         }
         let mut sent = Vec::new();
@@ -412,7 +412,7 @@ impl PurgeChannel for RedisPurgeChannel {
         };
         match tokio::time::timeout(self.timeout, publishing).await {
             Ok(r) => r.map(drop).map_err(unavailable),
-            Err(_) => Err(StoreError::Unavailable("redis: PUBLISH timed out".into())),
+            Err(_) => Err(StoreError::unavailable("redis: PUBLISH timed out")),
         }
     }
 }
@@ -441,16 +441,12 @@ async fn masters(conn: &Conn, timeout: Duration) -> Result<Vec<String>, StoreErr
     );
     let reply: Value = match tokio::time::timeout(timeout, asking).await {
         Ok(r) => r.map_err(unavailable)?,
-        Err(_) => {
-            return Err(StoreError::Unavailable(
-                "redis: CLUSTER NODES timed out".into(),
-            ))
-        }
+        Err(_) => return Err(StoreError::unavailable("redis: CLUSTER NODES timed out")),
     };
     let nodes = match reply {
         Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
         Value::VerbatimString { text, .. } => text,
-        other => return Err(StoreError::Corrupt(format!("CLUSTER NODES: {other:?}"))),
+        other => return Err(StoreError::corrupt(format!("CLUSTER NODES: {other:?}"))),
     };
     let mut masters: Vec<String> = nodes
         .lines()

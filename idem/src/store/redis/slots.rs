@@ -80,7 +80,7 @@ impl SlotMap {
     /// that answered; `?` (unknown) leaves its slots without an owner here, so their
     /// requests go through the cluster connection.
     pub(super) fn parse(reply: &Value, asked: &str) -> Result<SlotMap, StoreError> {
-        let corrupt = || StoreError::Corrupt(format!("CLUSTER SLOTS: {reply:?}"));
+        let corrupt = || StoreError::corrupt(format!("CLUSTER SLOTS: {reply:?}"));
         let Value::Array(entries) = reply else {
             return Err(corrupt());
         };
@@ -139,7 +139,7 @@ fn node_address(node: &[Value], asked_host: &str) -> Option<Option<String>> {
 /// Every node a `CLUSTER SLOTS` reply from `asked` names, masters and replicas, each
 /// once: where a cluster client would connect.
 pub(super) fn announced_nodes(reply: &Value, asked: &str) -> Result<Vec<String>, StoreError> {
-    let corrupt = || StoreError::Corrupt(format!("CLUSTER SLOTS: {reply:?}"));
+    let corrupt = || StoreError::corrupt(format!("CLUSTER SLOTS: {reply:?}"));
     let Value::Array(entries) = reply else {
         return Err(corrupt());
     };
@@ -212,7 +212,7 @@ impl SlotRouter {
             let by = turn % ask.len();
             ask.rotate_left(by);
         }
-        let mut last_error = StoreError::Unavailable("redis: no node to ask for its slots".into());
+        let mut last_error = StoreError::unavailable("redis: no node to ask for its slots");
         for node in &ask {
             let asked: Result<Value, StoreError> =
                 nodes.query(node, redis::cmd("CLUSTER").arg("SLOTS")).await;
@@ -222,7 +222,7 @@ impl SlotRouter {
                     return Ok(());
                 }
                 Ok(_) => {
-                    last_error = StoreError::Unavailable(format!("redis: {node} serves no slot"));
+                    last_error = StoreError::unavailable(format!("redis: {node} serves no slot"));
                 }
                 Err(e) => last_error = e,
             }

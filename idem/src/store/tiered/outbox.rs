@@ -4,7 +4,7 @@
 //! Back-pressure: a claim reserves two slots before it writes anything — one for the
 //! claim, one parked for its completion or release — waiting at most `enqueue_wait`.
 //! If the queue is still full (Postgres slower than the traffic, or down), the claim
-//! fails with [`StoreError::Unavailable`]: it answers 503 and the handler does not run.
+//! fails with an unavailable [`StoreError`]: it answers 503 and the handler does not run.
 //! An accepted claim can therefore always queue its final write without waiting.
 //! Heartbeats take a slot only if one is free (the lease in Postgres matters only
 //! after Redis lost the record, and the completion carries the final state anyway).
@@ -139,10 +139,10 @@ impl Outbox {
     pub(crate) async fn reserve(&self) -> Result<Slot, StoreError> {
         match tokio::time::timeout(self.enqueue_wait, self.tx.clone().reserve_owned()).await {
             Ok(Ok(permit)) => Ok(Slot(permit)),
-            Ok(Err(_)) => Err(StoreError::Unavailable("the outbox is shut down".into())),
+            Ok(Err(_)) => Err(StoreError::unavailable("the outbox is shut down")),
             Err(_) => {
                 metrics::counter!("idem_outbox_rejected_total").increment(1);
-                Err(StoreError::Unavailable(format!(
+                Err(StoreError::unavailable(format!(
                     "the outbox is full ({} records waiting for Postgres)",
                     self.tx.max_capacity()
                 )))
