@@ -165,7 +165,7 @@ fn key_headers(
         return Ok(Default::default());
     };
     list(&value)
-        .and_then(idem_core::contract::KeyHeaders::new)
+        .and_then(|names| idem_core::contract::KeyHeaders::new(names).map_err(String::from))
         .map_err(|e| format!("KEY_HEADER: {e}"))
 }
 

@@ -772,7 +772,9 @@ impl Config {
             (Some(listen), Some(_)) if *listen == self.listen => {
                 Err("--admin-listen must differ from --listen".into())
             }
-            (Some(_), Some(file)) => idem::admin::Tokens::from_file(file).map(Some),
+            (Some(_), Some(file)) => idem::admin::Tokens::from_file(file)
+                .map(Some)
+                .map_err(String::from),
         }
     }
 
@@ -1019,6 +1021,7 @@ pub fn jwt_verifier(
         JwtVerifier::new(keys, issuer, audience).map(|jwt| jwt.exp_optional(!require_exp))
     })
     .transpose()
+    .map_err(String::from)
 }
 
 /// The bytes of `path`; the error starts with the path.
@@ -1046,12 +1049,12 @@ pub fn parse_problem_base(s: &str) -> Result<String, String> {
 
 /// One `--replay-headers` name ([`contract::check_replay_header`]).
 pub fn parse_replay_header(s: &str) -> Result<String, String> {
-    contract::check_replay_header(s)
+    contract::check_replay_header(s).map_err(String::from)
 }
 
 /// `--release-on`: [`contract::ReleaseOn::parse`].
 pub fn parse_release_on(s: &str) -> Result<contract::ReleaseOn, String> {
-    contract::ReleaseOn::parse(s)
+    contract::ReleaseOn::parse(s).map_err(String::from)
 }
 
 /// `--release-header`: a header name private to the upstream and idem, `idem-…` (or

@@ -325,7 +325,7 @@ fn check(entry: &RouteEntry, dir: &Path, flags: &Config) -> Result<Route, Proble
                     .map_err(|e| (status.span(), format!("release_on: {e}")))?;
                 statuses.push(*status.get_ref());
             }
-            Some(contract::ReleaseOn::new(statuses).map_err(|e| (list.span(), e))?)
+            Some(contract::ReleaseOn::new(statuses).map_err(|e| (list.span(), String::from(e)))?)
         }
     };
     let key_headers = match &entry.key_header {

@@ -44,6 +44,8 @@ impl fmt::Display for KeyError {
     }
 }
 
+impl core::error::Error for KeyError {}
+
 impl IdempotencyKey {
     /// Parses a raw header value.
     ///

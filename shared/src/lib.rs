@@ -24,6 +24,7 @@ extern crate alloc;
 pub mod contract;
 mod decision;
 mod fingerprint;
+mod invalid;
 pub mod json;
 mod key;
 mod purge;
@@ -37,6 +38,7 @@ pub use decision::{
     Policy, Refusal, Transition,
 };
 pub use fingerprint::{Fingerprint, RequestParts};
+pub use invalid::InvalidSetting;
 pub use key::{IdempotencyKey, KeyError, MAX_KEY_LEN};
 pub use purge::{
     decide_purge, purge_may_resend, purge_not_before, purge_not_before_given_copy, PurgeDecision,

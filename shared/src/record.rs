@@ -203,6 +203,8 @@ impl fmt::Display for DecodeError {
     }
 }
 
+impl core::error::Error for DecodeError {}
+
 impl Record {
     /// Encodes the record:
     /// `version:u8 state:u8 fingerprint:[32] token:u64`, then for in-progress

@@ -16,6 +16,7 @@
 use crate::fingerprint::Fingerprint;
 use crate::json;
 use crate::scope::tagged_hash;
+use crate::InvalidSetting;
 use alloc::format;
 use alloc::string::{String, ToString};
 use alloc::vec::Vec;
@@ -30,11 +31,11 @@ pub struct JsonPointer {
 impl JsonPointer {
     /// Parses a pointer to a part of a document (never the whole: `""` is refused,
     /// as a rule that kept or dropped the whole body would be no rule).
-    pub fn parse(text: &str) -> Result<JsonPointer, String> {
+    pub fn parse(text: &str) -> Result<JsonPointer, InvalidSetting> {
         let Some(rest) = text.strip_prefix('/') else {
-            return Err(format!(
+            return Err(InvalidSetting::from(format!(
                 "{text:?} is not a JSON Pointer to a field: it starts with / (e.g. /created_at)"
-            ));
+            )));
         };
         let mut tokens = Vec::new();
         for raw in rest.split('/') {
@@ -46,9 +47,9 @@ impl JsonPointer {
                         Some('0') => token.push('~'),
                         Some('1') => token.push('/'),
                         _ => {
-                            return Err(format!(
+                            return Err(InvalidSetting::from(format!(
                                 "{text:?}: `~` must be followed by 0 (for ~) or 1 (for /)"
-                            ))
+                            )))
                         }
                     },
                     c => token.push(c),
@@ -98,8 +99,8 @@ impl FingerprintRule {
         only: &[impl AsRef<str>],
         except: &[impl AsRef<str>],
         headers: &[impl AsRef<str>],
-    ) -> Result<FingerprintRule, String> {
-        fn pointers(list: &[impl AsRef<str>]) -> Result<Vec<JsonPointer>, String> {
+    ) -> Result<FingerprintRule, InvalidSetting> {
+        fn pointers(list: &[impl AsRef<str>]) -> Result<Vec<JsonPointer>, InvalidSetting> {
             list.iter()
                 .map(|p| JsonPointer::parse(p.as_ref()))
                 .collect()
@@ -109,9 +110,9 @@ impl FingerprintRule {
             (false, true) => BodyParts::Only(pointers(only)?),
             (true, false) => BodyParts::Except(pointers(except)?),
             (false, false) => {
-                return Err(String::from(
+                return Err(InvalidSetting::from(String::from(
                     "give the fields to keep or the fields to leave out, not both",
-                ))
+                )))
             }
         };
         let mut names: Vec<String> = Vec::new();
@@ -119,7 +120,9 @@ impl FingerprintRule {
             let name = name.as_ref().trim().to_ascii_lowercase();
             let token = crate::contract::is_header_name(&name);
             if !token {
-                return Err(format!("{name:?} is not a header name"));
+                return Err(InvalidSetting::from(format!(
+                    "{name:?} is not a header name"
+                )));
             }
             // A header the edge sets or drops would read otherwise there than here.
             // `Accept-Encoding`: a CDN sets it anew (Cloudflare: `br, gzip`).
@@ -128,10 +131,10 @@ impl FingerprintRule {
                 || crate::contract::forgeable(&name)
                 || !crate::contract::forwarded_request_header(&name)
             {
-                return Err(format!(
+                return Err(InvalidSetting::from(format!(
                     "{name} cannot be fingerprinted: idem, a proxy or the connection sets it, \
                      so it is not what the client sent"
-                ));
+                )));
             }
             if !names.contains(&name) {
                 names.push(name);

@@ -271,7 +271,7 @@ proptest! {
                 prop_assert!(check_pattern(&pattern).is_ok());
                 prop_assert_eq!(p.as_str(), pattern.as_str());
             }
-            Err(e) => prop_assert!(!e.is_empty()),
+            Err(e) => prop_assert!(!e.message().is_empty()),
         }
     }
 

@@ -1,5 +1,6 @@
 //! Who may use the admin API: bearer tokens read from a file, compared in constant time.
 
+use idem_core::InvalidSetting;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -26,7 +27,7 @@ impl Tokens {
     /// Parses a token file: one token per line, as `<operator>:<token>` or a bare
     /// token (operator `admin`); blank lines and lines starting with `#` are skipped.
     /// The error names the line, never the token.
-    pub fn parse(text: &str) -> Result<Tokens, String> {
+    pub fn parse(text: &str) -> Result<Tokens, InvalidSetting> {
         let mut operators = Vec::new();
         for (n, line) in text.lines().enumerate() {
             let line = line.trim();
@@ -43,28 +44,29 @@ impl Tokens {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b"-_.@".contains(&b))
             {
-                return Err(format!(
+                return Err(InvalidSetting::from(format!(
                     "line {line_no}: an operator's name is letters, digits and - _ . @"
-                ));
+                )));
             }
             if token.len() < MIN_TOKEN_LEN || !token.bytes().all(|b| b.is_ascii_graphic()) {
-                return Err(format!(
+                return Err(InvalidSetting::from(format!(
                     "line {line_no}: a token is at least {MIN_TOKEN_LEN} visible ASCII characters"
-                ));
+                )));
             }
             operators.push((name.to_owned(), digest(token.as_bytes())));
         }
         if operators.is_empty() {
-            return Err("no token in the file".into());
+            return Err(InvalidSetting::new("no token in the file"));
         }
         Ok(Tokens { operators })
     }
 
     /// Reads and parses a token file.
-    pub fn from_file(path: &std::path::Path) -> Result<Tokens, String> {
+    pub fn from_file(path: &std::path::Path) -> Result<Tokens, InvalidSetting> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read the admin token file {}: {e}", path.display()))?;
-        Tokens::parse(&text).map_err(|e| format!("admin token file {}: {e}", path.display()))
+        Tokens::parse(&text)
+            .map_err(|e| InvalidSetting::new(format!("admin token file {}: {e}", path.display())))
     }
 
     /// The operator whose token `presented` is. Every token is compared, each in
@@ -270,9 +272,13 @@ mod tests {
         assert_eq!(t.operator(b"0123456789abcdefXYZW"), Some("admin"));
         assert_eq!(t.operator(b"0123456789abcdef012"), None);
         assert_eq!(t.operator(b""), None);
-        assert!(Tokens::parse("bob:short").unwrap_err().contains("line 1"));
+        assert!(Tokens::parse("bob:short")
+            .unwrap_err()
+            .message()
+            .contains("line 1"));
         assert!(Tokens::parse("# nothing\n")
             .unwrap_err()
+            .message()
             .contains("no token"));
         assert!(Tokens::parse("b b:0123456789abcdef0123").is_err());
         assert!(!format!("{t:?}").contains("0123"));

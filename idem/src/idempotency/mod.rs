@@ -34,6 +34,7 @@ pub use transaction::{Transaction, TransactionError, TransactionsUnsupported};
 
 use crate::store::Store;
 use http::{request::Parts, HeaderName, Method};
+use idem_core::InvalidSetting;
 use idem_core::{contract, IdempotencyKey, Policy, RecordKey, Scope};
 use std::sync::Arc;
 use std::time::Duration;
@@ -283,7 +284,7 @@ impl IdempotencyLayer {
     /// # Errors
     ///
     /// A base that is not an absolute URL or URN ([`contract::check_problem_base`]).
-    pub fn problem_base(self, base: &str) -> Result<Self, String> {
+    pub fn problem_base(self, base: &str) -> Result<Self, InvalidSetting> {
         contract::check_problem_base(base)?;
         Ok(self.with(|c| c.problem_base = Arc::from(base)))
     }
@@ -382,7 +383,7 @@ impl IdempotencyLayer {
     ///
     /// A secret shorter than [`contract::MIN_EDGE_SECRET_BYTES`], or not sendable as a
     /// header value ([`contract::check_edge_secret`]).
-    pub fn edge_secret(self, secret: impl Into<Vec<u8>>) -> Result<Self, String> {
+    pub fn edge_secret(self, secret: impl Into<Vec<u8>>) -> Result<Self, InvalidSetting> {
         let secret: Vec<u8> = secret.into();
         contract::check_edge_secret(&secret)?;
         Ok(self.with(|c| c.edge_secrets.push(secret.into())))

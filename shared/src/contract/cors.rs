@@ -11,6 +11,7 @@
 //! allows it. Preflights (`OPTIONS`) are never guarded: they reach the API, which must
 //! allow the `Idempotency-Key` header in them.
 
+use crate::InvalidSetting;
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -20,11 +21,13 @@ use alloc::vec::Vec;
 /// not idem's own, not `Set-Cookie` (its own setting: a cookie is usually one
 /// client's), and not `Access-Control-*` (see the [module docs](self)). Returns the
 /// name lower-cased.
-pub fn check_replay_header(name: &str) -> Result<String, String> {
+pub fn check_replay_header(name: &str) -> Result<String, InvalidSetting> {
     let name = name.trim().to_ascii_lowercase();
     let token = super::is_header_name(&name);
     if !token {
-        return Err(format!("{name:?} is not a header name"));
+        return Err(InvalidSetting::from(format!(
+            "{name:?} is not a header name"
+        )));
     }
     const NEVER: [&str; 8] = [
         "content-length",
@@ -37,24 +40,24 @@ pub fn check_replay_header(name: &str) -> Result<String, String> {
         "access-control-allow-origin",
     ];
     if name.starts_with("access-control-") {
-        return Err(format!(
+        return Err(InvalidSetting::from(format!(
             "{name} is not replayed as stored: it was computed for the first request's \
              Origin; list the origins browsers may read replays from instead (--cors-origin)"
-        ));
+        )));
     }
     if name == "set-cookie" {
-        return Err(String::from(
+        return Err(InvalidSetting::from(String::from(
             "set-cookie is replayed only with --replay-set-cookie: a cookie is usually one client's",
-        ));
+        )));
     }
     if NEVER.contains(&name.as_str())
         || name.starts_with("idem-")
         || !super::answer::relayed_answer_header(&name)
     {
-        return Err(format!(
+        return Err(InvalidSetting::from(format!(
             "{name} cannot be replayed: it describes the connection or the moment of the \
              first answer, or idem sets it on each answer itself"
-        ));
+        )));
     }
     Ok(name)
 }
@@ -82,15 +85,15 @@ impl Cors {
     /// Allows `origins` (`scheme://host[:port]`, or `*` alone for any) to read idem's
     /// answers, with credentials when `credentials` (never with `*`: browsers refuse
     /// it, and it would let any site read answers to its visitors' credentials).
-    pub fn new(origins: &[impl AsRef<str>], credentials: bool) -> Result<Cors, String> {
+    pub fn new(origins: &[impl AsRef<str>], credentials: bool) -> Result<Cors, InvalidSetting> {
         let origins: Vec<&str> = origins.iter().map(|o| o.as_ref().trim()).collect();
         let origins = match origins.as_slice() {
-            [] => return Err(String::from("no origins")),
+            [] => return Err(InvalidSetting::from(String::from("no origins"))),
             ["*"] if credentials => {
-                return Err(String::from(
+                return Err(InvalidSetting::from(String::from(
                     "`*` with credentials: name the origins that may read answers to \
                      their visitors' credentials",
-                ))
+                )))
             }
             ["*"] => None,
             list => {

@@ -17,6 +17,7 @@
 
 use super::scope::{b64url, hmac_sha256, member, same, value_end};
 use crate::json;
+use crate::InvalidSetting;
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -94,9 +95,9 @@ impl JwtVerifier {
         keys: JwtKeys,
         issuer: Option<&str>,
         audience: Option<&str>,
-    ) -> Result<JwtVerifier, String> {
+    ) -> Result<JwtVerifier, InvalidSetting> {
         let canonical = |what: &str, value: Option<&str>| match value {
-            Some("") => Err(format!("the {what} is empty")),
+            Some("") => Err(InvalidSetting::from(format!("the {what} is empty"))),
             Some(value) => {
                 let mut out = Vec::with_capacity(value.len() + 2);
                 json::write_string(value.as_bytes(), &mut out);
@@ -109,14 +110,14 @@ impl JwtVerifier {
             canonical("audience", audience)?,
         );
         if matches!(keys, JwtKeys::Jwks(_)) && (issuer.is_none() || audience.is_none()) {
-            return Err("a JWKS's keys sign tokens for every application of their issuer: give the issuer (iss) and the audience (aud) the tokens must name".into());
+            return Err(InvalidSetting::new("a JWKS's keys sign tokens for every application of their issuer: give the issuer (iss) and the audience (aud) the tokens must name"));
         }
         if let JwtKeys::Hs256(secret) = &keys {
             if secret.len() < MIN_HS256_SECRET {
-                return Err(format!(
+                return Err(InvalidSetting::from(format!(
                     "the HS256 secret is {} bytes: give at least {MIN_HS256_SECRET} (RFC 7518 §3.2: a key as long as the hash), e.g. `openssl rand -base64 32`",
                     secret.len()
-                ));
+                )));
             }
         }
         Ok(JwtVerifier {
@@ -176,20 +177,25 @@ impl JwtKeys {
     /// The keys a deployment gives: an HS256 secret, a JWKS, or neither — not both (a
     /// verifier that took either would let an HS256 token signed with a public key
     /// through).
-    pub fn either(secret: Option<Vec<u8>>, jwks: Option<&[u8]>) -> Result<Option<JwtKeys>, String> {
+    pub fn either(
+        secret: Option<Vec<u8>>,
+        jwks: Option<&[u8]>,
+    ) -> Result<Option<JwtKeys>, InvalidSetting> {
         match (secret, jwks) {
-            (Some(_), Some(_)) => Err("give the HS256 secret or the JWKS, not both".into()),
+            (Some(_), Some(_)) => Err(InvalidSetting::new(
+                "give the HS256 secret or the JWKS, not both",
+            )),
             (Some(secret), None) => Ok(Some(JwtKeys::Hs256(secret))),
             (None, Some(jwks)) => JwtKeys::from_jwks(jwks)
                 .map(Some)
-                .map_err(|e| format!("the JWKS: {e}")),
+                .map_err(|e| InvalidSetting::new(format!("the JWKS: {e}"))),
             (None, None) => Ok(None),
         }
     }
 
     /// The RS256 and ES256 signing keys of the JWKS `text`. The error says which key is
     /// wrong and how.
-    pub fn from_jwks(text: &[u8]) -> Result<JwtKeys, String> {
+    pub fn from_jwks(text: &[u8]) -> Result<JwtKeys, InvalidSetting> {
         let doc =
             json::canonicalize(text).map_err(|e| format!("not JSON (at byte {})", e.offset))?;
         let keys = member(&doc, "keys")
@@ -204,12 +210,14 @@ impl JwtKeys {
             let same = |k: &Jwk| k.kid == jwk.kid && k.is_rsa() == jwk.is_rsa();
             if jwk.kid.is_some() && usable.iter().any(same) {
                 let kid = String::from_utf8_lossy(jwk.kid.as_deref().unwrap_or_default());
-                return Err(format!("key {i}: kid {kid} is used twice"));
+                return Err(InvalidSetting::from(format!(
+                    "key {i}: kid {kid} is used twice"
+                )));
             }
             usable.push(jwk);
         }
         if usable.is_empty() {
-            return Err("it has no RS256 or ES256 signing key".into());
+            return Err(InvalidSetting::new("it has no RS256 or ES256 signing key"));
         }
         Ok(JwtKeys::Jwks(usable))
     }
@@ -420,7 +428,9 @@ mod tests {
             let mut key = ec.clone();
             f(&mut key);
             let doc = serde_json::json!({ "keys": [good["keys"][0].clone(), key] });
-            JwtKeys::from_jwks(doc.to_string().as_bytes()).map(|k| format!("{k:?}"))
+            JwtKeys::from_jwks(doc.to_string().as_bytes())
+                .map(|k| format!("{k:?}"))
+                .map_err(String::from)
         };
         let both = Ok("JWKS [RS256 \"rsa-1\", ES256 \"ec-1\"]".to_string());
         let rsa_only = Ok("JWKS [RS256 \"rsa-1\"]".to_string());
@@ -459,17 +469,26 @@ mod tests {
         let with = |f: &dyn Fn(&mut serde_json::Value)| {
             let mut doc = good.clone();
             f(&mut doc);
-            JwtKeys::from_jwks(doc.to_string().as_bytes()).unwrap_err()
+            JwtKeys::from_jwks(doc.to_string().as_bytes())
+                .unwrap_err()
+                .to_string()
         };
         let cases: &[(&str, String)] = &[
-            ("not JSON", JwtKeys::from_jwks(b"{").unwrap_err()),
+            (
+                "not JSON",
+                JwtKeys::from_jwks(b"{").unwrap_err().to_string(),
+            ),
             (
                 "no \"keys\"",
-                JwtKeys::from_jwks(b"{\"kty\":\"RSA\"}").unwrap_err(),
+                JwtKeys::from_jwks(b"{\"kty\":\"RSA\"}")
+                    .unwrap_err()
+                    .to_string(),
             ),
             (
                 "no RS256 or ES256",
-                JwtKeys::from_jwks(b"{\"keys\":[{\"kty\":\"oct\",\"k\":\"AA\"}]}").unwrap_err(),
+                JwtKeys::from_jwks(b"{\"keys\":[{\"kty\":\"oct\",\"k\":\"AA\"}]}")
+                    .unwrap_err()
+                    .to_string(),
             ),
             (
                 "key 0: its n is missing",
@@ -554,7 +573,9 @@ mod tests {
     #[wasm_bindgen_test(unsupported = test)]
     fn a_jwks_needs_an_issuer_and_an_audience() {
         let keys = JwtKeys::from_jwks(jwks().as_bytes()).unwrap();
-        let err = JwtVerifier::new(keys.clone(), Some("https://id.example"), None).unwrap_err();
+        let err = JwtVerifier::new(keys.clone(), Some("https://id.example"), None)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("issuer (iss) and the audience (aud)"), "{err}");
         assert!(JwtVerifier::new(keys.clone(), None, Some("payments")).is_err());
         assert!(JwtVerifier::new(keys, Some("https://id.example"), Some("payments")).is_ok());
@@ -567,11 +588,13 @@ mod tests {
         assert!(
             short
                 .unwrap_err()
+                .to_string()
                 .contains("the HS256 secret is 6 bytes: give at least 32"),
             "a guessable secret is refused"
         );
         assert!(JwtVerifier::new(secret, Some(""), None)
             .unwrap_err()
+            .to_string()
             .contains("empty"));
     }
 }

@@ -13,6 +13,7 @@
 //! The runtimes only move bytes: the origin's tower layer and the edge's worker read
 //! their requests into these values and write these answers out.
 
+use crate::InvalidSetting;
 use alloc::format;
 use alloc::string::String;
 
@@ -101,19 +102,19 @@ pub const MIN_EDGE_SECRET_BYTES: usize = 16;
 
 /// Whether `secret` may be the edge's: long enough not to be guessed, and sendable as a
 /// header value (visible ASCII, no spaces at either end).
-pub fn check_edge_secret(secret: &[u8]) -> Result<(), String> {
+pub fn check_edge_secret(secret: &[u8]) -> Result<(), InvalidSetting> {
     if secret.len() < MIN_EDGE_SECRET_BYTES {
-        return Err(format!(
+        return Err(InvalidSetting::from(format!(
             "the edge secret is {} bytes; it needs at least {MIN_EDGE_SECRET_BYTES} \
              (e.g. `openssl rand -hex 32`)",
             secret.len()
-        ));
+        )));
     }
     if !secret.iter().all(|b| b.is_ascii_graphic()) {
-        return Err(String::from(
+        return Err(InvalidSetting::from(String::from(
             "the edge secret must be visible ASCII without spaces (it is sent as a header \
              value; e.g. `openssl rand -hex 32`)",
-        ));
+        )));
     }
     Ok(())
 }
@@ -254,7 +255,7 @@ mod edge_secret_tests {
     #[test]
     fn a_secret_is_long_and_sendable() {
         assert!(check_edge_secret(b"0123456789abcdef").is_ok());
-        let short = check_edge_secret(b"hunter2").unwrap_err();
+        let short = alloc::string::String::from(check_edge_secret(b"hunter2").unwrap_err());
         assert!(short.contains("7 bytes"), "{short}");
         assert!(check_edge_secret(b"0123456789abcdef\n").is_err());
         assert!(check_edge_secret(b"0123456789 abcdef").is_err());

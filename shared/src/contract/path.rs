@@ -10,6 +10,7 @@
 //! differently is refused ([`PathChoice::Ambiguous`]) whenever any reading of it would
 //! be guarded.
 
+use crate::InvalidSetting;
 use alloc::borrow::Cow;
 use alloc::format;
 use alloc::string::String;
@@ -25,7 +26,7 @@ pub struct PathPattern {
 
 impl PathPattern {
     /// `pattern`, checked; it matches without regard to ASCII case.
-    pub fn new(pattern: &str) -> Result<Self, String> {
+    pub fn new(pattern: &str) -> Result<Self, InvalidSetting> {
         check_pattern(pattern)?;
         Ok(PathPattern {
             pattern: pattern.into(),
@@ -269,7 +270,7 @@ fn matches_normal(pattern: &str, path: &str, case_sensitive: bool) -> bool {
 /// in visible ASCII without `?` or `#`, whose only `*` ends it, written in normal form
 /// (a pattern written otherwise could never match, or not where it seems to). The
 /// error says what to write.
-pub fn check_pattern(pattern: &str) -> Result<(), String> {
+pub fn check_pattern(pattern: &str) -> Result<(), InvalidSetting> {
     if pattern == "*" {
         return Ok(());
     }
@@ -279,7 +280,7 @@ pub fn check_pattern(pattern: &str) -> Result<(), String> {
         || star.is_some_and(|at| at != pattern.len() - 1)
         || !pattern.chars().all(visible)
     {
-        return Err(format!("{pattern:?} must start with /, hold visible ASCII without ? or #, and may end in * (a prefix) or /* (a path and what is under it), e.g. \"/v1/payouts/*\""));
+        return Err(InvalidSetting::from(format!("{pattern:?} must start with /, hold visible ASCII without ? or #, and may end in * (a prefix) or /* (a path and what is under it), e.g. \"/v1/payouts/*\"")));
     }
     let (base, star) = match (pattern.strip_suffix("/*"), pattern.strip_suffix('*')) {
         (Some(base), _) => (base, "/*"),
@@ -293,9 +294,9 @@ pub fn check_pattern(pattern: &str) -> Result<(), String> {
     // (A pattern ending in `/*` is split above, so a plain prefix's base never ends in
     // a slash: `/v1/pay*` is `/v1/pay` and `*`, `/v1/x/*` is `/v1/x` and `/*`.)
     if normal != base || ambiguous_path(base) {
-        return Err(format!(
+        return Err(InvalidSetting::from(format!(
             "{pattern:?} is matched as \"{normal}{star}\": write it so"
-        ));
+        )));
     }
     Ok(())
 }
@@ -415,6 +416,7 @@ fn normalize(path: &str, resolve_dots: bool) -> Cow<'_, str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use alloc::string::ToString;
     use alloc::vec;
     use wasm_bindgen_test::wasm_bindgen_test;
 
@@ -473,7 +475,7 @@ mod tests {
             ("/v1/%63h*", "is matched as \"/v1/ch*\""),
             ("/v1/./x/*", "is matched as \"/v1/x/*\""),
         ] {
-            let error = check_pattern(bad).unwrap_err();
+            let error = check_pattern(bad).unwrap_err().to_string();
             assert!(error.contains(says), "{bad}: {error}");
         }
     }

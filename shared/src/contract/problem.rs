@@ -1,6 +1,7 @@
 //! The RFC 9457 problems idem answers with — type, title, status, `Retry-After`, and
 //! the detail the client reads — the same bytes from the edge and the origin.
 
+use crate::InvalidSetting;
 use crate::{KeyError, StoredResponse};
 use alloc::format;
 use alloc::string::{String, ToString};
@@ -15,7 +16,7 @@ pub const DEFAULT_PROBLEM_BASE: &str =
 /// Whether `base` may prefix problem types: an absolute `https://` or `http://` URL
 /// (ending where the problem's name follows: `#`, `/`, `=`…), or a `urn:`; visible
 /// ASCII, no quotes or spaces.
-pub fn check_problem_base(base: &str) -> Result<(), String> {
+pub fn check_problem_base(base: &str) -> Result<(), InvalidSetting> {
     let scheme_ok = ["https://", "http://", "urn:"].iter().any(|s| {
         base.len() > s.len() && base.as_bytes()[..s.len()].eq_ignore_ascii_case(s.as_bytes())
     });
@@ -23,10 +24,10 @@ pub fn check_problem_base(base: &str) -> Result<(), String> {
         .bytes()
         .all(|b| b.is_ascii_graphic() && !b"\"<>\\^`{|}".contains(&b));
     if !scheme_ok || !bytes_ok {
-        return Err(format!(
+        return Err(InvalidSetting::from(format!(
             "{base:?} cannot prefix problem types: give an absolute https:// URL (or a urn:) \
              that the problem's name completes, e.g. https://docs.example/problems#"
-        ));
+        )));
     }
     Ok(())
 }

@@ -4,6 +4,7 @@
 //! committed effect (a crash after the write, a gateway timeout), so those are always
 //! stored — whatever a route file says.
 
+use crate::InvalidSetting;
 use alloc::format;
 use alloc::string::String;
 use alloc::vec::Vec;
@@ -67,14 +68,14 @@ impl ReleaseOn {
     }
 
     /// The set of `statuses`; an error names the first that is not a 4xx.
-    pub fn new(statuses: impl IntoIterator<Item = u16>) -> Result<ReleaseOn, String> {
+    pub fn new(statuses: impl IntoIterator<Item = u16>) -> Result<ReleaseOn, InvalidSetting> {
         let mut set = ReleaseOn::NONE;
         for status in statuses {
             if !(400..=499).contains(&status) {
-                return Err(format!(
+                return Err(InvalidSetting::from(format!(
                     "{status} cannot free a key: only client errors (4xx) can — a 2xx or 3xx \
                      says the request was acted on, and a 5xx can follow a committed effect"
-                ));
+                )));
             }
             set.bits |= 1 << (status - 400);
         }
@@ -84,7 +85,7 @@ impl ReleaseOn {
     /// Parses a list as a flag or a variable gives it: statuses separated by commas,
     /// `none`, or `default` (proxy mode's, [`PROXY_DEFAULT_RELEASE`]), with `default`
     /// combinable with more statuses (`default,404`).
-    pub fn parse(list: &str) -> Result<ReleaseOn, String> {
+    pub fn parse(list: &str) -> Result<ReleaseOn, InvalidSetting> {
         let mut set = ReleaseOn::NONE;
         let items: Vec<&str> = list
             .split(',')
@@ -92,14 +93,18 @@ impl ReleaseOn {
             .filter(|s| !s.is_empty())
             .collect();
         if items.is_empty() {
-            return Err(String::from(
+            return Err(InvalidSetting::from(String::from(
                 "an empty list: write `none` to release on no status",
-            ));
+            )));
         }
         for item in &items {
             match *item {
                 "none" if items.len() == 1 => {}
-                "none" => return Err(String::from("`none` cannot be combined with statuses")),
+                "none" => {
+                    return Err(InvalidSetting::from(String::from(
+                        "`none` cannot be combined with statuses",
+                    )))
+                }
                 "default" => set.bits |= ReleaseOn::proxy_default().bits,
                 digits => {
                     let status = digits
@@ -150,6 +155,7 @@ impl ReleaseOn {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use alloc::string::ToString;
     use wasm_bindgen_test::wasm_bindgen_test;
 
     #[wasm_bindgen_test(unsupported = test)]
@@ -189,7 +195,7 @@ mod tests {
             ("none,400", "cannot be combined"),
             ("+400", "three digits"),
         ] {
-            let error = ReleaseOn::parse(bad).unwrap_err();
+            let error = ReleaseOn::parse(bad).unwrap_err().to_string();
             assert!(error.contains(says), "{bad:?}: {error}");
         }
         let listed = ReleaseOn::proxy_default().to_list();

@@ -3,6 +3,7 @@
 
 use super::path::ambiguous_path;
 use super::problem::{Problem, Rejection};
+use crate::InvalidSetting;
 use crate::{Fingerprint, IdempotencyKey, RecordKey, RecordTag, RequestParts};
 use alloc::borrow::Cow;
 use alloc::string::String;
@@ -73,13 +74,17 @@ impl KeyHeaders {
     /// for one ([`super::forgeable`]), not hop-by-hop or set by the runtime, and not
     /// one that means something else to HTTP (`Authorization`, `Content-*`, `Cookie`,
     /// `Prefer`…), which would make every request of a caller one key.
-    pub fn new<S: AsRef<str>>(names: impl IntoIterator<Item = S>) -> Result<KeyHeaders, String> {
+    pub fn new<S: AsRef<str>>(
+        names: impl IntoIterator<Item = S>,
+    ) -> Result<KeyHeaders, InvalidSetting> {
         let mut out: alloc::vec::Vec<String> = alloc::vec::Vec::new();
         for name in names {
             let name = name.as_ref().trim().to_ascii_lowercase();
             let token = super::is_header_name(&name);
             if !token {
-                return Err(alloc::format!("{name:?} is not a header name"));
+                return Err(InvalidSetting::from(alloc::format!(
+                    "{name:?} is not a header name"
+                )));
             }
             // Ids a proxy or tracer sets anew (Envoy resets x-request-id on external
             // requests by default): read as keys, every retry would be a new request.
@@ -118,20 +123,20 @@ impl KeyHeaders {
                 || SET_ANEW.contains(&name.as_str())
                 || super::METHOD_OVERRIDE_HEADERS.contains(&name.as_str())
             {
-                return Err(alloc::format!(
+                return Err(InvalidSetting::from(alloc::format!(
                     "{name} cannot carry the idempotency key: it is idem's own, set by a \
                      proxy, the runtime or the connection, or means something else to HTTP \
                      (use a header only clients set for the key, e.g. x-idempotency-key)"
-                ));
+                )));
             }
             if !out.contains(&name) {
                 out.push(name);
             }
         }
         if out.is_empty() {
-            return Err(String::from(
+            return Err(InvalidSetting::from(String::from(
                 "no header names: a guarded request needs a header to carry its key",
-            ));
+            )));
         }
         Ok(KeyHeaders { names: out })
     }

@@ -17,6 +17,7 @@
 pub use super::jwt::{JwtKeys, JwtVerifier};
 use super::{Problem, Rejection};
 use crate::json;
+use crate::InvalidSetting;
 use crate::Scope;
 use alloc::format;
 use alloc::string::String;
@@ -92,7 +93,7 @@ impl ScopeRule {
 impl ScopeSource {
     /// Parses `authorization`, `header:<name>` or `jwt:<claim>`; a JWT needs `jwt`.
     /// The error names what is wrong.
-    pub fn parse(spec: &str, jwt: Option<JwtVerifier>) -> Result<ScopeSource, String> {
+    pub fn parse(spec: &str, jwt: Option<JwtVerifier>) -> Result<ScopeSource, InvalidSetting> {
         let spec = spec.trim();
         if spec.eq_ignore_ascii_case("authorization") {
             return Ok(ScopeSource::Authorization);
@@ -101,23 +102,25 @@ impl ScopeSource {
             let name = name.trim();
             let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
             if name.is_empty() || !name.bytes().all(token) {
-                return Err(format!("{name:?} is not a header name"));
+                return Err(InvalidSetting::from(format!(
+                    "{name:?} is not a header name"
+                )));
             }
             let name = name.to_ascii_lowercase();
             // idem's own request headers: the key (every key its own caller), or one idem
             // sets or takes off before the scope is read — absent, every caller would
             // be the anonymous one.
             if name == super::IDEMPOTENCY_KEY || name.starts_with("idem-") {
-                return Err(format!(
+                return Err(InvalidSetting::from(format!(
                     "header:{name} is one of idem's own headers, not a caller's identity"
-                ));
+                )));
             }
             return Ok(ScopeSource::Header(name));
         }
         if let Some(claim) = spec.strip_prefix("jwt:") {
             let claim = claim.trim();
             if claim.is_empty() {
-                return Err("jwt: needs a claim, e.g. jwt:sub".into());
+                return Err(InvalidSetting::new("jwt: needs a claim, e.g. jwt:sub"));
             }
             // A name a payload's member can hold as written (it is compared with the
             // member's canonical, escaped bytes).
@@ -125,9 +128,9 @@ impl ScopeSource {
                 .chars()
                 .any(|c| c == '"' || c == '\\' || c.is_control())
             {
-                return Err(format!(
+                return Err(InvalidSetting::from(format!(
                     "jwt:{claim:?}: a claim's name has no quote, backslash or control character"
-                ));
+                )));
             }
             // (A verifier's HS256 secret is 32 bytes at least: `JwtVerifier::new`.)
             return match jwt {
@@ -135,12 +138,14 @@ impl ScopeSource {
                     claim: claim.into(),
                     jwt,
                 }),
-                None => Err("jwt:<claim> needs the HS256 secret or a JWKS".into()),
+                None => Err(InvalidSetting::new(
+                    "jwt:<claim> needs the HS256 secret or a JWKS",
+                )),
             };
         }
-        Err(format!(
+        Err(InvalidSetting::from(format!(
             "{spec:?}: use authorization, header:<name> or jwt:<claim>"
-        ))
+        )))
     }
 }
 
@@ -522,6 +527,7 @@ pub(crate) fn b64url_encode(bytes: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use alloc::string::ToString;
     use alloc::vec;
     use wasm_bindgen_test::wasm_bindgen_test;
 
@@ -598,6 +604,7 @@ mod tests {
         let hs256 = JwtVerifier::new(JwtKeys::Hs256(SECRET.to_vec()), None, None).unwrap();
         assert!(ScopeSource::parse("jwt:a\\b", Some(hs256))
             .unwrap_err()
+            .to_string()
             .contains("backslash"));
         assert!(unaccepted("authorization", "why")
             .detail
@@ -778,10 +785,12 @@ mod tests {
             .unwrap();
         assert!(ScopeSource::parse("jwt:a\"b", Some(hs256(&[1; 32])))
             .unwrap_err()
+            .to_string()
             .contains("no quote"));
         assert!(!format!("{jwt:?}").contains("s3cret"));
         assert!(ScopeSource::parse("jwt:sub", None)
             .unwrap_err()
+            .to_string()
             .contains("secret"));
         assert!(ScopeSource::parse("header:bad name", None).is_err());
         // Absent when the scope is read (taken off, or set by idem itself): every
@@ -792,12 +801,13 @@ mod tests {
             "header:idem-downstream-key",
             "header:Idempotency-Key",
         ] {
-            let err = ScopeSource::parse(own, None).unwrap_err();
+            let err = ScopeSource::parse(own, None).unwrap_err().to_string();
             assert!(err.contains("idem's own headers"), "{own}: {err}");
         }
         assert!(ScopeSource::parse("header:idempotent-client", None).is_ok());
         assert!(ScopeSource::parse("cookie", None)
             .unwrap_err()
+            .to_string()
             .contains("header:<name>"));
     }
 

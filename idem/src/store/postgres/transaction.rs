@@ -71,6 +71,15 @@ impl std::fmt::Display for CommitError {
     }
 }
 
+impl std::error::Error for CommitError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            CommitError::Refused(_) => None,
+            CommitError::Failed(e) | CommitError::Unknown(e) => Some(e),
+        }
+    }
+}
+
 /// Why a fenced transaction could not begin.
 #[derive(Debug)]
 pub enum BeginError {
@@ -78,6 +87,24 @@ pub enum BeginError {
     Refused(Refusal),
     /// The database did not answer.
     Failed(StoreError),
+}
+
+impl std::fmt::Display for BeginError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BeginError::Refused(r) => write!(f, "refused: {r}"),
+            BeginError::Failed(e) => write!(f, "failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for BeginError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BeginError::Refused(_) => None,
+            BeginError::Failed(e) => Some(e),
+        }
+    }
 }
 
 impl Authority {
