@@ -3,7 +3,7 @@
 //! bench's housekeeping: a database of its own, and deleting what it wrote.
 
 use anyhow::{anyhow, bail, Context, Result};
-use idem::internal::IdColumn;
+use idem::IdColumn;
 use redis::aio::MultiplexedConnection;
 use std::str::FromStr;
 use tokio_postgres::{Client, NoTls};

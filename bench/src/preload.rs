@@ -4,7 +4,7 @@
 //! Postgres and with pipelines straight to each Redis Cluster master.
 
 use anyhow::{bail, Context, Result};
-use idem::internal::IdColumn;
+use idem::IdColumn;
 use idem_core::{
     Fingerprint, IdempotencyKey, Millis, Record, RecordKey, RequestParts, Scope, StoredResponse,
     TOKENS_PER_MS,

@@ -3,7 +3,8 @@
 //! store's own claim statements.
 
 use anyhow::{anyhow, bail, Context, Result};
-use idem::internal::{claim_statements, completion_statement, IdColumn};
+use idem::internal::{claim_statements, completion_statement};
+use idem::IdColumn;
 use idem::PgStrategy;
 use idem_core::{decide, Decision, Fingerprint, Policy, StoredResponse};
 use serde::Serialize;

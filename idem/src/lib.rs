@@ -44,7 +44,7 @@ pub use quota::{NewKeys, ScopeQuota};
 #[cfg(feature = "postgres")]
 pub use store::postgres::{
     convert_keys, deadpool_postgres, tokio_postgres, Authority, BeginError, CommitError, Converted,
-    FencedTransaction, PgOptions, PgStrategy, PostgresStore,
+    FencedTransaction, IdColumn, PgOptions, PgStrategy, PostgresStore,
 };
 #[cfg(feature = "redis")]
 pub use store::redis::{RedisLayout, RedisOptions, RedisStore};
@@ -60,10 +60,10 @@ pub use store::{
 #[doc(hidden)]
 pub mod internal {
     pub use crate::store::cache::STALENESS_BOUND;
+    #[cfg(feature = "postgres")]
+    pub use crate::store::postgres::id_column;
     #[cfg(all(feature = "postgres", feature = "testing"))]
     pub use crate::store::postgres::{claim_statements, completion_statement};
-    #[cfg(feature = "postgres")]
-    pub use crate::store::postgres::{id_column, IdColumn};
     #[cfg(any(feature = "postgres", feature = "redis"))]
     pub use crate::store::tls;
     pub use crate::store::{CasRecords, Insert, Stamp, Swap};

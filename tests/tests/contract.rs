@@ -151,10 +151,10 @@ async fn the_release_rule_holds_on_every_store() {
 }
 
 /// A holder keeps its lease when the store's new connections are slow to open (a
-/// database far away, or too loaded to start a session quickly): its renewals go on
-/// their own connections, and one opened for a renewal that gave up waiting is kept for
-/// the next. Here a new connection takes 150 ms and a renewal gives up after a twelfth
-/// of the 1 s lease (83 ms).
+/// database far away, or too loaded to start a session quickly): its renewals' own
+/// connections are opened with the store, not by the first renewal, which gave up on
+/// its connection with itself, every time. Here a new connection takes 150 ms and a
+/// renewal gives up after a twelfth of the 1 s lease (83 ms).
 #[tokio::test]
 async fn a_holder_keeps_its_lease_when_new_store_connections_are_slow() {
     use std::sync::atomic::{AtomicUsize, Ordering};

@@ -7,9 +7,9 @@ mod conformance;
 use conformance::*;
 
 use idem::OutboxOptions;
-use idem::{internal::IdColumn, PgOptions};
 use idem::{Durability, PostgresStore, RedisStore, ReplayCache, Store, TieredStore};
 use idem::{HolderWrite, StoreErrorKind, StoreExt};
+use idem::{IdColumn, PgOptions};
 use idem_core::{Decision, Record, RecordKey};
 use idem_tests::{redis_cluster_urls, redis_url, TestDb};
 use std::sync::Arc;

@@ -47,8 +47,9 @@ pub use sweeper::spawn_sweeper;
 ///
 /// What kind of failure it was is [`StoreError::kind`]; the backend's own error, when
 /// there is one, is its [`source`](std::error::Error::source). Its `Display` is the
-/// kind, the detail and the chain of causes, so that a log line holds all of it (as
-/// `tokio_postgres::Error`'s does).
+/// kind, the detail and the text of the causes (each once), so that a log line written
+/// with `%e` holds all of it, as it did when the causes were flattened into a string.
+/// (A printer that walks `source()` too, such as anyhow's `{:#}`, shows them twice.)
 #[derive(Clone)]
 pub struct StoreError {
     kind: StoreErrorKind,
@@ -149,10 +150,17 @@ impl fmt::Display for StoreError {
             write!(f, ": {}", self.detail)?;
         }
         // The causes too: tokio-postgres puts the useful part ("connection refused",
-        // the server's message) in its error's sources.
+        // the server's message) in its error's sources. One whose text its parent
+        // already showed (a RedisError shows its I/O error, and returns it as its
+        // source) is not repeated.
+        let mut shown = String::new();
         let mut cause = self.source.as_deref().map(|s| s as &dyn std::error::Error);
         while let Some(c) = cause {
-            write!(f, ": {c}")?;
+            let text = c.to_string();
+            if !shown.contains(&text) {
+                write!(f, ": {text}")?;
+            }
+            shown = text;
             cause = c.source();
         }
         Ok(())
@@ -495,5 +503,29 @@ mod tests {
             "store contention: claim retried too often"
         );
         assert!(StoreError::full("at 10 records").source().is_none());
+    }
+
+    /// A cause that shows its own source's text (as a `RedisError` shows its I/O
+    /// error, and returns it as its source) is not repeated.
+    #[test]
+    fn a_cause_already_shown_is_not_repeated() {
+        #[derive(Debug)]
+        struct Shows(std::io::Error);
+        impl std::fmt::Display for Shows {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "Connection refused: {}", self.0)
+            }
+        }
+        impl std::error::Error for Shows {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "os error 111");
+        let e = StoreError::unavailable("redis").with_source(Shows(io));
+        assert_eq!(
+            e.to_string(),
+            "store unavailable: redis: Connection refused: os error 111"
+        );
     }
 }

@@ -220,8 +220,10 @@ fn heartbeat_pool_size(pool_size: usize) -> usize {
 /// first needed). The heartbeat pool's are opened with the store: a renewal that had to
 /// open its own would be given up with it when connections are slower to open than a
 /// renewal may take (a twelfth of the lease: a database far away, or loaded), every
-/// time, and the lease lost with the store up. A connection closed later (its
-/// statement given up) is replaced when needed, by then beside the others still open.
+/// time, and the lease lost with the store up. Not yet covered: a connection closed
+/// later (its statement given up, or closed by the server) is opened again only by a
+/// renewal, inside its time; once every one of them is gone, such a database loses
+/// leases again (a background refill is the next step).
 async fn open_all(pool: &Pool, timeout: Duration) {
     let opening = (0..pool.status().max_size).map(|_| pool.get());
     // Held until all are open, so each is a connection of its own; then back to the
