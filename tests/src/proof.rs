@@ -163,6 +163,11 @@ pub const TABLES: &[Table] = &[
                 &["the heartbeats' connections were opened by the first renewal, each given up with it: the retry took over, 2 charges"],
             ),
             row(
+                "cut-slow-connects",
+                &["as above with 8 charges at once (twice the renewals' connections), and every store connection cut 300 ms into them (the server closed its sessions)", "postgres"],
+                &["the heartbeats' connections were opened again only by a renewal, each given up with it: the retry took over, 2 charges"],
+            ),
+            row(
                 "drain-deadline",
                 &["SIGTERM while a completion can't be written (Postgres down), `--drain-timeout 2s`", "postgres"],
                 &["—"],

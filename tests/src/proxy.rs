@@ -106,6 +106,13 @@ impl Proxy {
         self.generation.fetch_add(1, Ordering::SeqCst);
     }
 
+    /// Cuts every connection made so far and goes on accepting new ones: a server
+    /// that closed its sessions (restarted, or `pg_terminate_backend`), a middlebox that
+    /// dropped them.
+    pub fn cut_connections(&self) {
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+
     /// Accepts connections again.
     pub fn bring_up(&self) {
         self.down.store(false, Ordering::SeqCst);

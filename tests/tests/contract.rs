@@ -157,8 +157,26 @@ async fn the_release_rule_holds_on_every_store() {
 /// renewal gives up after a twelfth of the 1 s lease (83 ms).
 #[tokio::test]
 async fn a_holder_keeps_its_lease_when_new_store_connections_are_slow() {
+    slow_charges_under_slow_connects(false, 1).await;
+}
+
+/// [`a_holder_keeps_its_lease_when_new_store_connections_are_slow`], and every store
+/// connection is cut while the charges run (the server closed its sessions): the
+/// renewals' connections are opened again in the background, not by a renewal, which
+/// would give up on it, every time, until the lease ends. Eight holders, twice the
+/// renewals' connections: renewals waiting for a connection must not keep the refill
+/// from counting the ones missing.
+#[tokio::test]
+async fn holders_keep_their_leases_when_their_store_connections_are_cut_and_slow_to_reopen() {
+    slow_charges_under_slow_connects(true, 8).await;
+}
+
+/// `charges` 3 s charges at once under a 1 s lease while new store connections take
+/// 150 ms (and, if `cut`, every connection is cut 300 ms in); their retries at 1.5 s
+/// must find them running.
+async fn slow_charges_under_slow_connects(cut: bool, charges: usize) {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let db = TestDb::new("slow_connects").await;
+    let db = TestDb::new(if cut { "cut_slow" } else { "slow_connects" }).await;
     let proxy = Proxy::start(pg_addr(&db.url)).await;
     let store: Arc<dyn Store> = Arc::new(
         PostgresStore::connect(&via(&db.url, proxy.addr), PgOptions::default())
@@ -189,12 +207,12 @@ async fn a_holder_keeps_its_lease_when_new_store_connections_are_slow() {
         .layer(layer);
     let origin = TestOrigin::serve_router(app, store).await;
     let url = origin.url("/v1/slow");
-    let send = || {
+    let send = |charge: usize| {
         let url = url.clone();
         async move {
             let res = client()
                 .post(url)
-                .header("idempotency-key", "slow-connects")
+                .header("idempotency-key", format!("slow-connects-{charge}"))
                 .body("{}")
                 .send()
                 .await
@@ -202,23 +220,49 @@ async fn a_holder_keeps_its_lease_when_new_store_connections_are_slow() {
             (res.status().as_u16(), res.text().await.unwrap())
         }
     };
-    let first = tokio::spawn(send());
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let (retry, retry_body) = send().await;
-    let (first, _) = first.await.unwrap();
+    let firsts: Vec<_> = (0..charges).map(|c| tokio::spawn(send(c))).collect();
+    if cut {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        proxy.cut_connections();
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+    } else {
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+    }
+    let retries = futures_util::future::join_all((0..charges).map(send)).await;
+    let mut first = Vec::new();
+    for f in firsts {
+        first.push(f.await.unwrap().0);
+    }
     let runs = runs.load(Ordering::SeqCst);
+    let retry: Vec<u16> = retries.iter().map(|(status, _)| *status).collect();
+    let setting = if cut {
+        "every connection cut 300 ms in, new ones taking 150 ms"
+    } else {
+        "new store connections taking 150 ms"
+    };
     idem_tests::report(
         "contract",
-        &format!("a 3 s charge under a 1 s lease, new store connections taking 150 ms: first {first}, its retry at 1.5 s {retry}; {runs} run(s)"),
+        &format!("{charges} charge(s) of 3 s under a 1 s lease, {setting}: first attempts {first:?}, their retries at 1.5 s {retry:?}; {runs} run(s)"),
     );
-    assert_eq!(retry, 409, "the charge kept its lease: {retry_body}");
-    assert_eq!((first, runs), (201, 1), "ran once");
+    for (status, body) in &retries {
+        assert_eq!(*status, 409, "the charge kept its lease: {body}");
+    }
+    assert!(first.iter().all(|&status| status == 201), "{first:?}");
+    assert_eq!(runs, charges, "each ran once");
+    let (retry, first) = (retry[0], first[0]);
+    let counted = if charges == 1 {
+        format!("retry {retry} while it ran, {runs} charge; the first answered {first}")
+    } else {
+        format!("{charges} retries {retry} while they ran, {runs} charges; the first attempts answered {first}")
+    };
     idem_tests::proof::record(
         "faults",
-        "slow-connects",
-        &[&format!(
-            "retry {retry} while it ran, {runs} charge; the first answered {first}"
-        )],
+        if cut {
+            "cut-slow-connects"
+        } else {
+            "slow-connects"
+        },
+        &[&counted],
     );
 }
 

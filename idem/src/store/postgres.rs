@@ -78,9 +78,9 @@ impl Default for PgOptions {
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: Pool,
-    /// Heartbeats' own connections: a flood of new claims holding every pooled
+    /// Renewals' own connections: a flood of new claims holding every pooled
     /// connection must not starve the renewals of running holders' leases.
-    heartbeat_pool: Pool,
+    renewals: renewals::RenewalConnections,
     /// Handlers' transactions' own connections: a handler holding one for as long as
     /// it runs must not starve claims and completions.
     transaction_pool: Pool,
@@ -100,6 +100,41 @@ enum Connector {
         tokio_postgres::Config,
         tokio_postgres_rustls::MakeRustlsConnect,
     ),
+}
+
+impl Connector {
+    /// Opens a connection outside the pools; `closed` is told when it ends.
+    async fn open(
+        &self,
+        closed: Option<Arc<tokio::sync::Notify>>,
+    ) -> Result<deadpool_postgres::ClientWrapper, StoreError> {
+        let (client, session) = match self {
+            Connector::Plain(config) => {
+                let (client, connection) = config.connect(NoTls).await.map_err(unavailable)?;
+                (client, tokio::spawn(run_session(connection, closed)))
+            }
+            Connector::Tls(config, tls) => {
+                let (client, connection) =
+                    config.connect(tls.clone()).await.map_err(unavailable)?;
+                (client, tokio::spawn(run_session(connection, closed)))
+            }
+        };
+        Ok(deadpool_postgres::ClientWrapper::new(client, session))
+    }
+}
+
+/// Drives a connection until it ends, then tells `closed`.
+async fn run_session<S, T>(
+    connection: tokio_postgres::Connection<S, T>,
+    closed: Option<Arc<tokio::sync::Notify>>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let _ = connection.await;
+    if let Some(closed) = closed {
+        closed.notify_one();
+    }
 }
 
 const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("postgres/0001_records.sql"))];
@@ -125,6 +160,7 @@ const INDEX_LOCK: i32 = 0x1de4_0002;
 pub(crate) mod batched_reads;
 mod convert;
 mod purge;
+mod renewals;
 mod sql;
 pub(crate) mod transaction;
 
@@ -197,7 +233,6 @@ impl Row {
 
 type Client = deadpool_postgres::Client;
 
-/// Connections kept for heartbeats, besides the pool: a quarter of it, at least two.
 /// A pooled connection in use. Dropped before its work finished — a statement maybe
 /// still running, or still waiting to be sent, on it — it is closed rather than handed
 /// to the next caller, who would otherwise wait behind that statement: after a
@@ -212,23 +247,9 @@ impl Drop for InUse {
     }
 }
 
-fn heartbeat_pool_size(pool_size: usize) -> usize {
+/// Connections kept for renewals, besides the pool: a quarter of it, at least two.
+fn renewal_connections(pool_size: usize) -> usize {
     (pool_size / 4).max(2)
-}
-
-/// Opens every connection of `pool` (within `timeout`; one that fails is opened when
-/// first needed). The heartbeat pool's are opened with the store: a renewal that had to
-/// open its own would be given up with it when connections are slower to open than a
-/// renewal may take (a twelfth of the lease: a database far away, or loaded), every
-/// time, and the lease lost with the store up. Not yet covered: a connection closed
-/// later (its statement given up, or closed by the server) is opened again only by a
-/// renewal, inside its time; once every one of them is gone, such a database loses
-/// leases again (a background refill is the next step).
-async fn open_all(pool: &Pool, timeout: Duration) {
-    let opening = (0..pool.status().max_size).map(|_| pool.get());
-    // Held until all are open, so each is a connection of its own; then back to the
-    // pool, idle.
-    let _ = tokio::time::timeout(timeout, futures_util::future::join_all(opening)).await;
 }
 
 impl PostgresStore {
@@ -249,13 +270,16 @@ impl PostgresStore {
             options.ca_file.as_deref(),
             Some(options.timeout),
         )?;
-        let heartbeat_pool = pool_with(
-            url,
-            heartbeat_pool_size(options.pool_size),
+        let renewals = renewals::RenewalConnections::new(
+            connector(
+                url,
+                options.timeout,
+                options.ca_file.as_deref(),
+                Some(options.timeout),
+            )?,
+            renewal_connections(options.pool_size),
             options.timeout,
-            options.ca_file.as_deref(),
-            Some(options.timeout),
-        )?;
+        );
         let transaction_pool = self::pool(
             url,
             options.pool_size,
@@ -265,7 +289,7 @@ impl PostgresStore {
         let connector = connector(url, options.timeout, options.ca_file.as_deref(), None)?;
         let mut store = PostgresStore {
             pool,
-            heartbeat_pool,
+            renewals,
             transaction_pool,
             options,
             sql: Arc::new(Sql::new(IdColumn::Bytes)),
@@ -274,7 +298,7 @@ impl PostgresStore {
         };
         let (pending, id) = store.with_client(async |c| migrate(c).await).await?;
         store.sql = Arc::new(Sql::new(id));
-        open_all(&store.heartbeat_pool, store.options.timeout).await;
+        store.renewals.open(&store.sql.holder_write).await;
         // Indexes too big to build in the migration are built in the background: the
         // listing they speed up works without them.
         if pending && tokio::runtime::Handle::try_current().is_ok() {
@@ -322,28 +346,13 @@ impl PostgresStore {
         &self,
         f: impl AsyncFnOnce(&mut Client) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        self.with_client_of(&self.pool, f).await
-    }
-
-    /// [`Self::with_client`] on a given pool.
-    async fn with_client_of<T>(
-        &self,
-        pool: &Pool,
-        f: impl AsyncFnOnce(&mut Client) -> Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        let no_answer = || {
-            StoreError::unavailable(format!(
-                "postgres: no answer within {:?}",
-                self.options.timeout
-            ))
-        };
         let deadline = tokio::time::Instant::now() + self.options.timeout;
-        let client = match tokio::time::timeout_at(deadline, pool.get()).await {
+        let client = match tokio::time::timeout_at(deadline, self.pool.get()).await {
             Ok(got) => got.map_err(unavailable)?,
-            Err(_) => return Err(no_answer()),
+            Err(_) => return Err(self.no_answer()),
         };
         // Closes the connection unless `f` finishes: given up at the deadline, or
-        // dropped by the caller (a heartbeat attempt given up after its own timeout).
+        // dropped by the caller.
         let mut client = InUse(Some(client));
         let Some(conn) = client.0.as_mut() else {
             unreachable!("set just above")
@@ -355,8 +364,16 @@ impl PostgresStore {
                 drop(client.0.take());
                 result
             }
-            Err(_) => Err(no_answer()),
+            Err(_) => Err(self.no_answer()),
         }
+    }
+
+    /// A statement (or getting a connection for it) given up at the store timeout.
+    fn no_answer(&self) -> StoreError {
+        StoreError::unavailable(format!(
+            "postgres: no answer within {:?}",
+            self.options.timeout
+        ))
     }
 
     /// Decides at the time the database returns with the row, under the lock that
@@ -526,16 +543,19 @@ impl PostgresStore {
         now: Millis,
         policy: &Policy,
     ) -> Result<HolderWrite, StoreError> {
-        let pool = match change {
-            Transition::Renew => &self.heartbeat_pool,
-            _ => &self.pool,
-        };
         holder_write_at(holder, change, now, policy, |next, at| async move {
-            let (written, store_now, current) = self
-                .with_client_of(pool, async |client| {
-                    run_holder_write(client, &self.sql, key, holder, &next, at).await
-                })
-                .await?;
+            let write = async |client: &deadpool_postgres::ClientWrapper| {
+                run_holder_write(client, &self.sql, key, holder, &next, at).await
+            };
+            let (written, store_now, current) = match change {
+                Transition::Renew => {
+                    let deadline = tokio::time::Instant::now() + self.options.timeout;
+                    self.renewals
+                        .with(deadline, || self.no_answer(), write)
+                        .await?
+                }
+                _ => self.with_client(async |client| write(client).await).await?,
+            };
             let store_now = self.observe(store_now);
             if written {
                 return Ok(Written::Done);
@@ -782,18 +802,7 @@ async fn build_index(
     index: &str,
     sql: &str,
 ) -> Result<bool, StoreError> {
-    let client = match connector {
-        Connector::Plain(config) => {
-            let (client, connection) = config.connect(NoTls).await.map_err(unavailable)?;
-            tokio::spawn(connection);
-            client
-        }
-        Connector::Tls(config, tls) => {
-            let (client, connection) = config.connect(tls.clone()).await.map_err(unavailable)?;
-            tokio::spawn(connection);
-            client
-        }
-    };
+    let client = connector.open(None).await?;
     if index_done(&client, version).await? {
         return Ok(true);
     }

@@ -1,0 +1,327 @@
+//! The connections lease renewals run on, kept open in the background.
+//!
+//! A renewal may take a twelfth of the lease. A database slower to start a session
+//! than that (far away, TLS, loaded) fails every renewal that has to open its own
+//! connection — and a renewal given up closes the connection it held, so the next one
+//! would have to open one too. These connections are therefore opened with the store
+//! and, when one is closed (given up with its renewal, or by the server), opened again
+//! here, in the background, each attempt with the store's whole timeout.
+//!
+//! The refill holds nothing a renewal needs: its attempts count no connection and take
+//! no permit, and a fresh attempt starts while older ones hang (on a network that
+//! dropped their packets), so a partition that heals is followed by a connection within
+//! [`FRESH`] plus one connect.
+
+use super::{Connector, StoreError};
+use deadpool_postgres::ClientWrapper;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::time::Duration;
+use tokio::sync::{Notify, Semaphore};
+use tokio::time::Instant;
+
+/// How long the refill waits after a failed attempt: doubled after each failure in a
+/// row, up to [`RETRY_MAX`].
+const RETRY: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(1);
+/// How long an attempt may hang before another one starts beside it.
+const FRESH: Duration = Duration::from_millis(500);
+/// How often the refill looks without being woken: wake-ups cover every way a counted
+/// connection goes; this bounds the cost of a way missed.
+const LOOK: Duration = Duration::from_secs(1);
+
+/// Up to `size` connections, idle or lent to a running renewal.
+#[derive(Clone)]
+pub(super) struct RenewalConnections {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    connector: Connector,
+    size: usize,
+    timeout: Duration,
+    counted: Mutex<Counted>,
+    /// Bounds the renewals running at once (as a pool's size would).
+    running: Semaphore,
+    /// Tells the refill a counted connection went (or the store did).
+    wake_refill: Arc<Notify>,
+    /// Tells renewals waiting for a connection that one is idle.
+    added: Notify,
+    /// Prepared on every new connection, so its first renewal is one round trip.
+    statement: OnceLock<String>,
+}
+
+/// The connections counted against `size`.
+#[derive(Default)]
+struct Counted {
+    idle: Vec<ClientWrapper>,
+    lent: usize,
+}
+
+/// What became of a connection handed back.
+#[derive(Debug, PartialEq)]
+enum Returned {
+    Kept,
+    /// Every connection was there already: closed.
+    NoRoom,
+    /// Closed already (by the server, or the network).
+    Closed,
+}
+
+impl RenewalConnections {
+    /// `size` connections of `connector`'s, each opened within `timeout`.
+    pub(super) fn new(connector: Connector, size: usize, timeout: Duration) -> Self {
+        let size = size.max(1);
+        RenewalConnections {
+            inner: Arc::new(Inner {
+                connector,
+                size,
+                timeout,
+                counted: Mutex::new(Counted::default()),
+                running: Semaphore::new(size),
+                wake_refill: Arc::new(Notify::new()),
+                added: Notify::new(),
+                statement: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// Opens every connection (each within the timeout; one that fails is left to the
+    /// refill), preparing `statement` on each, then keeps them open in the background
+    /// for as long as a clone of `self` lives.
+    pub(super) async fn open(&self, statement: &str) {
+        let _ = self.inner.statement.set(statement.to_owned());
+        let opening = (0..self.inner.missing())
+            .map(|_| tokio::time::timeout(self.inner.timeout, attempt(&self.inner)));
+        for opened in futures_util::future::join_all(opening).await {
+            if let Ok(Ok(client)) = opened {
+                self.inner.give_back(client, false);
+            }
+        }
+        tokio::spawn(refill(
+            Arc::downgrade(&self.inner),
+            self.inner.wake_refill.clone(),
+        ));
+    }
+
+    /// Runs `f` on a connection before `deadline` — an idle one, else whichever comes
+    /// first of one opened now and one the refill adds — and closes the connection
+    /// unless `f` finishes.
+    pub(super) async fn with<T>(
+        &self,
+        deadline: Instant,
+        no_answer: impl Fn() -> StoreError,
+        f: impl AsyncFnOnce(&ClientWrapper) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let inner = &*self.inner;
+        let Ok(Ok(_permit)) = tokio::time::timeout_at(deadline, inner.running.acquire()).await
+        else {
+            return Err(no_answer());
+        };
+        let mut held = Held {
+            client: None,
+            lent: false,
+            inner,
+        };
+        if let Some(client) = inner.lend() {
+            (held.client, held.lent) = (Some(client), true);
+        } else {
+            inner.wake_refill.notify_one();
+            let own = attempt(inner);
+            tokio::pin!(own);
+            loop {
+                let added = inner.added.notified();
+                tokio::pin!(added);
+                added.as_mut().enable();
+                if let Some(client) = inner.lend() {
+                    (held.client, held.lent) = (Some(client), true);
+                    break;
+                }
+                tokio::select! {
+                    opened = &mut own => {
+                        // Counted (and kept) only if there is room when it comes back.
+                        held.client = Some(opened?);
+                        break;
+                    }
+                    () = &mut added => {}
+                    () = tokio::time::sleep_until(deadline) => return Err(no_answer()),
+                }
+            }
+        }
+        let Some(client) = held.client.as_ref() else {
+            unreachable!("set just above")
+        };
+        match tokio::time::timeout_at(deadline, f(client)).await {
+            Ok(result) => {
+                if let Some(client) = held.client.take() {
+                    // Back while the permit is still held.
+                    inner.give_back(client, held.lent);
+                }
+                result
+            }
+            Err(_) => Err(no_answer()),
+        }
+    }
+}
+
+/// A renewal's connection: dropped without being handed back, it is closed, and the
+/// refill told if it was counted.
+struct Held<'a> {
+    client: Option<ClientWrapper>,
+    lent: bool,
+    inner: &'a Inner,
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if self.client.take().is_some() && self.lent {
+            self.inner.counted().lent -= 1;
+            self.inner.wake_refill.notify_one();
+        }
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The refill ends at once instead of at its next look.
+        self.wake_refill.notify_one();
+    }
+}
+
+impl Inner {
+    fn counted(&self) -> MutexGuard<'_, Counted> {
+        // Nothing panics while holding it; a poisoned count is still a count.
+        self.counted.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Connections neither idle nor lent.
+    fn missing(&self) -> usize {
+        let counted = self.counted();
+        self.size.saturating_sub(counted.idle.len() + counted.lent)
+    }
+
+    /// An idle connection still open, counted as lent (closed ones are dropped on
+    /// the way).
+    fn lend(&self) -> Option<ClientWrapper> {
+        let mut counted = self.counted();
+        while let Some(client) = counted.idle.pop() {
+            if !client.is_closed() {
+                counted.lent += 1;
+                return Some(client);
+            }
+        }
+        None
+    }
+
+    /// Takes `client` back (`lent`: as the connection lent for it) to idle, unless it
+    /// is closed or every connection is there (then it is closed).
+    fn give_back(&self, client: ClientWrapper, lent: bool) -> Returned {
+        let returned = {
+            let mut counted = self.counted();
+            if lent {
+                counted.lent -= 1;
+            }
+            if client.is_closed() {
+                Returned::Closed
+            } else if counted.idle.len() + counted.lent < self.size {
+                counted.idle.push(client);
+                Returned::Kept
+            } else {
+                Returned::NoRoom
+            }
+        };
+        match returned {
+            Returned::Kept => self.added.notify_waiters(),
+            Returned::Closed if lent => self.wake_refill.notify_one(),
+            _ => {}
+        }
+        returned
+    }
+
+    /// Drops idle connections the server (or the network) closed.
+    fn prune(&self) {
+        self.counted().idle.retain(|client| !client.is_closed());
+    }
+}
+
+/// Opens a connection of `inner.connector`'s (whose end, whenever it comes, wakes the
+/// refill) and prepares the renewal's statement on it. The future holds nothing of
+/// `inner`'s.
+fn attempt(inner: &Inner) -> impl Future<Output = Result<ClientWrapper, StoreError>> + use<> {
+    let (connector, wake_refill) = (inner.connector.clone(), inner.wake_refill.clone());
+    let statement = inner.statement.get().cloned();
+    async move {
+        let client = connector.open(Some(wake_refill)).await?;
+        if let Some(statement) = statement {
+            client
+                .prepare_cached(&statement)
+                .await
+                .map_err(super::unavailable)?;
+        }
+        Ok(client)
+    }
+}
+
+/// Keeps the connections of `inner` open until it is gone: when fewer than its size are
+/// counted, opens the missing ones — a fresh attempt beside any that hung for
+/// [`FRESH`], at most twice the size at once — and backs off while attempts fail.
+async fn refill(inner: Weak<Inner>, wake: Arc<Notify>) {
+    let mut opening = FuturesUnordered::new();
+    let mut last_start = Instant::now();
+    let mut not_before = Instant::now();
+    let mut retry = RETRY;
+    loop {
+        let Some(connections) = inner.upgrade() else {
+            return;
+        };
+        connections.prune();
+        let missing = connections.missing();
+        let now = Instant::now();
+        let start = missing > 0
+            && now >= not_before
+            && (opening.len() < missing
+                || (now >= last_start + FRESH && opening.len() < 2 * connections.size));
+        if start {
+            opening.push(tokio::time::timeout(
+                connections.timeout,
+                attempt(&connections),
+            ));
+            last_start = now;
+            continue;
+        }
+        // Later than now: whatever kept `start` false holds until then.
+        let next_look = if missing == 0 || opening.len() >= 2 * connections.size {
+            now + LOOK
+        } else if opening.len() < missing {
+            not_before
+        } else {
+            (last_start + FRESH).max(not_before)
+        };
+        // Nothing of the store's is held while waiting.
+        drop(connections);
+        tokio::select! {
+            Some(opened) = opening.next() => {
+                let returned = match (opened, inner.upgrade()) {
+                    (Ok(Ok(client)), Some(connections)) => connections.give_back(client, false),
+                    (Ok(Err(e)), _) => {
+                        tracing::debug!(error = %e, "opening a renewal connection failed");
+                        Returned::Closed
+                    }
+                    _ => Returned::Closed,
+                };
+                match returned {
+                    Returned::Kept => retry = RETRY,
+                    Returned::NoRoom => {}
+                    Returned::Closed => {
+                        // The database is down, or closes sessions as they open.
+                        not_before = Instant::now() + retry;
+                        retry = (retry * 2).min(RETRY_MAX);
+                    }
+                }
+            }
+            () = wake.notified() => {}
+            () = tokio::time::sleep_until(next_look) => {}
+        }
+    }
+}
