@@ -25,8 +25,11 @@ use tokio::time::Instant;
 /// row, up to [`RETRY_MAX`].
 const RETRY: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(1);
-/// How long an attempt may hang before another one starts beside it.
+/// How long an attempt may hang before another one starts beside it, and how many
+/// such attempts may run beyond the connections missing (each that lands after the
+/// first is a session started for nothing on a server that may be struggling).
 const FRESH: Duration = Duration::from_millis(500);
+const FRESH_EXTRA: usize = 2;
 /// How often the refill looks without being woken: wake-ups cover every way a counted
 /// connection goes; this bounds the cost of a way missed.
 const LOOK: Duration = Duration::from_secs(1);
@@ -130,6 +133,9 @@ impl RenewalConnections {
             inner.wake_refill.notify_one();
             let own = attempt(inner);
             tokio::pin!(own);
+            // Its own connect refused at once (too many clients?): a connection handed
+            // back or added may still come before the deadline.
+            let mut own_failed = None;
             loop {
                 let added = inner.added.notified();
                 tokio::pin!(added);
@@ -139,13 +145,18 @@ impl RenewalConnections {
                     break;
                 }
                 tokio::select! {
-                    opened = &mut own => {
+                    opened = &mut own, if own_failed.is_none() => match opened {
                         // Counted (and kept) only if there is room when it comes back.
-                        held.client = Some(opened?);
-                        break;
-                    }
+                        Ok(client) => {
+                            held.client = Some(client);
+                            break;
+                        }
+                        Err(e) => own_failed = Some(e),
+                    },
                     () = &mut added => {}
-                    () = tokio::time::sleep_until(deadline) => return Err(no_answer()),
+                    () = tokio::time::sleep_until(deadline) => {
+                        return Err(own_failed.unwrap_or_else(no_answer));
+                    }
                 }
             }
         }
@@ -265,12 +276,17 @@ fn attempt(inner: &Inner) -> impl Future<Output = Result<ClientWrapper, StoreErr
 
 /// Keeps the connections of `inner` open until it is gone: when fewer than its size are
 /// counted, opens the missing ones — a fresh attempt beside any that hung for
-/// [`FRESH`], at most twice the size at once — and backs off while attempts fail.
+/// [`FRESH`], up to [`FRESH_EXTRA`] beyond those missing — and backs off while
+/// attempts fail, or while connections close as soon as they are kept.
 async fn refill(inner: Weak<Inner>, wake: Arc<Notify>) {
     let mut opening = FuturesUnordered::new();
     let mut last_start = Instant::now();
     let mut not_before = Instant::now();
     let mut retry = RETRY;
+    // When a connection was last kept, and how many were missing then: one more
+    // missing soon after was closed as it opened (a proxy or server that ends
+    // sessions), and is retried with backoff.
+    let mut kept: Option<(Instant, usize)> = None;
     loop {
         let Some(connections) = inner.upgrade() else {
             return;
@@ -278,10 +294,22 @@ async fn refill(inner: Weak<Inner>, wake: Arc<Notify>) {
         connections.prune();
         let missing = connections.missing();
         let now = Instant::now();
+        match kept {
+            Some((at, missing_then)) if missing > missing_then && now < at + FRESH => {
+                not_before = not_before.max(now + retry);
+                retry = (retry * 2).min(RETRY_MAX);
+                kept = None;
+            }
+            Some((at, _)) if now >= at + RETRY_MAX => {
+                retry = RETRY;
+                kept = None;
+            }
+            _ => {}
+        }
         let start = missing > 0
             && now >= not_before
             && (opening.len() < missing
-                || (now >= last_start + FRESH && opening.len() < 2 * connections.size));
+                || (now >= last_start + FRESH && opening.len() < missing + FRESH_EXTRA));
         if start {
             opening.push(tokio::time::timeout(
                 connections.timeout,
@@ -291,7 +319,7 @@ async fn refill(inner: Weak<Inner>, wake: Arc<Notify>) {
             continue;
         }
         // Later than now: whatever kept `start` false holds until then.
-        let next_look = if missing == 0 || opening.len() >= 2 * connections.size {
+        let next_look = if missing == 0 || opening.len() >= missing + FRESH_EXTRA {
             now + LOOK
         } else if opening.len() < missing {
             not_before
@@ -303,21 +331,23 @@ async fn refill(inner: Weak<Inner>, wake: Arc<Notify>) {
         tokio::select! {
             Some(opened) = opening.next() => {
                 let returned = match (opened, inner.upgrade()) {
-                    (Ok(Ok(client)), Some(connections)) => connections.give_back(client, false),
+                    (Ok(Ok(client)), Some(connections)) => {
+                        let returned = connections.give_back(client, false);
+                        if returned == Returned::Kept {
+                            kept = Some((Instant::now(), connections.missing()));
+                        }
+                        returned
+                    }
                     (Ok(Err(e)), _) => {
                         tracing::debug!(error = %e, "opening a renewal connection failed");
                         Returned::Closed
                     }
                     _ => Returned::Closed,
                 };
-                match returned {
-                    Returned::Kept => retry = RETRY,
-                    Returned::NoRoom => {}
-                    Returned::Closed => {
-                        // The database is down, or closes sessions as they open.
-                        not_before = Instant::now() + retry;
-                        retry = (retry * 2).min(RETRY_MAX);
-                    }
+                if returned == Returned::Closed {
+                    // The database is down, or closes sessions as they open.
+                    not_before = Instant::now() + retry;
+                    retry = (retry * 2).min(RETRY_MAX);
                 }
             }
             () = wake.notified() => {}
