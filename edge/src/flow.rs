@@ -14,8 +14,8 @@ use idem_core::{Fingerprint, Millis, RecordKey, StoredResponse};
 pub const EDGE_HEADER: &str = "idem-edge";
 
 /// Bodies of at least this many bytes are hashed by the runtime's SHA-256 (WebCrypto)
-/// rather than in WASM. Under workerd (`idem-bench --edge-hash`, README "The edge's
-/// hash"), WebCrypto loses below 2 KiB (its call costs ~6 µs) and wins from 4 KiB:
+/// rather than in WASM. Under workerd (`idem-bench --edge-hash`, docs/performance.md, "The
+/// edge's hash"), WebCrypto loses below 2 KiB (its call costs ~6 µs) and wins from 4 KiB:
 /// 1.1× on JSON there (canonicalising costs the same either way), 1.4× on raw bytes,
 /// up to 1.3× and 4.7× at 1 MiB.
 pub const RUNTIME_SHA256_FROM: usize = 4 * 1024;

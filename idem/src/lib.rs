@@ -76,8 +76,14 @@ pub fn now() -> idem_core::Millis {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
-/// The README's Rust examples, compiled as doc tests against the library alone (they
-/// use the Postgres store).
+/// The Rust examples of the README and the book, compiled as doc tests against the
+/// library alone (they use the Postgres store).
 #[cfg(all(doctest, feature = "postgres"))]
-#[doc = include_str!("../../README.md")]
-pub struct ReadmeDoctests;
+mod book_examples {
+    #[doc = include_str!("../../README.md")]
+    struct Readme;
+    #[doc = include_str!("../../docs/guide/library.md")]
+    struct Library;
+    #[doc = include_str!("../../docs/guide/crash-safe.md")]
+    struct CrashSafe;
+}

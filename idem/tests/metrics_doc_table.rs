@@ -1,4 +1,4 @@
-//! README's metrics table is the catalog the library records from
+//! The book's metrics table (`docs/operations.md`) is the catalog the library records from
 //! (`idem::metrics::CATALOG`), row for row; and every catalogued metric is recorded
 //! somewhere in the code, under its name. Needs no service.
 
@@ -16,12 +16,12 @@ fn sources(dir: &Path, skip: &Path, out: &mut String) {
 }
 
 #[test]
-fn readme_metrics_table_is_the_catalog() {
-    let readme = include_str!("../../README.md");
-    let expected = idem::metrics::readme_table();
+fn the_book_s_metrics_table_is_the_catalog() {
+    let readme = include_str!("../../docs/operations.md");
+    let expected = idem::metrics::markdown_table();
     assert!(
         readme.contains(&expected),
-        "README.md's metrics table must read, under ## Metrics:\n{expected}"
+        "docs/operations.md's metrics table must read, under ## Metrics:\n{expected}"
     );
 }
 

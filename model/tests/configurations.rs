@@ -1,6 +1,6 @@
 //! Every configuration idem ships, model-checked under the faults it claims to survive
 //! (every property holds), and under the faults it documents as its limits (the
-//! checker must find the counterexample the README describes).
+//! checker must find the counterexample the book describes, `docs/guarantee.md`).
 //!
 //! `IDEM_MODEL_DEEP=1` checks a longer run with three attempts everywhere but under a
 //! Redis failover; `IDEM_MODEL_ONLY=<part of a name>` checks only those configurations.
@@ -435,7 +435,7 @@ fn faults(c: &Config) -> String {
     out.join(", ")
 }
 
-/// Checks every case; returns the README's table of them.
+/// Checks every case; returns the the book's table of them.
 fn run(cases: Vec<Case>) -> String {
     let mut failures = Vec::new();
     let mut table = String::from(
@@ -466,7 +466,7 @@ fn run(cases: Vec<Case>) -> String {
         }
         for p in expected.difference(&found) {
             let failure = format!(
-                "{}: \"{p}\" was expected to fail (the README says so) and holds",
+                "{}: \"{p}\" was expected to fail (the book says so) and holds",
                 config.name
             );
             eprintln!("UNEXPECTED {failure}");
@@ -509,22 +509,27 @@ fn run(cases: Vec<Case>) -> String {
     table
 }
 
-/// Fails unless the README holds `expected` between the model's markers.
-fn readme_holds(expected: &str) {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+/// Fails unless `docs/guarantee.md` holds `expected` between the model's markers.
+fn chapter_holds(expected: &str) {
+    let chapter =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/guarantee.md"))
+            .unwrap();
     let (open, close) = ("<!-- model:start -->\n", "<!-- model:end -->");
-    let start = readme.find(open).expect("README has the model's table") + open.len();
-    let end = readme.find(close).expect("README closes the model's table");
+    let start = chapter
+        .find(open)
+        .expect("docs/guarantee.md has the model's table")
+        + open.len();
+    let end = chapter
+        .find(close)
+        .expect("docs/guarantee.md closes the model's table");
     assert!(
-        readme[start..end] == *expected,
-        "README.md's model table is out of date; replace it with:\n\n{expected}"
+        chapter[start..end] == *expected,
+        "docs/guarantee.md's model table is out of date; replace it with:\n\n{expected}"
     );
 }
 
 /// Every configuration, checked: the claimed ones hold every property, the documented
-/// limits have exactly the counterexamples the README states, and the README's table
-/// says so.
+/// limits have exactly the counterexamples the book states, and its table says so.
 #[test]
 fn every_configuration_is_model_checked() {
     let mut cases = claimed();
@@ -540,6 +545,6 @@ fn every_configuration_is_model_checked() {
     }
     let table = run(cases);
     if !deep() && only.is_none() {
-        readme_holds(&table);
+        chapter_holds(&table);
     }
 }

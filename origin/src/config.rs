@@ -358,7 +358,7 @@ pub struct Config {
     /// key: 4xx statuses, comma-separated; `default` (with more statuses, if you like:
     /// `default,404`), or `none`. Default: `default` in proxy mode — 400, 401, 403, 405,
     /// 406, 408, 411, 413, 415, 422 and 429, statuses an API answers before it acts (the
-    /// README says why each is in or out) — and `none` for the built-in app, which says
+    /// proxy mode's guide, docs/guide/proxy.md, says why each is in or out) — and `none` for the built-in app, which says
     /// "nothing happened" itself. A 2xx, 3xx or 5xx is always stored: a 5xx can follow
     /// an effect. Name only statuses your API answers before acting: a released
     /// request is run again.
@@ -479,8 +479,8 @@ pub struct Config {
     pub trusted_proxy: bool,
 
     /// A TOML file of per-path settings (TTL, lease, waits, guarded methods, key
-    /// required, scope), tried in order before these flags' (README: "The route
-    /// file").
+    /// required, scope), tried in order before these flags' (docs/guide/proxy.md, "The
+    /// route file").
     #[arg(long, env = "IDEM_ROUTES")]
     pub routes: Option<std::path::PathBuf>,
 

@@ -1,5 +1,5 @@
 //! `idem-origin convert-keys`: converts a Postgres table of idem 0.1 (keys as 64 hex
-//! characters) to binary keys, with every replica stopped (README, "Stores").
+//! characters) to binary keys, with every replica stopped (docs/stores.md).
 //!
 //! Exit code 0 when converted or already binary, 1 when refused or failed (the reason
 //! on stderr), 2 for a bad command line.

@@ -33,8 +33,8 @@ use std::time::Duration;
 pub const MIN_LEASE: Duration = Duration::from_millis(250);
 use toml::Spanned;
 
-/// The keys of a `[[route]]`: (key, example, meaning), as the README's reference
-/// shows them (a test keeps the two in step, and this list with the parser's).
+/// The keys of a `[[route]]`: (key, example, meaning), as the book's reference
+/// (docs/guide/proxy.md) shows them (a test keeps the two in step, and this list with the parser's).
 pub const ROUTE_KEYS: &[(&str, &str, &str)] = &[
     ("path", r#""/v1/payouts/*""#, "Required. The path: exact, `<path>/*` (the path and everything under it), or a prefix ending in `*`, in visible ASCII and in normal form (no `//`, `.` or `..` segments, trailing `/` or needless `%` escapes). Requests are matched in normal form too and without regard to case (see `case_sensitive`), so `/v1/charges/`, `/v1/%63harges` and `/V1/Charges` get `/v1/charges`'s route; a spelling servers read differently (`;x`, `%2F`, `\\`, `..`) is refused with `400` when any reading of it is guarded. Routes are tried in file order and the first match wins; a route an earlier one always matches first is an error."),
     ("methods", r#"["POST", "PUT"]"#, "The methods guarded on this path, instead of the flags' (not in addition); others pass through. Not empty. Default: POST and PATCH. GET, HEAD and OPTIONS can't be guarded."),

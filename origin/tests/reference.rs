@@ -1,5 +1,6 @@
-//! The README's configuration reference is generated from the clap definitions; this
-//! test fails when the two drift apart, and prints the table to paste.
+//! The book's configuration reference (`docs/configuration.md`) and route file keys
+//! (`docs/guide/proxy.md`) are generated from the clap definitions and the parser; these
+//! tests fail when they drift apart, and print the table to paste.
 
 use clap::CommandFactory;
 use idem_origin::config::Config;
@@ -33,39 +34,64 @@ fn reference_table() -> String {
         if !values.is_empty() {
             help.push_str(&format!(" One of {}.", values.join(", ")));
         }
+        let help = outside_code(&help);
         out.push_str(&format!("| `--{long}` | {env} | {default} | {help} |\n"));
     }
     out
 }
 
-/// Fails unless the README holds `expected` between `<!-- {marker}:start -->` and
-/// `<!-- {marker}:end -->`, and prints it to paste.
-fn readme_holds(marker: &str, what: &str, expected: &str) {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+/// `text` with `<` and `>` outside code spans written as entities: `jwt:<claim>` in
+/// prose is otherwise an HTML tag, which GitHub and mdBook render as nothing.
+fn outside_code(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut in_code = false;
+    for c in text.chars() {
+        match c {
+            '`' => {
+                in_code = !in_code;
+                out.push(c);
+            }
+            '<' if !in_code => out.push_str("&lt;"),
+            '>' if !in_code => out.push_str("&gt;"),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// Fails unless the book's `page` (under `docs/`) holds `expected` between
+/// `<!-- {marker}:start -->` and `<!-- {marker}:end -->`, and prints it to paste.
+fn book_holds(page: &str, marker: &str, what: &str, expected: &str) {
+    let path = format!("{}/../docs/{page}", env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(&path).unwrap();
     let (open, close) = (
         format!("<!-- {marker}:start -->\n"),
         format!("<!-- {marker}:end -->"),
     );
     let start = readme
         .find(&open)
-        .unwrap_or_else(|| panic!("README has no {open}"))
+        .unwrap_or_else(|| panic!("docs/{page} has no {open}"))
         + open.len();
     let end = readme
         .find(&close)
-        .unwrap_or_else(|| panic!("README has no {close}"));
+        .unwrap_or_else(|| panic!("docs/{page} has no {close}"));
     assert!(
         readme[start..end] == *expected,
-        "README.md's {what} is out of date; replace it with:\n\n{expected}"
+        "docs/{page}'s {what} is out of date; replace it with:\n\n{expected}"
     );
 }
 
 #[test]
-fn readme_configuration_reference_matches_the_cli() {
-    readme_holds("config", "configuration reference", &reference_table());
+fn the_configuration_reference_matches_the_cli() {
+    book_holds(
+        "configuration.md",
+        "config",
+        "configuration reference",
+        &reference_table(),
+    );
 }
 
-/// The route file's keys as the README shows them.
+/// The route file's keys as the book shows them.
 fn route_keys_table() -> String {
     let mut out = String::from("| key | example | meaning |\n|---|---|---|\n");
     for (key, example, meaning) in idem_origin::routes::ROUTE_KEYS {
@@ -75,8 +101,13 @@ fn route_keys_table() -> String {
 }
 
 #[test]
-fn readme_route_file_reference_matches_the_parser() {
-    readme_holds("routes", "route file reference", &route_keys_table());
+fn the_route_file_reference_matches_the_parser() {
+    book_holds(
+        "guide/proxy.md",
+        "routes",
+        "route file reference",
+        &route_keys_table(),
+    );
 }
 
 /// Every variable compose.yaml gives the origin is one `idem-origin` reads.

@@ -1,18 +1,18 @@
-//! README's Proof section, written from what the tests asserted.
+//! The book's Proof chapter (`docs/proof.md`), written from what the tests asserted.
 //!
 //! Every row of the tables below is declared here, with the cells that do not depend
 //! on a run (what was done, and — for a fixed defect — what the code did before).
 //! A test records the rest of its row with [`record`] *after* its assertions held, so
 //! a row exists only for a claim that was just checked. `scripts/test` then runs the
-//! `proof-tables` program, which writes the rows of that run into README.md, stamped
+//! `proof-tables` program, which writes the rows of that run into docs/proof.md, stamped
 //! with the commit, and fails when a declared row was not recorded. The test
-//! `readme_proof` keeps README's tables in step with these declarations.
+//! `proof_tables` keeps the chapter's tables in step with these declarations.
 
 use std::path::PathBuf;
 
-/// A table (or block) of README's Proof section.
+/// A table (or block) of the Proof chapter.
 pub struct Table {
-    /// Its name: README marks it `<!-- proof:NAME … -->` … `<!-- /proof:NAME -->`.
+    /// Its name: the chapter marks it `<!-- proof:NAME … -->` … `<!-- /proof:NAME -->`.
     pub name: &'static str,
     /// The column headers; empty for a block of text lines.
     pub header: &'static [&'static str],
@@ -364,16 +364,16 @@ pub fn render(table: &Table, stamp: &str) -> Result<String, Vec<String>> {
     }
 }
 
-/// README's block for `table`: the text from its opening marker to its closing one.
-pub fn block<'a>(readme: &'a str, table: &str) -> Option<&'a str> {
+/// The chapter's block for `table`: the text from its opening marker to its closing one.
+pub fn block<'a>(chapter: &'a str, table: &str) -> Option<&'a str> {
     let open = format!("<!-- proof:{table} ");
     let close = format!("<!-- /proof:{table} -->");
-    let start = readme.find(&open)?;
-    let end = readme[start..].find(&close)? + start + close.len();
-    Some(&readme[start..end])
+    let start = chapter.find(&open)?;
+    let end = chapter[start..].find(&close)? + start + close.len();
+    Some(&chapter[start..end])
 }
 
-/// Counts as README shows them: `201 × 216, 409 × 2984`.
+/// Counts as the chapter shows them: `201 × 216, 409 × 2984`.
 pub fn counts<K: std::fmt::Display>(counts: impl IntoIterator<Item = (K, usize)>) -> String {
     counts
         .into_iter()

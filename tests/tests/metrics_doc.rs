@@ -1,5 +1,5 @@
 //! What the origin exports is what the catalog declares (`idem::metrics::CATALOG`,
-//! which README's table is — `idem/tests/metrics_readme.rs`): every exported metric
+//! which the book's table is — `idem/tests/metrics_doc_table.rs`): every exported metric
 //! is catalogued, with the catalogued type, only catalogued label names, and the
 //! catalogued help text (described at start-up).
 

@@ -12,7 +12,7 @@
 //! * `GET /admin/v1/in-progress?older_than=30s&limit=100&cursor=…` — in-progress
 //!   records whose holders claimed them longer ago than `older_than`, a page at a time.
 //! * `DELETE /admin/v1/records/{record_key}[?force=true]` — purges a record, and
-//!   every replica's replay cache forgets it (within 1.7 s whatever happens to the channel: README, "Operating it").
+//!   every replica's replay cache forgets it (within 1.7 s whatever happens to the channel: docs/operations.md).
 //!   Refused (409) while an attempt holds the key under a live lease, unless forced;
 //!   where requests are never sent twice ([`Resends::Never`], proxy mode), an
 //!   in-progress record also needs `resend=true`, lease live or not (its attempt may

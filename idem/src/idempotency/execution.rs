@@ -818,7 +818,7 @@ async fn keep_alive(
     // store is back, the attempt hanging at that moment is given up after a twelfth
     // and the next follows a twenty-fourth later; and the lease may end a tenth early
     // on the store's clock (the tolerance). 1 − 1/8 − 1/12 − 1/24 − 1/10 = 0.65 of the
-    // lease, as the README promises. (Every third, a sixth and a twelfth left 0.32:
+    // lease, as the book promises (docs/guarantee.md). (Every third, a sixth and a twelfth left 0.32:
     // a 0.63-lease outage starting just before a renewal let retries take over.)
     let every = (lease / 8).max(Duration::from_millis(1));
     let after_failure = (lease / 24).max(Duration::from_millis(5));

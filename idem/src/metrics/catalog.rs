@@ -1,5 +1,5 @@
-//! The metrics idem records, declared once: name, type, labels, meaning. README's
-//! metrics table is this catalog (a test keeps them equal), and [`describe`] gives
+//! The metrics idem records, declared once: name, type, labels, meaning. The book's
+//! metrics table (`docs/operations.md`) is this catalog (a test keeps them equal), and [`describe`] gives
 //! every metric its help text at start-up.
 
 /// A metric's type.
@@ -33,7 +33,7 @@ pub struct Metric {
     pub kind: Kind,
     /// The names of its labels.
     pub labels: &'static [&'static str],
-    /// The values its last label takes, as README shows them (empty: any).
+    /// The values its last label takes, as the book shows them (empty: any).
     pub values: &'static str,
     /// What it counts.
     pub help: &'static str,
@@ -125,8 +125,8 @@ pub fn register_counters() {
     }
 }
 
-/// README's metrics table, as this catalog renders it.
-pub fn readme_table() -> String {
+/// The catalog as a Markdown table (the book's metrics table).
+pub fn markdown_table() -> String {
     let mut out = String::from("| metric | type | labels | meaning |\n|---|---|---|---|\n");
     for m in CATALOG {
         let labels = if m.labels.is_empty() {

@@ -1,12 +1,12 @@
 //! The metrics idem records, through the `metrics` facade: install any recorder (the
 //! `idem-origin` binary installs a Prometheus exporter and serves it at `/metrics`).
 //!
-//! Every metric is declared once, in [`CATALOG`] (README's metrics table is checked
-//! against it); [`describe`] gives each its help text and unit.
+//! Every metric is declared once, in [`CATALOG`] (the book's metrics table is
+//! checked against it); [`describe`] gives each its help text and unit.
 
 mod catalog;
 
-pub use catalog::{describe, readme_table, register_counters, Kind, Metric, CATALOG};
+pub use catalog::{describe, markdown_table, register_counters, Kind, Metric, CATALOG};
 
 use std::future::Future;
 use std::time::Instant;

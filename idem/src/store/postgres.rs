@@ -139,7 +139,7 @@ async fn run_session<S, T>(
 
 const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("postgres/0001_records.sql"))];
 /// Applied only with the table itself, to a table still empty. A table of idem 0.1 keeps
-/// its text keys until its operator converts it (README, "Postgres"): converting rewrites
+/// its text keys until its operator converts it (docs/stores.md, "Postgres"): converting rewrites
 /// the table under an exclusive lock, and replicas of 0.1 can't use it afterwards.
 const WITH_NEW_TABLE: &[(i32, &str)] = &[(3, include_str!("postgres/0003_binary_ids.sql"))];
 /// Indexes added to an existing table: in the migration when the table is small, else

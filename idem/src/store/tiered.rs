@@ -409,7 +409,7 @@ impl CasRecords for ColdPath<'_> {
         // Redis had nothing. Postgres may still know the key (Redis lost it). Read only
         // now, not together with the insert: an earlier read may predate a holder's
         // claim written behind just before Redis lost it (the model checker's trace,
-        // README "The protocol, model-checked"). Batched with other requests' reads.
+        // docs/guarantee.md). Batched with other requests' reads.
         let authority = match &tiered.cold_reads {
             Some(reads) => reads.get(key).await,
             None => tiered.pg.get_record(key).await,

@@ -1,4 +1,4 @@
-//! Writes README's Proof tables from the rows the tests of this run recorded
+//! Writes the book's Proof tables (`docs/proof.md`) from the rows the tests of this run recorded
 //! (`idem_tests::proof`), stamped with the commit. `scripts/test` runs it after every
 //! test passed; it fails when a declared row was not recorded.
 
@@ -13,11 +13,11 @@ fn git(args: &[&str]) -> Option<String> {
 }
 
 fn main() -> ExitCode {
-    let readme_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
-    let mut readme = match std::fs::read_to_string(&readme_path) {
+    let chapter_path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/proof.md");
+    let mut chapter = match std::fs::read_to_string(&chapter_path) {
         Ok(text) => text,
         Err(e) => {
-            eprintln!("proof-tables: cannot read {}: {e}", readme_path.display());
+            eprintln!("proof-tables: cannot read {}: {e}", chapter_path.display());
             return ExitCode::FAILURE;
         }
     };
@@ -37,11 +37,11 @@ fn main() -> ExitCode {
     let mut missing = Vec::new();
     for table in TABLES {
         match render(table, &stamp) {
-            Ok(text) => match block(&readme, table.name) {
-                Some(old) => readme = readme.replacen(old, &text, 1),
+            Ok(text) => match block(&chapter, table.name) {
+                Some(old) => chapter = chapter.replacen(old, &text, 1),
                 None => {
                     eprintln!(
-                        "proof-tables: README.md has no block for proof:{}",
+                        "proof-tables: docs/proof.md has no block for proof:{}",
                         table.name
                     );
                     return ExitCode::FAILURE;
@@ -57,10 +57,13 @@ fn main() -> ExitCode {
         );
         return ExitCode::FAILURE;
     }
-    if let Err(e) = std::fs::write(&readme_path, readme) {
-        eprintln!("proof-tables: cannot write {}: {e}", readme_path.display());
+    if let Err(e) = std::fs::write(&chapter_path, chapter) {
+        eprintln!("proof-tables: cannot write {}: {e}", chapter_path.display());
         return ExitCode::FAILURE;
     }
-    println!("README.md: {} proof tables written ({stamp})", TABLES.len());
+    println!(
+        "docs/proof.md: {} proof tables written ({stamp})",
+        TABLES.len()
+    );
     ExitCode::SUCCESS
 }

@@ -3,7 +3,7 @@
 //! Every statement takes keys as 64 hex characters (`RecordKey::as_str`) and returns
 //! them so. Tables created by idem 0.2 and later store the key's 32 bytes
 //! (`0003_binary_ids.sql`); tables idem 0.1 created store the hex text, until their
-//! operator converts them (README, "Postgres"). The statements are written once,
+//! operator converts them (docs/stores.md, "Postgres"). The statements are written once,
 //! with placeholders for the key, and rendered for the table's column at start-up.
 
 /// How `idem_records.id` holds a record's key.
