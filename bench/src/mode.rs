@@ -181,6 +181,8 @@ impl Raw {
             Raw::Pgbench(PgStrategy::OnConflict) => "pgbench: on-conflict claim",
             Raw::Pgbench(PgStrategy::AdvisoryLock) => "pgbench: advisory-lock claim",
             Raw::Pgbench(PgStrategy::Naive) => "pgbench: naive claim",
+            // A strategy of a later idem, which this bench does not know.
+            Raw::Pgbench(_) => "pgbench",
             Raw::RedisSetNx => "redis-benchmark: SET NX",
             Raw::ClusterSetNx => "redis-benchmark --cluster: SET NX",
         }

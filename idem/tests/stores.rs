@@ -1,10 +1,8 @@
 //! The conformance suite on the stores that need no service: the memory store, and
 //! the replay cache in front of it.
 
-mod conformance;
-
-use conformance::{conformance, purges_and_listing};
 use idem::{MemoryStore, ReplayCache};
+use idem_testkit::conformance::{conformance, purges_and_listing};
 use std::sync::Arc;
 
 #[tokio::test]

@@ -44,21 +44,7 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
     };
     let redis = match (&config.redis_url, config.store_kind()) {
         (Some(urls), StoreKind::Redis | StoreKind::Tiered) => {
-            let options = RedisOptions {
-                cluster: config.redis_cluster.then_some(true),
-                timeout: config.store_timeout,
-                namespace: config.redis_namespace.clone(),
-                ca_file: config.redis_ca_file.clone(),
-                allow_eviction: config.redis_allow_eviction,
-                wait_replicas: config.redis_wait_replicas,
-                layout: config.redis_layout.into(),
-                allow_hosts: config.redis_allow_host.clone(),
-            };
-            Some(
-                RedisStore::connect(urls, options)
-                    .await
-                    .map_err(|e| format!("cannot use Redis at {}: {e}", redact(urls)))?,
-            )
+            Some(connect_redis(config, urls).await?)
         }
         _ => None,
     };
@@ -79,35 +65,7 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
         ),
         _ => Arc::new(MemoryLedger::default()),
     };
-    let store: Arc<dyn Store> = match (config.store_kind(), pg, redis) {
-        (StoreKind::Memory, _, _) => Arc::new(MemoryStore::bounded(
-            config.memory_max_records,
-            config.memory_max_bytes,
-        )),
-        (StoreKind::Postgres, Some(pg), _) => pg,
-        (StoreKind::Redis, _, Some(redis)) => Arc::new(redis),
-        (StoreKind::Tiered, Some(pg), Some(redis)) => {
-            let outbox = OutboxOptions {
-                capacity: config.outbox_capacity,
-                batch: config.outbox_batch,
-                enqueue_wait: config.outbox_wait,
-                ..OutboxOptions::default()
-            };
-            Arc::new(TieredStore::new(
-                redis,
-                pg,
-                config.durability.into(),
-                outbox,
-            ))
-        }
-        _ => unreachable!("Config::validate checked the URLs each store needs"),
-    };
-    // The memory store is a map in this process already.
-    let store: Arc<dyn Store> = match config.store_kind() {
-        StoreKind::Memory => store,
-        _ if config.replay_cache_bytes == 0 => store,
-        _ => Arc::new(ReplayCache::new(store, config.replay_cache_bytes)),
-    };
+    let store = store_of(config, pg, redis);
     let layer = layer(config, store.clone())?;
     // The charges commit with their records when both are in one Postgres: the store's
     // authority, whose database also holds the Postgres ledger's table (the ledger has a
@@ -137,28 +95,9 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
         transactional,
         faults: config.demo_faults,
     };
-    let admin = config.admin_tokens()?.map(|tokens| {
-        let handle = crate::metrics::install();
-        let status = idem::admin::StatusInputs {
-            metrics: Arc::new(move || handle.render()),
-            executions: executions.clone(),
-        };
-        // Proxy mode never sends a request twice: purging an attempt that may have
-        // reached the upstream needs resend=true.
-        let resends = match config.upstream {
-            Some(_) => idem::admin::Resends::Never,
-            None => idem::admin::Resends::Allowed,
-        };
-        let admin = idem::admin::router(store.clone(), tokens, Some(status), resends)
-            .route("/healthz", get(|| async { "ok\n" }));
-        match config.metrics_on_admin {
-            true => admin.route(
-                "/metrics",
-                get(metrics).with_state(crate::metrics::install()),
-            ),
-            false => admin,
-        }
-    });
+    let admin = config
+        .admin_tokens()?
+        .map(|tokens| admin_router(config, &store, tokens, &executions));
     let metrics_here = !config.metrics_on_admin;
     // With --ops-listen, idem's endpoints move there and every path here is the API's.
     let (ops_here, ops_apart) = match config.ops_listen {
@@ -207,15 +146,94 @@ pub async fn build(config: &Config) -> Result<Origin, String> {
     })
 }
 
-async fn connect_postgres(config: &Config, url: &str) -> Result<PostgresStore, String> {
-    let options = PgOptions {
-        strategy: config.pg_strategy.strategy()?,
-        pool_size: config.pg_pool_size,
-        timeout: config.store_timeout,
-        #[cfg(feature = "testing")]
-        naive_window: config.naive_window,
-        ca_file: config.database_ca_file.clone(),
+async fn connect_redis(config: &Config, urls: &str) -> Result<RedisStore, String> {
+    let options = RedisOptions::default()
+        .cluster(config.redis_cluster.then_some(true))
+        .timeout(config.store_timeout)
+        .namespace(config.redis_namespace.clone())
+        .ca_file(config.redis_ca_file.clone())
+        .allow_eviction(config.redis_allow_eviction)
+        .wait_replicas(config.redis_wait_replicas)
+        .layout(config.redis_layout.into())
+        .allow_hosts(config.redis_allow_host.clone());
+    RedisStore::connect(urls, options)
+        .await
+        .map_err(|e| format!("cannot use Redis at {}: {e}", redact(urls)))
+}
+
+/// The store `--store` names, over the connections made, with the replay cache in
+/// front of a shared one.
+fn store_of(
+    config: &Config,
+    pg: Option<Arc<PostgresStore>>,
+    redis: Option<RedisStore>,
+) -> Arc<dyn Store> {
+    let store: Arc<dyn Store> = match (config.store_kind(), pg, redis) {
+        (StoreKind::Memory, _, _) => Arc::new(MemoryStore::bounded(
+            config.memory_max_records,
+            config.memory_max_bytes,
+        )),
+        (StoreKind::Postgres, Some(pg), _) => pg,
+        (StoreKind::Redis, _, Some(redis)) => Arc::new(redis),
+        (StoreKind::Tiered, Some(pg), Some(redis)) => {
+            let outbox = OutboxOptions::default()
+                .capacity(config.outbox_capacity)
+                .batch(config.outbox_batch)
+                .enqueue_wait(config.outbox_wait);
+            Arc::new(TieredStore::new(
+                redis,
+                pg,
+                config.durability.into(),
+                outbox,
+            ))
+        }
+        _ => unreachable!("Config::validate checked the URLs each store needs"),
     };
+    // The memory store is a map in this process already.
+    match config.store_kind() {
+        StoreKind::Memory => store,
+        _ if config.replay_cache_bytes == 0 => store,
+        _ => Arc::new(ReplayCache::new(store, config.replay_cache_bytes)),
+    }
+}
+
+/// The admin API (and its status page) on `store`, for `tokens`.
+fn admin_router(
+    config: &Config,
+    store: &Arc<dyn Store>,
+    tokens: idem::admin::Tokens,
+    executions: &idem::Executions,
+) -> Router {
+    let handle = crate::metrics::install();
+    let status = idem::admin::StatusInputs {
+        metrics: Arc::new(move || handle.render()),
+        executions: executions.clone(),
+    };
+    // Proxy mode never sends a request twice: purging an attempt that may have
+    // reached the upstream needs resend=true.
+    let resends = match config.upstream {
+        Some(_) => idem::admin::Resends::Never,
+        None => idem::admin::Resends::Allowed,
+    };
+    let admin = idem::admin::router(store.clone(), tokens, Some(status), resends)
+        .route("/healthz", get(|| async { "ok\n" }));
+    match config.metrics_on_admin {
+        true => admin.route(
+            "/metrics",
+            get(metrics).with_state(crate::metrics::install()),
+        ),
+        false => admin,
+    }
+}
+
+async fn connect_postgres(config: &Config, url: &str) -> Result<PostgresStore, String> {
+    let options = PgOptions::default()
+        .strategy(config.pg_strategy.strategy()?)
+        .pool_size(config.pg_pool_size)
+        .timeout(config.store_timeout)
+        .ca_file(config.database_ca_file.clone());
+    #[cfg(feature = "testing")]
+    let options = options.naive_window(config.naive_window);
     PostgresStore::connect(url, options)
         .await
         .map_err(|e| format!("cannot use the Postgres store at {}: {e}", redact(url)))

@@ -7,6 +7,7 @@
 //! A test that needs a service that is not running says so and how to start it
 //! (`scripts/services-start`); `scripts/test` starts them all first.
 
+pub mod edge;
 pub mod origin;
 pub mod otlp;
 pub mod postgres;
@@ -19,7 +20,8 @@ pub mod upstream;
 
 pub use origin::{
     assert_clock_ahead, charge_body, client, clock_ahead_secs, edge_secret_file, faketime_lib,
-    post_charge, post_charge_as_edge, raw_request, OriginProcess, TestOrigin, EDGE_SECRET,
+    post_charge, post_charge_as_edge, post_json, raw_request, OriginProcess, TestOrigin,
+    EDGE_SECRET,
 };
 pub use postgres::{connect, database_url, pg_addr, via, with_search_path, TestDb};
 pub use proxy::Proxy;

@@ -133,6 +133,23 @@ pub fn charge_body(customer: &str, amount: i64, latency_ms: u64) -> String {
         .to_string()
 }
 
+/// A JSON `POST` to `url` with `Idempotency-Key: key`.
+pub async fn post_json(
+    client: &reqwest::Client,
+    url: &str,
+    key: &str,
+    body: String,
+) -> reqwest::Response {
+    client
+        .post(url)
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{url} answers: {e}"))
+}
+
 /// POSTs a charge with `key` (already in header form, e.g. `"\"k1\""`).
 pub async fn post_charge(
     client: &reqwest::Client,

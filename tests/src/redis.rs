@@ -36,10 +36,7 @@ pub fn unique_namespace(label: &str) -> String {
 /// A Redis store on `urls` (a node, or the cluster's nodes) in a fresh namespace;
 /// panics with what to do when Redis is not there.
 pub async fn redis_store(urls: &str, label: &str) -> RedisStore {
-    let options = RedisOptions {
-        namespace: unique_namespace(label),
-        ..RedisOptions::default()
-    };
+    let options = RedisOptions::default().namespace(unique_namespace(label));
     RedisStore::connect(urls, options)
         .await
         .unwrap_or_else(|e| {

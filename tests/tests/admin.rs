@@ -3,6 +3,7 @@
 //! `kill -9` listed and purged, and the CLI over the same API. Charges are counted in
 //! the demo's `charges` table.
 
+use idem_tests::procs::free_port;
 use idem_tests::{charge_body, client, proof, report, OriginProcess, TestDb};
 use std::collections::BTreeMap;
 use std::process::{Child, Command};
@@ -17,14 +18,6 @@ fn token_file(label: &str) -> std::path::PathBuf {
     let path = dir.join(format!("admin-{label}-{}.tokens", std::process::id()));
     std::fs::write(&path, format!("# test\noncall:{TOKEN}\n")).unwrap();
     path
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A replica with the admin API on: its API's and its admin listener's base URLs.

@@ -1,12 +1,9 @@
-//! The HTTP contract (README, "The HTTP contract") on the stores that need a service:
-//! every row of `origin/tests/rows` on Postgres, Redis, Redis Cluster and both tiered
-//! modes — the same rows `cargo test -p idem-origin` runs on the memory store — and
-//! the rows that need more than a store: a store that goes away, a client that hangs
-//! up, the demo's own release.
+//! The HTTP contract (docs/contract.md) on the stores that need a service: every row of
+//! `idem-testkit`'s on Postgres, Redis, Redis Cluster and both tiered modes — the same
+//! rows `cargo test -p idem` runs on the memory store — and the rows that need more
+//! than a store: a store that goes away, a client that hangs up, the demo's own release.
 
-#[macro_use]
-#[path = "../../idem/tests/rows/mod.rs"]
-mod rows;
+use idem_testkit::rows;
 
 use idem::OutboxOptions;
 use idem::PgOptions;
@@ -68,23 +65,23 @@ async fn tiered_async(_row: &str) -> (Arc<dyn Store>, TestDb) {
 }
 
 mod on_postgres {
-    contract_rows!(super::postgres);
+    idem_testkit::contract_rows!(super::postgres);
 }
 
 mod on_redis {
-    contract_rows!(super::redis);
+    idem_testkit::contract_rows!(super::redis);
 }
 
 mod on_redis_cluster {
-    contract_rows!(super::redis_cluster);
+    idem_testkit::contract_rows!(super::redis_cluster);
 }
 
 mod on_tiered_sync {
-    contract_rows!(super::tiered_sync);
+    idem_testkit::contract_rows!(super::tiered_sync);
 }
 
 mod on_tiered_async {
-    contract_rows!(super::tiered_async);
+    idem_testkit::contract_rows!(super::tiered_async);
 }
 
 /// Proxy mode: the handler served over HTTP on a socket, the layer in front of
@@ -121,11 +118,11 @@ async fn proxied_redis_cluster(row: &str) -> (Arc<dyn Store>, ()) {
 }
 
 mod through_the_proxy_on_memory {
-    contract_rows!(super::proxied_memory);
+    idem_testkit::contract_rows!(super::proxied_memory);
 }
 
 mod through_the_proxy_on_redis_cluster {
-    contract_rows!(super::proxied_redis_cluster);
+    idem_testkit::contract_rows!(super::proxied_redis_cluster);
 }
 
 /// README's row for the release rule, once it held on every store.
@@ -273,10 +270,7 @@ async fn store_unreachable_is_503_and_the_handler_never_runs_then_it_recovers() 
     let store: Arc<dyn Store> = Arc::new(
         PostgresStore::connect(
             &via(&db.url, proxy.addr),
-            PgOptions {
-                timeout: Duration::from_secs(1),
-                ..PgOptions::default()
-            },
+            PgOptions::default().timeout(Duration::from_secs(1)),
         )
         .await
         .unwrap(),

@@ -312,10 +312,7 @@ async fn stopping_postgres_answers_503_and_the_origin_recovers_without_a_restart
     let store: Arc<dyn Store> = Arc::new(
         PostgresStore::connect(
             &pg.url(),
-            PgOptions {
-                timeout: Duration::from_secs(1),
-                ..PgOptions::default()
-            },
+            PgOptions::default().timeout(Duration::from_secs(1)),
         )
         .await
         .unwrap(),
@@ -377,10 +374,7 @@ async fn stopping_postgres_answers_503_and_the_origin_recovers_without_a_restart
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_gone_in_redis_mode_answers_503_and_recovers() {
     let mut redis = tokio::task::block_in_place(|| RedisProc::start("gone"));
-    let options = RedisOptions {
-        timeout: Duration::from_millis(500),
-        ..RedisOptions::default()
-    };
+    let options = RedisOptions::default().timeout(Duration::from_millis(500));
     let store: Arc<dyn Store> = Arc::new(RedisStore::connect(&redis.url(), options).await.unwrap());
     let (origin, ledger) = TestOrigin::demo_on(store).await;
     let base = origin.url("");
@@ -556,17 +550,12 @@ async fn a_full_outbox_refuses_claims_with_503_until_postgres_keeps_up() {
             .await
             .unwrap(),
     );
-    let options = RedisOptions {
-        namespace: unique_namespace("bp"),
-        ..RedisOptions::default()
-    };
+    let options = RedisOptions::default().namespace(unique_namespace("bp"));
     let redis = RedisStore::connect(&redis_url(), options).await.unwrap();
-    let outbox = OutboxOptions {
-        capacity: 4,
-        batch: 1,
-        enqueue_wait: Duration::from_millis(200),
-        ..OutboxOptions::default()
-    };
+    let outbox = OutboxOptions::default()
+        .capacity(4)
+        .batch(1)
+        .enqueue_wait(Duration::from_millis(200));
     let store: Arc<dyn Store> = Arc::new(TieredStore::new(redis, pg, Durability::Async, outbox));
     let (origin, ledger) = TestOrigin::demo_on(store.clone()).await;
 
@@ -731,20 +720,15 @@ async fn lost_replies_whose_writes_landed_charge_once() {
         let gate = idem_tests::Proxy::start(target).await;
         let store: Arc<dyn Store> = match backend {
             "redis" => {
-                let options = RedisOptions {
-                    namespace: unique_namespace("lost"),
-                    timeout: Duration::from_millis(300),
-                    ..RedisOptions::default()
-                };
+                let options = RedisOptions::default()
+                    .namespace(unique_namespace("lost"))
+                    .timeout(Duration::from_millis(300));
                 let url = format!("redis://{}", gate.addr);
                 Arc::new(RedisStore::connect(&url, options).await.unwrap())
             }
             _ => {
                 // Its first connection creates the schema: more than 300 ms.
-                let options = PgOptions {
-                    timeout: Duration::from_secs(1),
-                    ..PgOptions::default()
-                };
+                let options = PgOptions::default().timeout(Duration::from_secs(1));
                 let url = idem_tests::via(&url, gate.addr);
                 Arc::new(PostgresStore::connect(&url, options).await.unwrap())
             }

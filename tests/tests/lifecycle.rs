@@ -31,15 +31,9 @@ async fn demo_on_postgres(
     lease: Duration,
 ) -> (TestOrigin, Arc<idem_origin::charges::MemoryLedger>) {
     let store: Arc<dyn Store> = Arc::new(
-        PostgresStore::connect(
-            &pg.url(),
-            PgOptions {
-                timeout,
-                ..PgOptions::default()
-            },
-        )
-        .await
-        .unwrap(),
+        PostgresStore::connect(&pg.url(), PgOptions::default().timeout(timeout))
+            .await
+            .unwrap(),
     );
     let ledger = Arc::new(idem_origin::charges::MemoryLedger::default());
     let layer = IdempotencyLayer::new(store.clone())
@@ -915,10 +909,7 @@ async fn tiered_store(
     let ns = idem_tests::unique_namespace(label);
     let redis = RedisStore::connect(
         &idem_tests::redis_url(),
-        RedisOptions {
-            namespace: ns.clone(),
-            ..RedisOptions::default()
-        },
+        RedisOptions::default().namespace(ns.clone()),
     )
     .await
     .unwrap();
@@ -1104,10 +1095,7 @@ async fn tiered_async_a_live_holder_outlasts_a_retry_s_provisional_claim() {
     // The cold path goes on: it swaps its provisional claim for the authority's record.
     let redis = RedisStore::connect(
         &idem_tests::redis_url(),
-        RedisOptions {
-            namespace: ns.clone(),
-            ..RedisOptions::default()
-        },
+        RedisOptions::default().namespace(ns.clone()),
     )
     .await
     .unwrap();
@@ -1357,11 +1345,9 @@ async fn a_claim_holding_the_pool_does_not_starve_a_holder_s_heartbeats() {
             let store: Arc<dyn Store> = Arc::new(
                 PostgresStore::connect(
                     &url,
-                    PgOptions {
-                        pool_size,
-                        strategy: idem::PgStrategy::AdvisoryLock,
-                        ..PgOptions::default()
-                    },
+                    PgOptions::default()
+                        .pool_size(pool_size)
+                        .strategy(idem::PgStrategy::AdvisoryLock),
                 )
                 .await
                 .unwrap(),

@@ -21,12 +21,10 @@ fn key(name: &str) -> RecordKey {
 }
 
 fn options(allow_eviction: bool, wait_replicas: u32) -> RedisOptions {
-    RedisOptions {
-        namespace: unique_namespace("safety"),
-        allow_eviction,
-        wait_replicas,
-        ..RedisOptions::default()
-    }
+    RedisOptions::default()
+        .namespace(unique_namespace("safety"))
+        .allow_eviction(allow_eviction)
+        .wait_replicas(wait_replicas)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

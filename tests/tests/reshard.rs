@@ -252,10 +252,7 @@ async fn a_master_without_slots_is_listed_and_probed_while_writes_go_on() {
     };
     idem_tests::logs_from_env();
     let mut cluster = tokio::task::block_in_place(|| RedisClusterProc::start("empty-master"));
-    let options = RedisOptions {
-        namespace: unique_namespace("empty-master"),
-        ..RedisOptions::default()
-    };
+    let options = RedisOptions::default().namespace(unique_namespace("empty-master"));
     let store = Arc::new(RedisStore::connect(&cluster.urls(), options).await.unwrap());
     let fp = Fingerprint([7; 32]);
     const HELD: usize = 30;

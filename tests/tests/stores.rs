@@ -1,10 +1,7 @@
-//! The conformance suite (`idem/tests/conformance`) against every store on its real
-//! backend: the same protocol, whatever executes it.
+//! The conformance suite (`idem-testkit`) against every store on its real backend: the
+//! same protocol, whatever executes it.
 
-#[path = "../../idem/tests/conformance/mod.rs"]
-mod conformance;
-
-use conformance::*;
+use idem_testkit::conformance::*;
 
 use idem::OutboxOptions;
 use idem::{Durability, PostgresStore, RedisStore, ReplayCache, Store, TieredStore};
@@ -31,10 +28,7 @@ async fn redis(urls: &str) -> RedisStore {
 /// returned with it (for the tests that write Redis' keys directly).
 async fn tiered_async_in(db: &TestDb, label: &str) -> (TieredStore, String) {
     let namespace = idem_tests::unique_namespace(label);
-    let options = idem::RedisOptions {
-        namespace: namespace.clone(),
-        ..idem::RedisOptions::default()
-    };
+    let options = idem::RedisOptions::default().namespace(namespace.clone());
     let redis = RedisStore::connect(&redis_url(), options).await.unwrap();
     let store = TieredStore::new(
         redis,
@@ -116,10 +110,7 @@ async fn redis_takeover_swap() {
 #[tokio::test]
 async fn postgres_advisory_lock() {
     let db = TestDb::new("conf_adv").await;
-    let options = PgOptions {
-        strategy: idem::PgStrategy::AdvisoryLock,
-        ..PgOptions::default()
-    };
+    let options = PgOptions::default().strategy(idem::PgStrategy::AdvisoryLock);
     let store = PostgresStore::connect(&db.url, options).await.unwrap();
     conformance(&store).await;
     purges_and_listing(&store).await;
@@ -182,10 +173,7 @@ async fn postgres_serves_tables_of_idem_0_1_and_after_their_conversion() {
     purges_and_listing(&*text).await;
     let advisory = PostgresStore::connect(
         &db.url,
-        PgOptions {
-            strategy: idem::PgStrategy::AdvisoryLock,
-            ..PgOptions::default()
-        },
+        PgOptions::default().strategy(idem::PgStrategy::AdvisoryLock),
     )
     .await
     .unwrap();
@@ -418,15 +406,9 @@ async fn tiered_async_cold_reads_answer_each_claim_with_its_own_record() {
 async fn tiered_async_cold_reads_wait_at_most_the_store_timeout() {
     const TIMEOUT: Duration = Duration::from_secs(2);
     let db = TestDb::new("conf_tasync_cold_wait").await;
-    let pg = PostgresStore::connect(
-        &db.url,
-        PgOptions {
-            timeout: TIMEOUT,
-            ..PgOptions::default()
-        },
-    )
-    .await
-    .unwrap();
+    let pg = PostgresStore::connect(&db.url, PgOptions::default().timeout(TIMEOUT))
+        .await
+        .unwrap();
     let store = Arc::new(TieredStore::new(
         redis(&redis_url()).await,
         Arc::new(pg),
@@ -596,10 +578,7 @@ async fn redis_serves_and_rewrites_records_of_the_hash_layout() {
     use idem_core::{Holder, Record};
     for urls in [redis_url(), redis_cluster_urls()] {
         let namespace = idem_tests::unique_namespace("hash-layout");
-        let options = RedisOptions {
-            namespace: namespace.clone(),
-            ..RedisOptions::default()
-        };
+        let options = RedisOptions::default().namespace(namespace.clone());
         let store = RedisStore::connect(&urls, options).await.unwrap();
         let mut raw = Raw::connect(&urls, store.is_cluster()).await;
         let name = |k: &RecordKey| format!("{namespace}:{{{}}}", k.as_str());
@@ -712,11 +691,9 @@ async fn redis_hash_layout_writes_records_as_idem_0_1_did() {
     for urls in [redis_url(), redis_cluster_urls()] {
         let namespace = idem_tests::unique_namespace("hash-writes");
         let connect = |layout| {
-            let options = RedisOptions {
-                namespace: namespace.clone(),
-                layout,
-                ..RedisOptions::default()
-            };
+            let options = RedisOptions::default()
+                .namespace(namespace.clone())
+                .layout(layout);
             RedisStore::connect(&urls, options)
         };
         let store = connect(RedisLayout::Hash).await.unwrap();
@@ -1178,10 +1155,7 @@ async fn tiered_async_writes_behind_a_reuse_when_postgres_clock_runs_behind() {
     // A Postgres of its own, its clock 2 s behind the machine's (and Redis').
     let behind = idem_tests::procs::PgProc::start_skewed("reuse-behind", "-2s");
     let namespace = idem_tests::unique_namespace("reuse");
-    let options = RedisOptions {
-        namespace: namespace.clone(),
-        ..RedisOptions::default()
-    };
+    let options = RedisOptions::default().namespace(namespace.clone());
     let redis = RedisStore::connect(&redis_url(), options).await.unwrap();
     let pg = PostgresStore::connect(&behind.url(), PgOptions::default())
         .await
@@ -1453,11 +1427,9 @@ async fn tiered_sync_a_purge_while_redis_is_cut_off_deletes_nothing() {
         redis_url().trim_start_matches("redis://").parse().unwrap();
     let gate = idem_tests::Proxy::start(redis_addr).await;
     let namespace = idem_tests::unique_namespace("purge-cut");
-    let options = idem::RedisOptions {
-        namespace: namespace.clone(),
-        timeout: Duration::from_millis(300),
-        ..idem::RedisOptions::default()
-    };
+    let options = idem::RedisOptions::default()
+        .namespace(namespace.clone())
+        .timeout(Duration::from_millis(300));
     let redis = RedisStore::connect(&format!("redis://{}", gate.addr), options)
         .await
         .unwrap();
@@ -1733,10 +1705,7 @@ async fn tiered_async_a_completion_redis_refused_is_not_reported_written() {
     let namespace = idem_tests::unique_namespace("refused-copy");
     let redis = RedisStore::connect(
         &redis_url(),
-        idem::RedisOptions {
-            namespace: namespace.clone(),
-            ..idem::RedisOptions::default()
-        },
+        idem::RedisOptions::default().namespace(namespace.clone()),
     )
     .await
     .unwrap();

@@ -61,10 +61,7 @@ async fn postgres_over_tls_verifies_the_server() {
         "postgres://postgres@127.0.0.1:{}/postgres?sslmode=verify-full",
         pg.port
     );
-    let options = PgOptions {
-        ca_file: Some(ca.ca.clone()),
-        ..PgOptions::default()
-    };
+    let options = PgOptions::default().ca_file(Some(ca.ca.clone()));
     assert!(
         uses_ssl(
             &PostgresStore::connect(&by_ip, options)
@@ -102,10 +99,8 @@ async fn postgres_over_tls_verifies_the_server() {
     // refused (it used to be ignored), the right one verifies.
     for mode in ["require", "prefer"] {
         let url = format!("{base}?sslmode={mode}");
-        let with = |ca_file: &std::path::Path| PgOptions {
-            ca_file: Some(ca_file.to_path_buf()),
-            ..PgOptions::default()
-        };
+        let with =
+            |ca_file: &std::path::Path| PgOptions::default().ca_file(Some(ca_file.to_path_buf()));
         let err = PostgresStore::connect(&url, with(&ca.wrong_ca))
             .await
             .err()
@@ -261,10 +256,8 @@ async fn a_stripped_ssl_request_is_refused_when_a_ca_is_given() {
         .await
         .expect("prefer without a CA accepts a server without TLS");
     assert!(!uses_ssl(&plain).await, "the stripper did not strip TLS");
-    let with_ca = |ca_file: &std::path::Path| PgOptions {
-        ca_file: Some(ca_file.to_path_buf()),
-        ..PgOptions::default()
-    };
+    let with_ca =
+        |ca_file: &std::path::Path| PgOptions::default().ca_file(Some(ca_file.to_path_buf()));
     let (mut refused, mut connected) = (Vec::new(), Vec::new());
     for (query, options) in [
         ("sslmode=prefer".to_owned(), with_ca(&ca.ca)),
@@ -329,19 +322,13 @@ async fn redis_over_tls_verifies_the_server() {
     let url = redis.url();
     assert!(url.starts_with("rediss://"));
 
-    let options = RedisOptions {
-        ca_file: Some(ca.ca.clone()),
-        ..RedisOptions::default()
-    };
+    let options = RedisOptions::default().ca_file(Some(ca.ca.clone()));
     let store = RedisStore::connect(&url, options)
         .await
         .expect("rediss with the right CA");
     claims(&store).await;
 
-    let options = RedisOptions {
-        ca_file: Some(ca.wrong_ca.clone()),
-        ..RedisOptions::default()
-    };
+    let options = RedisOptions::default().ca_file(Some(ca.wrong_ca.clone()));
     let err = RedisStore::connect(&url, options)
         .await
         .err()
@@ -355,10 +342,7 @@ async fn redis_over_tls_verifies_the_server() {
 
     // Plain redis:// to a TLS-only port does not silently work.
     let plain = url.replacen("rediss://", "redis://", 1);
-    let options = RedisOptions {
-        timeout: std::time::Duration::from_millis(500),
-        ..RedisOptions::default()
-    };
+    let options = RedisOptions::default().timeout(std::time::Duration::from_millis(500));
     assert!(RedisStore::connect(&plain, options).await.is_err());
 }
 
@@ -369,10 +353,7 @@ async fn redis_cluster_over_tls_verifies_every_node() {
     let cluster = tokio::task::block_in_place(|| RedisClusterProc::start_tls("clustertls", &ca));
     let urls = cluster.urls();
     assert!(urls.starts_with("rediss://"));
-    let options = RedisOptions {
-        ca_file: Some(ca.ca.clone()),
-        ..RedisOptions::default()
-    };
+    let options = RedisOptions::default().ca_file(Some(ca.ca.clone()));
     let store = RedisStore::connect(&urls, options)
         .await
         .expect("rediss cluster with the right CA");
@@ -381,10 +362,7 @@ async fn redis_cluster_over_tls_verifies_every_node() {
     for _ in 0..12 {
         claims(&store).await;
     }
-    let options = RedisOptions {
-        ca_file: Some(ca.wrong_ca.clone()),
-        ..RedisOptions::default()
-    };
+    let options = RedisOptions::default().ca_file(Some(ca.wrong_ca.clone()));
     assert!(
         RedisStore::connect(&urls, options).await.is_err(),
         "a wrong CA is refused"

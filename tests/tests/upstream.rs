@@ -27,13 +27,7 @@ async fn proxy(payments: &Payments, extra: &[&str]) -> TestOrigin {
 }
 
 async fn post(http: &reqwest::Client, url: &str, key: &str, body: String) -> reqwest::Response {
-    http.post(url)
-        .header("idempotency-key", key)
-        .header("content-type", "application/json")
-        .body(body)
-        .send()
-        .await
-        .expect("the proxy answers")
+    idem_tests::post_json(http, url, key, body).await
 }
 
 fn problem_type(body: &str) -> String {

@@ -1,25 +1,21 @@
 //! One execution, from the handler's first poll to its record landing in the store.
 //!
-//! The handler runs in a task of its own, tracked by [`Executions`]: a client that goes
-//! away doesn't cancel it, and graceful shutdown waits for it. While it runs — and
-//! until its final write lands — a [`Heartbeat`] renews the lease, so a store outage
-//! that ends before the lease does (counted from the last renewal, less the clock
-//! tolerance) can't let a retry take over. The final write (completion or
-//! release) is retried with backoff until it lands or the holder is fenced out; the
-//! client waits for it only [`CLIENT_WAIT`], then gets its answer marked `pending`
-//! while the write goes on.
+//! The handler runs in the request's own task, tracked by [`Executions`]: a client that
+//! goes away doesn't cancel it, and graceful shutdown waits for it. While it runs — and
+//! until its final write lands — the claim's guard ([`super::guard`]) renews the lease;
+//! its outcome is then settled ([`super::settle`]): stored or released, and answered.
 
-use super::response::answer as stored_answer;
-use super::{signals, Config};
+use super::guard::ClaimGuard;
+use super::settle::{settle, Execution};
+use super::Config;
 use crate::metrics;
-use crate::store::{HolderWrite, StoreExt};
 use axum::body::Body;
 use bytes::Bytes;
-use futures_util::{FutureExt, StreamExt};
-use http::{response::Parts, HeaderValue, Request, Response};
+use futures_util::FutureExt;
+use http::{response::Parts, Request, Response};
 use http_body_util::BodyExt;
-use idem_core::contract::{self, Disposition, OriginDisposition, Problem, Rejection};
-use idem_core::{Holder, Millis, Record, RecordKey, Refusal, StoredResponse, Transition};
+use idem_core::contract::{Problem, Rejection};
+use idem_core::{Holder, RecordKey};
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
@@ -85,7 +81,7 @@ impl Executions {
         keys
     }
 
-    fn pending(&self, key: &RecordKey, idempotency_key: &str) -> Unwritten {
+    pub(super) fn pending(&self, key: &RecordKey, idempotency_key: &str) -> Unwritten {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         self.unwritten
             .lock()
@@ -99,7 +95,7 @@ impl Executions {
 }
 
 /// Removes its key from the unwritten set when dropped (written, fenced, or the task ended).
-struct Unwritten {
+pub(super) struct Unwritten {
     id: u64,
     map: Arc<Mutex<HashMap<u64, (String, String)>>>,
 }
@@ -291,13 +287,13 @@ impl<F: Future<Output = Answered> + Send + 'static> Drop for Detached<F> {
 }
 
 /// The client's answer, and the record's write if it had not landed by then.
-type Answered = (
+pub(super) type Answered = (
     Response<Body>,
     Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
 );
 
 /// What the handler's run came to.
-enum Outcome {
+pub(super) enum Outcome {
     /// It answered in full.
     Answered(Parts, Bytes),
     /// It answered with more than the stored-body limit: the first part read, and the
@@ -330,6 +326,8 @@ async fn read_bounded(mut body: Body, limit: usize) -> Result<Read, String> {
     Ok(Read::Whole(head.freeze()))
 }
 
+/// Runs the handler under the claim, then settles its outcome: the claim's whole life
+/// from the first renewal to the final write (or the client's answer while it goes on).
 async fn run_to_completion<S>(
     config: Arc<Config>,
     inner: S,
@@ -356,7 +354,7 @@ where
     // What was stored is told only to the edge (no header made for a client to strip).
     let for_edge = req.extensions().get::<super::FromEdge>().is_some();
     // Renews the lease until its final write consumes it, or it is dropped on any unwind.
-    let mut guard = ClaimGuard::hold(
+    let guard = ClaimGuard::hold(
         &config,
         key.clone(),
         holder,
@@ -368,6 +366,24 @@ where
     // it sits in the worker's LIFO slot, which no other worker may take, and a handler
     // that blocks this thread would keep it from ever renewing.
     tokio::task::yield_now().await;
+    let outcome = run_handler(&config, inner, req, &key).await;
+    let execution = Execution {
+        key,
+        fingerprint,
+        for_edge,
+        opened,
+    };
+    settle(&config, guard, outcome, execution).await
+}
+
+/// Runs the handler to its answer, read up to the stored-body limit, within
+/// `max_execution`; a panic, a body that breaks off or a run past the limit is an
+/// outcome of its own (execution began: its result is unknown).
+async fn run_handler<S>(config: &Config, inner: S, req: Request<Body>, key: &RecordKey) -> Outcome
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+{
     let limit = config.max_stored_body_bytes;
     let run = AssertUnwindSafe(async move {
         let res = match inner.oneshot(req).await {
@@ -382,7 +398,7 @@ where
         Some(limit) => tokio::time::timeout(limit, run).await.ok(),
         None => Some(run.await),
     };
-    let outcome = match ran {
+    match ran {
         Some(Ok(Ok((parts, Read::Whole(body))))) => Outcome::Answered(parts, body),
         Some(Ok(Ok((parts, Read::Over(head, rest))))) => {
             tracing::warn!(key = %key.as_str(), limit, "the answer is larger than --max-stored-body-bytes: delivered, not stored; replays get a problem");
@@ -400,485 +416,6 @@ where
             metrics::execution_timed_out();
             tracing::error!(key = %key.as_str(), "handler ran past --max-execution; storing a 502 for this key");
             Outcome::Unknown(Rejection::execution_timed_out())
-        }
-    };
-    let mut stored_instead = None;
-    let (mut parts, body) = match outcome {
-        Outcome::Answered(parts, body) => (parts, ClientBody::Whole(body)),
-        Outcome::TooLarge(parts, head, rest) => {
-            stored_instead =
-                Some(Rejection::response_not_stored(limit).as_result_under(&config.problem_base));
-            (parts, ClientBody::Streamed(head, rest))
-        }
-        Outcome::Unknown(rejection) => {
-            // Unlike idem's refusals, this problem is the request's result: replayed.
-            let (parts, body) =
-                stored_answer(rejection.as_result_under(&config.problem_base)).into_parts();
-            let body = body
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
-            (parts, ClientBody::Whole(body))
-        }
-    };
-    // The answer goes to this client, a problem in its place to the store: an edge in
-    // front must not keep the answer either (its replays would differ from the origin's).
-    let substituted = stored_instead.is_some();
-    // idem's private signals never reach the client.
-    let signals::Signals {
-        released,
-        committed,
-        fenced,
-    } = signals::take(&mut parts.extensions);
-    let change =
-        match contract::disposition(released || fenced, parts.status.as_u16(), config.release_on) {
-            Disposition::Release => {
-                if !fenced {
-                    metrics::released();
-                }
-                Transition::Release
-            }
-            Disposition::Store => Transition::Complete(match (stored_instead, &body) {
-                (Some(instead), _) => instead,
-                (None, ClientBody::Whole(body)) => stored_response(&config, &parts, body),
-                (None, ClientBody::Streamed(..)) => {
-                    unreachable!("a streamed answer is stored instead")
-                }
-            }),
-        };
-    // What an edge in front is told was stored with the answer, should it be.
-    let stored_headers = match &change {
-        Transition::Complete(stored) => stored.headers.clone(),
-        _ => Vec::new(),
-    };
-    if change == Transition::Release || committed.is_some() {
-        // No renewal after "nothing happened" (a heartbeat landing after the release
-        // would lock the freed key again), nor after the transaction completed it.
-        guard.stop_renewing();
-    }
-    let mut write = Box::pin(guard.finish(change, committed, opened.load(Ordering::Acquire)));
-    let landed = tokio::select! {
-        landed = &mut write => Some(landed),
-        _ = tokio::time::sleep(CLIENT_WAIT) => None,
-    };
-    let disposition = match &landed {
-        // A fenced execution's release only helps the store forget its claim sooner.
-        _ if fenced => None,
-        Some(Final::Written(d)) => Some(*d),
-        // Fenced: another attempt owns the key; this answer is not the stored one.
-        Some(Final::Fenced) => None,
-        Some(Final::Committed(..)) => None,
-        None => Some(OriginDisposition::Pending),
-    };
-    // The edge stores nothing on `pending` and forwards retries, which the origin answers
-    // with what it stored.
-    let to_edge = match disposition {
-        Some(OriginDisposition::Stored { .. }) if substituted => Some(OriginDisposition::Pending),
-        d => d,
-    };
-    // Only idem tells an edge what it stored; never a handler (or an upstream) itself.
-    parts.headers.remove(contract::ORIGIN_DISPOSITION);
-    parts.headers.remove(contract::STORED_HEADERS);
-    match to_edge.filter(|_| for_edge) {
-        Some(OriginDisposition::Stored { expires_at, .. }) => super::response::tell_edge_stored(
-            &mut parts.headers,
-            config.key_headers.record_tag(&key),
-            &fingerprint,
-            expires_at,
-            &stored_headers,
-        ),
-        Some(d) => {
-            if let Ok(v) = HeaderValue::from_str(&d.header_value()) {
-                parts.headers.insert(contract::ORIGIN_DISPOSITION, v);
-            }
-        }
-        None => {}
-    }
-    // Only an answer whose record is stored binds the key; never the handler's own claim.
-    parts.headers.remove(contract::KEY_TTL);
-    if let Some(OriginDisposition::Stored { expires_at, .. }) = disposition {
-        let ttl = contract::key_ttl(expires_at, config.store.now());
-        if let Some(v) = ttl.and_then(|v| HeaderValue::from_str(&v).ok()) {
-            parts.headers.insert(contract::KEY_TTL, v);
-        }
-    }
-    let pending = landed.is_none();
-    let response = match landed {
-        // The handler's transaction committed an answer that it then failed to
-        // return (it panicked, lost the commit's acknowledgement): that answer is
-        // the request's result, so it is this attempt's too.
-        Some(Final::Committed(stored, expires_at)) => {
-            let names = stored.headers.clone();
-            let mut res = stored_answer(stored);
-            super::response::tell_edge_stored(
-                res.headers_mut(),
-                config.key_headers.record_tag(&key),
-                &fingerprint,
-                expires_at,
-                &names,
-            );
-            super::response::advertise_ttl(&mut res, expires_at, config.store.now());
-            res
-        }
-        // The client may be gone; the write goes on regardless.
-        _ => {
-            let body = match body {
-                ClientBody::Whole(body) => Body::from(body),
-                ClientBody::Streamed(head, rest) => {
-                    let head =
-                        futures_util::stream::once(async move { Ok::<_, axum::Error>(head) });
-                    Body::from_stream(head.chain(rest.into_data_stream()))
-                }
-            };
-            Response::from_parts(parts, body)
-        }
-    };
-    let unwritten: Option<Pin<Box<dyn Future<Output = ()> + Send>>> = match pending {
-        true => Some(Box::pin(tracing::Instrument::in_current_span(async move {
-            write.await;
-        }))),
-        false => None,
-    };
-    (response, unwritten)
-}
-
-/// The claim an execution holds, from its claim to its final write: while it lives
-/// the lease is renewed, and the key is counted as unwritten for a graceful shutdown.
-/// The final write ([`ClaimGuard::finish`]) consumes it; dropped on any unwind, it
-/// stops renewing and leaves the key to its lease.
-struct ClaimGuard {
-    config: Arc<Config>,
-    key: RecordKey,
-    holder: Holder,
-    heartbeat: Option<Heartbeat>,
-    _unwritten: Unwritten,
-}
-
-impl ClaimGuard {
-    fn hold(
-        config: &Arc<Config>,
-        key: RecordKey,
-        holder: Holder,
-        lease_lost: CancellationToken,
-        claimed_at: Instant,
-        idempotency_key: &str,
-    ) -> ClaimGuard {
-        ClaimGuard {
-            _unwritten: config.executions.pending(&key, idempotency_key),
-            heartbeat: Some(Heartbeat::start(
-                config.clone(),
-                key.clone(),
-                holder,
-                lease_lost,
-                claimed_at,
-            )),
-            config: config.clone(),
-            key,
-            holder,
-        }
-    }
-
-    /// Stops renewing the lease before the final write.
-    fn stop_renewing(&mut self) {
-        self.heartbeat.take();
-    }
-
-    /// Writes the execution's final record — or takes note of the one its handler's
-    /// transaction committed — and gives up the claim.
-    async fn finish(self, change: Transition, committed: Option<Record>, opened: bool) -> Final {
-        let ClaimGuard {
-            config,
-            key,
-            holder,
-            ..
-        } = &self;
-        match &committed {
-            // The handler's transaction wrote the completion: the tiers in front of the
-            // authority learn it, and nothing is written again.
-            Some(record) => {
-                if let Err(e) = config.store.committed(key, holder, record).await {
-                    tracing::warn!(key = %key.as_str(), error = %e, "the store did not take note of a committed completion");
-                }
-                Final::Written(OriginDisposition::Stored {
-                    expires_at: record.expires_at(),
-                    record: key.tag(),
-                    fingerprint: None,
-                })
-            }
-            None => {
-                // The handler opened a transaction and its answer never came back
-                // committed (it was cut off, panicked, or lost the commit's
-                // acknowledgement): the authority says whether the commit landed.
-                if opened {
-                    if let Some(committed) = committed_meanwhile(config, key, holder).await {
-                        return committed;
-                    }
-                }
-                let op = if change == Transition::Release {
-                    "release"
-                } else {
-                    "complete"
-                };
-                write_final(config, key, holder, &change, op).await
-            }
-        }
-    }
-}
-
-/// The answer's body as the client gets it.
-enum ClientBody {
-    Whole(Bytes),
-    /// What was read, then the rest of the handler's body, streamed.
-    Streamed(Bytes, Body),
-}
-
-pub(crate) fn stored_response(config: &Config, parts: &Parts, body: &Bytes) -> StoredResponse {
-    let headers = contract::stored_headers(&config.cached_headers, |name, push| {
-        for value in parts.headers.get_all(name) {
-            push(value.as_bytes())
-        }
-    });
-    let mut headers = headers;
-    // Which execution this is, for the traces of its replays (never sent).
-    headers.extend(super::trace::execution_header());
-    StoredResponse {
-        status: parts.status.as_u16(),
-        headers,
-        body: body.to_vec(),
-    }
-}
-
-/// Backoff of the final write: from 25 ms, doubling, at most 2 s between attempts.
-const FIRST_BACKOFF: Duration = Duration::from_millis(25);
-const MAX_BACKOFF: Duration = Duration::from_secs(2);
-
-/// The holder's own completion, if its handler's transaction committed one; the tiers
-/// in front of the authority learn it. `None` when it did not, or the authority can't
-/// tell now (the final write then decides: where the completion is written in the
-/// authority itself it meets the committed one and is refused; see [`Final::Committed`]).
-#[cfg(feature = "postgres")]
-async fn committed_meanwhile(config: &Config, key: &RecordKey, holder: &Holder) -> Option<Final> {
-    let authority = config.authority.as_ref()?;
-    let mut attempts = 0;
-    let record = loop {
-        match authority.read_settled(key).await {
-            Ok(record) => break record,
-            Err(e) if attempts < 3 => {
-                attempts += 1;
-                tracing::warn!(key = %key.as_str(), error = %e, "cannot tell yet whether the handler's transaction committed; asking again");
-                tokio::time::sleep(FIRST_BACKOFF * 4 * attempts).await;
-            }
-            Err(e) => {
-                tracing::warn!(key = %key.as_str(), error = %e, "cannot tell whether the handler's transaction committed");
-                return None;
-            }
-        }
-    };
-    let stored = holder.own_completion(record.as_ref())?.clone();
-    let record = record?;
-    tracing::info!(key = %key.as_str(), "the handler's transaction had committed its answer; it is the answer");
-    if let Err(e) = config.store.committed(key, holder, &record).await {
-        tracing::warn!(key = %key.as_str(), error = %e, "the store did not take note of a committed completion");
-    }
-    Some(Final::Committed(stored, record.expires_at()))
-}
-
-/// Without Postgres there is no handler transaction whose commit could have landed.
-#[cfg(not(feature = "postgres"))]
-async fn committed_meanwhile(_: &Config, _: &RecordKey, _: &Holder) -> Option<Final> {
-    None
-}
-
-/// How a final write ended.
-enum Final {
-    /// Written; what the origin tells the edge about it.
-    Written(OriginDisposition),
-    /// Refused: another attempt owns the key.
-    Fenced,
-    /// Refused because the record already holds this holder's own completion with
-    /// another answer — committed by the handler's transaction — and its expiry.
-    Committed(StoredResponse, Millis),
-}
-
-/// Writes the holder's final record until it lands or is refused. Until then the key
-/// stays claimed and the heartbeat keeps its lease: nobody else runs the handler.
-async fn write_final(
-    config: &Config,
-    key: &RecordKey,
-    holder: &Holder,
-    change: &Transition,
-    op: &'static str,
-) -> Final {
-    let store = &config.store;
-    let mut backoff = FIRST_BACKOFF;
-    let mut failures = 0u64;
-    loop {
-        let now = store.now();
-        let write = store.write_as_holder(key, holder, change, now, &config.policy);
-        match metrics::timed(store.name(), op, write).await {
-            Ok(HolderWrite::Written) => {
-                if failures > 0 {
-                    tracing::info!(key = %key.as_str(), failures, "{op} written after retries");
-                }
-                return Final::Written(match change {
-                    Transition::Release => OriginDisposition::Released,
-                    // The stored record expires at its write's time plus the TTL, and
-                    // that write may be an earlier one whose reply was lost: the claim's
-                    // time bounds it from below, so the edge never outlives it.
-                    _ => OriginDisposition::Stored {
-                        expires_at: holder.claimed_at().saturating_add(config.policy.ttl_ms),
-                        record: key.tag(),
-                        fingerprint: None,
-                    },
-                });
-            }
-            Ok(HolderWrite::Refused(Refusal::AlreadyCompleted)) => {
-                // This holder's own completion (another's token is refused as fenced),
-                // committed by its handler's transaction: its answer is the one to give.
-                // Read a few times: a single failed read gave the client the handler's
-                // own answer, which its retries never get.
-                let mut record = store.get(key).await;
-                for _ in 0..3 {
-                    let Err(e) = &record else { break };
-                    tracing::warn!(key = %key.as_str(), error = %e, "{op} refused as completed; reading the completion again");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                    record = store.get(key).await;
-                }
-                let record = record.ok().flatten();
-                if let Some(stored) = holder.own_completion(record.as_ref()) {
-                    let expires_at = record.as_ref().map_or(0, |r| r.expires_at());
-                    tracing::info!(key = %key.as_str(), "{op} refused: the handler's transaction had committed the answer; it is the answer");
-                    return Final::Committed(stored.clone(), expires_at);
-                }
-                metrics::fenced(op);
-                tracing::warn!(key = %key.as_str(), "{op} refused: the record is completed");
-                return Final::Fenced;
-            }
-            Ok(HolderWrite::Refused(refusal)) => {
-                metrics::fenced(op);
-                tracing::warn!(key = %key.as_str(), %refusal, "{op} refused: another attempt owns this key");
-                return Final::Fenced;
-            }
-            Err(e) => {
-                failures += 1;
-                metrics::final_write_retried(op);
-                // Every failure of a long outage would flood the log: the first, then every 10th.
-                if failures == 1 || failures % 10 == 0 {
-                    tracing::warn!(key = %key.as_str(), error = %e, failures, "{op} failed; retrying while the lease is kept alive");
-                }
-            }
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(MAX_BACKOFF);
-    }
-}
-
-/// The lease's keeper: renews it every eighth of the lease (sooner after a failure)
-/// until dropped, and tells the handler — through `lease_lost` — when the lease is
-/// lost: fenced out, or not renewed by the time it may end on the store's clock.
-///
-/// A task of its own, not a future polled beside the handler: a handler that blocks
-/// its thread (synchronous work in an async handler) must not stop the renewals, or
-/// its lease could end under it and a retry run it a second time. (The execution
-/// yields once after starting it, so that it leaves the worker it was spawned on.)
-struct Heartbeat(tokio::task::JoinHandle<()>);
-
-impl Heartbeat {
-    fn start(
-        config: Arc<Config>,
-        key: RecordKey,
-        holder: Holder,
-        lease_lost: CancellationToken,
-        claimed_at: Instant,
-    ) -> Heartbeat {
-        Heartbeat(tokio::spawn(tracing::Instrument::in_current_span(
-            keep_alive(config, key, holder, lease_lost, claimed_at),
-        )))
-    }
-}
-
-impl Drop for Heartbeat {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-async fn keep_alive(
-    config: Arc<Config>,
-    key: RecordKey,
-    holder: Holder,
-    lease_lost: CancellationToken,
-    claimed_at: Instant,
-) {
-    let lease = Duration::from_millis(config.policy.lease_ms);
-    // The cadence bounds the store outage a holder survives. An outage may begin just
-    // before a renewal was due (an eighth of the lease since the last one); once the
-    // store is back, the attempt hanging at that moment is given up after a twelfth
-    // and the next follows a twenty-fourth later; and the lease may end a tenth early
-    // on the store's clock (the tolerance). 1 − 1/8 − 1/12 − 1/24 − 1/10 = 0.65 of the
-    // lease, as the book promises (docs/guarantee.md). (Every third, a sixth and a twelfth left 0.32:
-    // a 0.63-lease outage starting just before a renewal let retries take over.)
-    let every = (lease / 8).max(Duration::from_millis(1));
-    let after_failure = (lease / 24).max(Duration::from_millis(5));
-    // A heartbeat that doesn't answer within this is given up and sent again.
-    let attempt_timeout = (lease / 12).max(Duration::from_millis(20));
-    // The lease may end this much early on the store's clock (the clock tolerance):
-    // the handler is told before then, whatever the attempts are doing.
-    let margin = crate::store::Stamp::new(0, &config.policy).tolerance;
-    let told_after = lease.saturating_sub(Duration::from_millis(margin));
-    // The lease runs from when the claim was sent, not from when its reply came.
-    let mut renewed_at = claimed_at;
-    let mut wait = every.saturating_sub(claimed_at.elapsed());
-    loop {
-        let store = &config.store;
-        let beat = async {
-            tokio::time::sleep(wait).await;
-            let sent = Instant::now();
-            let beat = store.heartbeat(&key, &holder, store.now(), &config.policy);
-            let outcome = tokio::time::timeout(
-                attempt_timeout,
-                metrics::timed(store.name(), "heartbeat", beat),
-            )
-            .await;
-            (sent, outcome)
-        };
-        let deadline = tokio::time::Instant::from_std(renewed_at + told_after);
-        let (sent, outcome) = tokio::select! {
-            done = beat => done,
-            _ = tokio::time::sleep_until(deadline), if !lease_lost.is_cancelled() => {
-                metrics::lease_lost();
-                lease_lost.cancel();
-                tracing::error!(key = %key.as_str(), "the lease was not renewed in time: another attempt may take over");
-                wait = after_failure;
-                continue;
-            }
-        };
-        match outcome {
-            Ok(Ok(HolderWrite::Written)) => {
-                renewed_at = sent;
-                wait = every;
-            }
-            // This holder's own completion landed (the handler's transaction): done.
-            Ok(Ok(HolderWrite::Refused(Refusal::AlreadyCompleted))) => return,
-            Ok(Ok(HolderWrite::Refused(refusal))) => {
-                metrics::fenced("heartbeat");
-                if !lease_lost.is_cancelled() {
-                    metrics::lease_lost();
-                    lease_lost.cancel();
-                }
-                tracing::warn!(key = %key.as_str(), token = holder.token, %refusal, "lost the claim while the handler runs");
-                return;
-            }
-            failed => {
-                if let Ok(Err(e)) = failed {
-                    tracing::warn!(key = %key.as_str(), error = %e, "heartbeat failed; retrying");
-                } else {
-                    tracing::warn!(key = %key.as_str(), "heartbeat timed out; retrying");
-                }
-                wait = after_failure;
-            }
         }
     }
 }

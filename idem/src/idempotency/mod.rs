@@ -2,8 +2,10 @@
 //! contract) and [`IdempotencyService`].
 
 mod execution;
+mod guard;
 mod response;
 mod service;
+mod settle;
 mod signals;
 mod trace;
 #[cfg(feature = "postgres")]

@@ -297,14 +297,17 @@ where
     };
     let layer_config = Arc::clone(&config);
     let left = Arc::new(AtomicBool::new(false));
-    let run = claim_and_execute(
-        config,
-        inner,
+    let guarded = Guarded {
         parts,
         body,
         key,
         record_key,
         fingerprint,
+    };
+    let run = claim_and_execute(
+        config,
+        inner,
+        guarded,
         Wait {
             ms: wait_ms,
             left: left.clone(),
@@ -342,23 +345,29 @@ struct Wait {
     scope: idem_core::Scope,
 }
 
-/// Claims the key — waiting while another attempt holds it, if asked to — then replays,
-/// refuses, or runs the request under the claim.
-#[allow(clippy::too_many_arguments)]
-async fn claim_and_execute<S>(
-    config: Arc<Config>,
-    inner: S,
+/// A guarded request, read whole and placed: what its claim and its execution need.
+struct Guarded {
     parts: Parts,
     body: Bytes,
     key: idem_core::IdempotencyKey,
+    /// Where its record lives: its caller's scope and its key.
     record_key: RecordKey,
     fingerprint: idem_core::Fingerprint,
+}
+
+/// Claims the key — waiting while another attempt holds it, if asked to — then replays,
+/// refuses, or runs the request under the claim.
+async fn claim_and_execute<S>(
+    config: Arc<Config>,
+    inner: S,
+    guarded: Guarded,
     wait: Wait,
 ) -> Response<Body>
 where
     S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
     S::Future: Send + 'static,
 {
+    let record_key = &guarded.record_key;
     // The wait is measured on the runtime's monotonic clock, from here.
     let started = Instant::now();
     let mut waiting = Waiting::new(0, wait.ms);
@@ -369,7 +378,7 @@ where
         .reserve_new_key(wait.scope, std::time::Instant::now())
     {
         Ok(reservation) => Some(reservation),
-        Err(wait_for) => match past_quota(&config, &record_key, wait_for).await {
+        Err(wait_for) => match past_quota(&config, record_key, wait_for).await {
             Some(refused) => return refused,
             None => None,
         },
@@ -382,7 +391,12 @@ where
         let decision = metrics::timed(
             store.name(),
             "claim",
-            store.claim(&record_key, &fingerprint, store.now(), &config.policy),
+            store.claim(
+                record_key,
+                &guarded.fingerprint,
+                store.now(),
+                &config.policy,
+            ),
         )
         .await;
         let (claim, took_over) = match decision {
@@ -403,10 +417,15 @@ where
             }) => {
                 metrics::outcome(Outcome::Replayed);
                 trace::record_replay(&response.headers);
-                let for_edge = parts.extensions.get::<super::FromEdge>().is_some();
+                let for_edge = guarded.parts.extensions.get::<super::FromEdge>().is_some();
                 return replay(
                     response,
-                    for_edge.then(|| (config.key_headers.record_tag(&record_key), &fingerprint)),
+                    for_edge.then(|| {
+                        (
+                            config.key_headers.record_tag(record_key),
+                            &guarded.fingerprint,
+                        )
+                    }),
                     expires_at,
                     store.now(),
                 );
@@ -431,60 +450,120 @@ where
                 }
             }
         };
-        let round_trip = u64::try_from(sent.elapsed().as_millis()).unwrap_or(u64::MAX);
-        if !config.policy.claim_in_time(round_trip) {
-            // Another attempt may have taken the key over already: running now could run
-            // the handler twice. A fresh claim is freed if it is still ours (nothing ran);
-            // a takeover is left to its lease, so that the next attempt takes over again
-            // and knows an earlier attempt may have run (proxy mode never re-sends then).
-            if !took_over {
-                let holder = claim.holder();
-                let _ = tokio::time::timeout(
-                    Duration::from_millis(config.policy.lease_ms),
-                    store.release(&record_key, &holder, store.now(), &config.policy),
-                )
-                .await;
-            }
-            return unavailable(&StoreError::unavailable(format!(
-                "the claim took {round_trip} ms, too close to its {} ms lease",
-                config.policy.lease_ms
-            )));
+        if let Some(refused) = claimed_too_late(&config, record_key, &claim, took_over, sent).await
+        {
+            return refused;
         }
-        metrics::outcome(Outcome::Executed);
-        trace::record_claim(claim.token, took_over);
-        if took_over {
-            metrics::takeover();
-            tracing::warn!(key = %key, token = claim.token, "took over a claim whose holder's lease expired");
-        }
-        let holder = claim.holder();
-        let lease_lost = CancellationToken::new();
-        let opened = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let mut req = Request::from_parts(parts, Body::from(body));
-        trace::hand_on(req.headers_mut());
-        req.extensions_mut().insert(IdempotencyContext {
-            key,
-            record_key: record_key.clone(),
-            token: claim.token,
+        let claim = Claim {
+            claim,
             took_over,
-            lease_lost: lease_lost.clone(),
-            #[cfg(feature = "postgres")]
-            completion: config.authority.clone().map(|authority| Completion {
-                authority,
-                holder,
-                config: config.clone(),
-                opened: opened.clone(),
-            }),
-        });
-        let claimed = Claimed {
-            key: record_key,
-            holder,
-            lease_lost,
-            opened,
-            claimed_at: sent.into_std(),
-            fingerprint,
+            sent,
         };
-        return execute(config, inner, req, claimed, wait.in_progress).await;
+        return execute_claimed(config, inner, guarded, claim, wait.in_progress).await;
     }
+}
+
+/// A claim the store made for this request.
+struct Claim {
+    claim: idem_core::Claim,
+    /// It took the key over from a holder whose lease ended.
+    took_over: bool,
+    /// When it was sent: its lease runs from (at the latest) then.
+    sent: Instant,
+}
+
+/// The refusal of a claim that came back too close to the end of its lease (another
+/// attempt may have taken the key over already: running now could run the handler
+/// twice); `None` when it came in time.
+async fn claimed_too_late(
+    config: &Config,
+    record_key: &RecordKey,
+    claim: &idem_core::Claim,
+    took_over: bool,
+    sent: Instant,
+) -> Option<Response<Body>> {
+    let round_trip = u64::try_from(sent.elapsed().as_millis()).unwrap_or(u64::MAX);
+    if config.policy.claim_in_time(round_trip) {
+        return None;
+    }
+    // A fresh claim is freed if it is still ours (nothing ran); a takeover is left to
+    // its lease, so that the next attempt takes over again and knows an earlier
+    // attempt may have run (proxy mode never re-sends then).
+    if !took_over {
+        let store = &config.store;
+        let holder = claim.holder();
+        let _ = tokio::time::timeout(
+            Duration::from_millis(config.policy.lease_ms),
+            store.release(record_key, &holder, store.now(), &config.policy),
+        )
+        .await;
+    }
+    Some(unavailable(&StoreError::unavailable(format!(
+        "the claim took {round_trip} ms, too close to its {} ms lease",
+        config.policy.lease_ms
+    ))))
+}
+
+/// Runs the request under `claim`: the handler gets the claim's context (its fencing
+/// token, whether it took over, the lease's cancellation), and the execution holds the
+/// request's place in progress until its record is written.
+async fn execute_claimed<S>(
+    config: Arc<Config>,
+    inner: S,
+    guarded: Guarded,
+    claim: Claim,
+    in_progress: InProgress,
+) -> Response<Body>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+{
+    let Guarded {
+        parts,
+        body,
+        key,
+        record_key,
+        fingerprint,
+    } = guarded;
+    let Claim {
+        claim,
+        took_over,
+        sent,
+    } = claim;
+    metrics::outcome(Outcome::Executed);
+    trace::record_claim(claim.token, took_over);
+    if took_over {
+        metrics::takeover();
+        tracing::warn!(key = %key, token = claim.token, "took over a claim whose holder's lease expired");
+    }
+    let holder = claim.holder();
+    let lease_lost = CancellationToken::new();
+    let opened = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut req = Request::from_parts(parts, Body::from(body));
+    trace::hand_on(req.headers_mut());
+    req.extensions_mut().insert(IdempotencyContext {
+        key,
+        record_key: record_key.clone(),
+        token: claim.token,
+        took_over,
+        lease_lost: lease_lost.clone(),
+        #[cfg(feature = "postgres")]
+        completion: config.authority.clone().map(|authority| Completion {
+            authority,
+            holder,
+            config: config.clone(),
+            opened: opened.clone(),
+        }),
+    });
+    let claimed = Claimed {
+        key: record_key,
+        holder,
+        lease_lost,
+        opened,
+        claimed_at: sent.into_std(),
+        fingerprint,
+    };
+    execute(config, inner, req, claimed, in_progress).await
 }
 
 /// A caller past its quota of new keys may still get what the store holds, live, for

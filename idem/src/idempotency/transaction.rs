@@ -33,8 +33,8 @@
 //! }
 //! ```
 
-use super::execution::stored_response;
 use super::response::refusal;
+use super::settle::stored_response;
 use super::signals::{Committed, FencedSignal};
 use super::{release, Config, IdempotencyContext};
 use crate::store::postgres::{Authority, BeginError, CommitError, FencedTransaction};

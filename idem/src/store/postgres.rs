@@ -32,6 +32,7 @@ use std::time::Duration;
 use tokio_postgres::NoTls;
 
 /// How the Postgres store claims a key.
+#[non_exhaustive]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PgStrategy {
     /// `INSERT … ON CONFLICT DO NOTHING` plus compare-and-swap: one round trip per new key.
@@ -45,6 +46,7 @@ pub enum PgStrategy {
 }
 
 /// Connection and behaviour settings of [`PostgresStore`].
+#[non_exhaustive]
 #[derive(Clone, Debug)]
 pub struct PgOptions {
     /// Claim strategy.
@@ -71,6 +73,49 @@ impl Default for PgOptions {
             naive_window: Duration::from_millis(20),
             ca_file: None,
         }
+    }
+}
+
+/// Each setting, from [`PgOptions::default`] on (the struct is non-exhaustive: it
+/// will grow).
+impl PgOptions {
+    /// Sets `strategy`: claim strategy.
+    #[must_use]
+    pub fn strategy(mut self, strategy: PgStrategy) -> Self {
+        self.strategy = strategy;
+        self
+    }
+
+    /// Sets `pool_size`: pool size.
+    #[must_use]
+    pub fn pool_size(mut self, pool_size: usize) -> Self {
+        self.pool_size = pool_size;
+        self
+    }
+
+    /// Sets `timeout`: bound on connecting, and on each store operation (pool wait
+    /// included).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    #[cfg(feature = "testing")]
+    /// Sets `naive_window`: `naive` only: how long it dawdles between its SELECT and
+    /// its INSERT, which widens the race window so tests see it reliably.
+    #[must_use]
+    pub fn naive_window(mut self, naive_window: Duration) -> Self {
+        self.naive_window = naive_window;
+        self
+    }
+
+    /// Sets `ca_file`: the CA certificates (PEM) to verify the server with; overrides
+    /// `sslrootcert`.
+    #[must_use]
+    pub fn ca_file(mut self, ca_file: Option<std::path::PathBuf>) -> Self {
+        self.ca_file = ca_file;
+        self
     }
 }
 
@@ -939,20 +984,14 @@ fn connector(
         config.application_name("idem");
     }
     if let Some(limit) = statement_timeout {
-        // Every statement idem sends on these pools finds its rows through an index
-        // (the key, the expiry, the in-progress claims). A table analysed while (nearly) empty —
-        // after the sweeper emptied it, or when it was new — makes a sequential scan
-        // look cheaper, a prepared statement keeps that plan while the table grows, and
-        // each claim then reads the whole table: 2 731 new keys/s instead of ~5 000,
-        // 1 942 sequential scans in 7 s (docs/bench/seqscan-2026-12-01.txt). Without
-        // sequential scans the plan is the index's, whatever the statistics say; a
-        // statement with no index to use still scans. Handlers' transactions (their
-        // own pool, no `statement_timeout`) keep their sessions' settings: idem's
-        // statements in them turn sequential scans off for themselves (transaction.rs).
-        // And a session idle inside one of idem's own transactions for as long
-        // ends: its process was frozen (SIGSTOP, a VM paused) holding what the
-        // transaction took — the advisory-lock strategy's lock on a key, which would
-        // otherwise turn away every replica's requests for the key for as long.
+        // Every statement idem sends on these pools has an index to use. A table
+        // analysed while (nearly) empty makes a sequential scan look cheaper, and a
+        // prepared statement keeps that plan as the table grows (docs/stores.md has the
+        // measure): without sequential scans the plan is the index's, whatever the
+        // statistics say. Handlers' transactions keep their sessions' settings
+        // (transaction.rs turns scans off for idem's statements in them). A session
+        // idle inside one of idem's transactions for as long was frozen (SIGSTOP, a VM
+        // paused) holding its locks: the server ends it.
         let setting = format!(
             "-c statement_timeout={ms} -c idle_in_transaction_session_timeout={ms} \
              -c enable_seqscan=off",

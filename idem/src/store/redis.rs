@@ -81,6 +81,7 @@ static MIRROR: LazyLock<LayoutScripts> = script!("mirror.lua");
 static GET: LazyLock<LayoutScripts> = script!("get.lua");
 
 /// Connection settings of [`RedisStore`].
+#[non_exhaustive]
 #[derive(Clone, Debug)]
 pub struct RedisOptions {
     /// `Some(true)`: Redis Cluster; `Some(false)`: standalone; `None`: a list of URLs
@@ -119,6 +120,71 @@ impl Default for RedisOptions {
             layout: RedisLayout::String,
             allow_hosts: Vec::new(),
         }
+    }
+}
+
+/// Each setting, from [`RedisOptions::default`] on (the struct is non-exhaustive: it
+/// will grow).
+impl RedisOptions {
+    /// Sets `cluster`: `Some(true)`: Redis Cluster; `Some(false)`: standalone; `None`:
+    /// a list of URLs means a cluster, a single URL is asked (`INFO cluster`).
+    #[must_use]
+    pub fn cluster(mut self, cluster: Option<bool>) -> Self {
+        self.cluster = cluster;
+        self
+    }
+
+    /// Sets `timeout`: bound on connecting and on every operation.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets `namespace`: prefix of every key (`<namespace>:{<record key>}`), so several
+    /// deployments can share one Redis.
+    #[must_use]
+    pub fn namespace(mut self, namespace: String) -> Self {
+        self.namespace = namespace;
+        self
+    }
+
+    /// Sets `ca_file`: the CA certificates (PEM) to verify `rediss://` servers with
+    /// (else the system's).
+    #[must_use]
+    pub fn ca_file(mut self, ca_file: Option<std::path::PathBuf>) -> Self {
+        self.ca_file = ca_file;
+        self
+    }
+
+    /// Sets `allow_eviction`: start even if a master evicts keys when full.
+    #[must_use]
+    pub fn allow_eviction(mut self, allow_eviction: bool) -> Self {
+        self.allow_eviction = allow_eviction;
+        self
+    }
+
+    /// Sets `wait_replicas`: replicas that must acknowledge each claim and holder write
+    /// (`WAIT`); 0: none.
+    #[must_use]
+    pub fn wait_replicas(mut self, wait_replicas: u32) -> Self {
+        self.wait_replicas = wait_replicas;
+        self
+    }
+
+    /// Sets `layout`: how records are written (both layouts are read).
+    #[must_use]
+    pub fn layout(mut self, layout: RedisLayout) -> Self {
+        self.layout = layout;
+        self
+    }
+
+    /// Sets `allow_hosts`: besides the nodes of the URLs given, where a cluster's
+    /// credentials may go (`--redis-allow-host`: hosts, `host:port`, networks).
+    #[must_use]
+    pub fn allow_hosts(mut self, allow_hosts: Vec<String>) -> Self {
+        self.allow_hosts = allow_hosts;
+        self
     }
 }
 

@@ -27,7 +27,7 @@ use idem_core::{
     decide, Decision, Fingerprint, Holder, Millis, OverLostFront, Policy, Record, RecordKey,
     Refusal, Transition,
 };
-use outbox::{Outbox, OutboxOptions};
+use outbox::{Outbox, OutboxOptions, Slot};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,9 +49,19 @@ const PURGE_SETTLE: std::time::Duration = std::time::Duration::from_millis(50);
 pub struct TieredStore {
     redis: RedisStore,
     pg: Arc<PostgresStore>,
-    outbox: Option<Outbox>,
-    /// `async`: the cold path's reads of Postgres, many requests' per statement.
-    cold_reads: Option<BatchedReads>,
+    tier: Tier,
+}
+
+/// How the two tiers are kept, by [`Durability`].
+enum Tier {
+    /// Postgres decides and is written first; Redis is a cache of it.
+    Sync,
+    /// Redis decides; Postgres is written behind by the outbox, and read by the cold
+    /// path, many requests' reads per statement.
+    Async {
+        outbox: Outbox,
+        cold_reads: BatchedReads,
+    },
 }
 
 impl TieredStore {
@@ -62,33 +72,38 @@ impl TieredStore {
         durability: Durability,
         outbox: OutboxOptions,
     ) -> Self {
-        let (outbox, cold_reads) = match durability {
-            Durability::Sync => (None, None),
-            Durability::Async => (
-                Some(Outbox::start(pg.clone(), outbox)),
-                Some(BatchedReads::start(pg.clone())),
-            ),
+        let tier = match durability {
+            Durability::Sync => Tier::Sync,
+            Durability::Async => Tier::Async {
+                outbox: Outbox::start(pg.clone(), outbox),
+                cold_reads: BatchedReads::start(pg.clone()),
+            },
         };
-        TieredStore {
-            redis,
-            pg,
-            outbox,
-            cold_reads,
+        TieredStore { redis, pg, tier }
+    }
+
+    /// `async`: the outbox that writes Postgres behind.
+    fn outbox(&self) -> Option<&Outbox> {
+        match &self.tier {
+            Tier::Sync => None,
+            Tier::Async { outbox, .. } => Some(outbox),
         }
     }
 
     /// `async`: the statements the cold path's batched reads sent so far.
     #[cfg(feature = "testing")]
     pub fn cold_read_statements(&self) -> Option<u64> {
-        self.cold_reads.as_ref().map(BatchedReads::statements)
+        match &self.tier {
+            Tier::Sync => None,
+            Tier::Async { cold_reads, .. } => Some(cold_reads.statements()),
+        }
     }
 
     /// The durability mode.
     pub fn durability(&self) -> Durability {
-        if self.outbox.is_some() {
-            Durability::Async
-        } else {
-            Durability::Sync
+        match self.tier {
+            Tier::Sync => Durability::Sync,
+            Tier::Async { .. } => Durability::Async,
         }
     }
 
@@ -230,161 +245,229 @@ impl TieredStore {
         now: Millis,
         policy: &Policy,
     ) -> Result<HolderWrite, StoreError> {
-        let next = change.record(holder, now, policy);
-        match &self.outbox {
-            None => {
-                let written = self
-                    .pg
-                    .holder_write(key, holder, change, now, policy)
-                    .await?;
-                if written.is_written() {
-                    // Postgres has it; Redis, a cache here, gets a twenty-fourth of the
-                    // lease at most, so that a Redis that hangs can't make a heartbeat miss
-                    // its deadline (a twelfth of the lease) nor hold up a completion's answer.
-                    let budget = Duration::from_millis(policy.lease_ms / 24);
-                    let at = Stamp::new(now, policy);
-                    self.mirror_within(budget, key, None, &next, at).await;
-                }
-                Ok(written)
-            }
-            Some(outbox) => {
-                let slot = if change.is_final() {
-                    // The claim parked a slot for its final write; fall back to waiting for one.
-                    match outbox.take_parked(key, holder.token) {
-                        Some(slot) => Some(slot),
-                        None => Some(outbox.reserve().await?),
-                    }
-                } else {
-                    // A heartbeat queues only if there is room; see the outbox docs.
-                    outbox.try_reserve()
-                };
-                let mut written = match self
-                    .redis
-                    .holder_write(key, holder, change, now, policy)
+        match &self.tier {
+            Tier::Sync => {
+                self.holder_write_sync(key, holder, change, now, policy)
                     .await
-                {
-                    Ok(w) => w,
-                    Err(e) => {
-                        if let (true, Some(slot)) = (change.is_final(), slot) {
-                            // The layer will try again: keep the slot for it.
-                            outbox.park(key.clone(), holder.token, slot, crate::now());
-                        }
-                        return Err(e);
-                    }
-                };
-                let releasing = matches!(change, Transition::Release);
-                if let (HolderWrite::Refused(Refusal::Fenced { .. }), false) = (&written, releasing)
-                {
-                    // Another claim in Redis: a takeover (final), or a retry's provisional
-                    // claim made after Redis lost this holder's record, on its way to being
-                    // replaced by the authority's. Giving up to the latter would stop this
-                    // live holder's heartbeats and let a retry run the handler again once
-                    // the lease ran out (found by the model checker). The authority tells
-                    // them apart; the holder's write goes over a provisional claim. Not a
-                    // release: it protects nothing, and would remove a claim that may be
-                    // the next attempt's, which Postgres does not know yet.
-                    let authority = self.pg.get_record(key).await?;
-                    if holder.holds_in_authority(authority.as_ref(), now) {
-                        let replaced = match self.redis.get(key).await? {
-                            Some(current)
-                                if holder.may_replace_front(
-                                    &current,
-                                    authority.as_ref(),
-                                    now,
-                                    policy,
-                                ) =>
-                            {
-                                let at = Stamp::new(now, policy);
-                                let (swap, _) =
-                                    self.redis.replace(key, &current, &next, at).await?;
-                                Some(swap == Swap::Replaced)
-                            }
-                            // Another attempt's answer, or a lease that may have ended
-                            // on the clock that ends leases: the refusal stands.
-                            Some(current) if current.token() != holder.token => None,
-                            _ => Some(false),
-                        };
-                        if replaced == Some(false) {
-                            if let (true, Some(slot)) = (change.is_final(), slot) {
-                                outbox.park(key.clone(), holder.token, slot, crate::now());
-                            }
-                            // It changed meanwhile: the layer writes again and sees.
-                            return Err(StoreError::contention());
-                        }
-                        if replaced == Some(true) {
-                            metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
-                            written = HolderWrite::Written;
-                        }
-                    }
-                }
-                if written == HolderWrite::Refused(Refusal::Missing) {
-                    // Redis lost the record (failover, flush) after it was written behind:
-                    // the authority decides whether this holder still owns the key. (A
-                    // refusal as fenced is final: the newer claim may be a legitimate one
-                    // not yet written behind, which Postgres can't tell from a stale one.)
-                    let authority = self.pg.get_record(key).await?;
-                    written = match holder.over_lost_front(authority.as_ref(), change, now) {
-                        OverLostFront::Refused(refusal) => HolderWrite::Refused(refusal),
-                        OverLostFront::Landed => {
-                            metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
-                            self.redis.mirror(key, &next).await?;
-                            HolderWrite::Written
-                        }
-                        OverLostFront::CopyIn => {
-                            metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
-                            if !self.redis.mirror(key, &next).await? {
-                                // A newer record in Redis (a retry's claim since the
-                                // loss): counted as written, this holder's record would
-                                // be in the outbox only, and Redis would keep a claim
-                                // nobody renews — a later retry takes it over and runs
-                                // again. Write again: Redis' refusal as fenced decides.
-                                if let (true, Some(slot)) = (change.is_final(), slot) {
-                                    outbox.park(key.clone(), holder.token, slot, crate::now());
-                                }
-                                return Err(StoreError::contention());
-                            }
-                            HolderWrite::Written
-                        }
-                    };
-                }
-                let slot = match (releasing, &written, slot) {
-                    // Refused in Redis, which holds another claim (the next attempt's,
-                    // or a retry's provisional one made after Redis lost this holder's
-                    // record): Redis is left alone, but Postgres, which may still hold
-                    // this holder's claim, learns the release — applied there only over
-                    // this holder's own claim (the write-behind rule), so that a
-                    // corrected request is not refused on it later.
-                    (true, HolderWrite::Refused(Refusal::Fenced { .. }), Some(slot)) => {
-                        slot.send(key.clone(), next.clone());
-                        None
-                    }
-                    (_, _, slot) => slot,
-                };
-                match (written.is_written(), slot) {
-                    // A release is answered once Postgres has it, if it comes in time.
-                    // Until then Postgres holds the claim as it was, and a corrected
-                    // retry (another body) sent on the release's answer would find it
-                    // there through the cold path, put it back into Redis and be refused
-                    // 422 until the record expired. Releases are rare (nothing happened):
-                    // the wait is cheap. Past the store's timeout the release counts as
-                    // written all the same (the outbox delivers it in order): an error
-                    // would make the layer write it again, over what may by then be the
-                    // next attempt's claim.
-                    (true, Some(slot)) if releasing => {
-                        let heard = slot.send_acknowledged(key.clone(), next);
-                        let timeout = self.pg.timeout();
-                        if !matches!(tokio::time::timeout(timeout, heard).await, Ok(Ok(()))) {
-                            tracing::warn!(key = %key.as_str(), ?timeout, "a release is not in Postgres yet; answered all the same");
-                        }
-                    }
-                    (true, Some(slot)) => slot.send(key.clone(), next),
-                    (true, None) => {
-                        metrics::counter!("idem_outbox_skipped_heartbeats_total").increment(1)
-                    }
-                    _ => {}
-                }
-                Ok(written)
             }
+            Tier::Async { outbox, .. } => {
+                self.holder_write_async(outbox, key, holder, change, now, policy)
+                    .await
+            }
+        }
+    }
+
+    /// `sync`: written in Postgres, then copied to Redis.
+    async fn holder_write_sync(
+        &self,
+        key: &RecordKey,
+        holder: &Holder,
+        change: &Transition,
+        now: Millis,
+        policy: &Policy,
+    ) -> Result<HolderWrite, StoreError> {
+        let written = self
+            .pg
+            .holder_write(key, holder, change, now, policy)
+            .await?;
+        if written.is_written() {
+            // Postgres has it; Redis, a cache here, gets a twenty-fourth of the
+            // lease at most, so that a Redis that hangs can't make a heartbeat miss
+            // its deadline (a twelfth of the lease) nor hold up a completion's answer.
+            let budget = Duration::from_millis(policy.lease_ms / 24);
+            let at = Stamp::new(now, policy);
+            let next = change.record(holder, now, policy);
+            self.mirror_within(budget, key, None, &next, at).await;
+        }
+        Ok(written)
+    }
+
+    /// `async`: written in Redis — reconciled with Postgres when Redis refused it for
+    /// a claim Postgres may not know, or lost the record — then written behind.
+    async fn holder_write_async(
+        &self,
+        outbox: &Outbox,
+        key: &RecordKey,
+        holder: &Holder,
+        change: &Transition,
+        now: Millis,
+        policy: &Policy,
+    ) -> Result<HolderWrite, StoreError> {
+        let next = change.record(holder, now, policy);
+        let slot = if change.is_final() {
+            // The claim parked a slot for its final write; fall back to waiting for one.
+            match outbox.take_parked(key, holder.token) {
+                Some(slot) => Some(slot),
+                None => Some(outbox.reserve().await?),
+            }
+        } else {
+            // A heartbeat queues only if there is room; see the outbox docs.
+            outbox.try_reserve()
+        };
+        // A final write the layer will send again keeps its slot for it.
+        let park = |slot: Option<Slot>| {
+            if let (true, Some(slot)) = (change.is_final(), slot) {
+                outbox.park(key.clone(), holder.token, slot, crate::now());
+            }
+        };
+        let mut written = match self
+            .redis
+            .holder_write(key, holder, change, now, policy)
+            .await
+        {
+            Ok(w) => w,
+            Err(e) => {
+                park(slot);
+                return Err(e);
+            }
+        };
+        let releasing = matches!(change, Transition::Release);
+        let reconciled = match written {
+            // Not a release: it protects nothing, and would remove a claim that may be
+            // the next attempt's, which Postgres does not know yet.
+            HolderWrite::Refused(Refusal::Fenced { .. }) if !releasing => {
+                self.over_other_claim(key, holder, &next, written, now, policy)
+                    .await?
+            }
+            HolderWrite::Refused(Refusal::Missing) => {
+                self.over_lost_record(key, holder, change, &next, now)
+                    .await?
+            }
+            _ => Some(written),
+        };
+        match reconciled {
+            Some(w) => written = w,
+            None => {
+                // It changed meanwhile: the layer writes again and sees.
+                park(slot);
+                return Err(StoreError::contention());
+            }
+        }
+        self.write_behind(key, next, written, releasing, slot).await;
+        Ok(written)
+    }
+
+    /// A holder's write (not a release) that Redis refused for another claim: a
+    /// takeover (final), or a retry's provisional claim made after Redis lost this
+    /// holder's record, on its way to being replaced by the authority's. Giving up to
+    /// the latter would stop this live holder's heartbeats and let a retry run the
+    /// handler again once the lease ran out (found by the model checker). The authority
+    /// tells them apart; the holder's write goes over a provisional claim. `None`: Redis
+    /// changed meanwhile.
+    async fn over_other_claim(
+        &self,
+        key: &RecordKey,
+        holder: &Holder,
+        next: &Record,
+        refused: HolderWrite,
+        now: Millis,
+        policy: &Policy,
+    ) -> Result<Option<HolderWrite>, StoreError> {
+        let authority = self.pg.get_record(key).await?;
+        if !holder.holds_in_authority(authority.as_ref(), now) {
+            return Ok(Some(refused));
+        }
+        let replaced = match self.redis.get(key).await? {
+            Some(current)
+                if holder.may_replace_front(&current, authority.as_ref(), now, policy) =>
+            {
+                let at = Stamp::new(now, policy);
+                let (swap, _) = self.redis.replace(key, &current, next, at).await?;
+                Some(swap == Swap::Replaced)
+            }
+            // Another attempt's answer, or a lease that may have ended on the clock
+            // that ends leases: the refusal stands.
+            Some(current) if current.token() != holder.token => None,
+            _ => Some(false),
+        };
+        Ok(match replaced {
+            Some(false) => None,
+            Some(true) => {
+                metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
+                Some(HolderWrite::Written)
+            }
+            None => Some(refused),
+        })
+    }
+
+    /// Redis lost the record (failover, flush) after it was written behind: the
+    /// authority decides whether this holder still owns the key. (A refusal as fenced
+    /// is final: the newer claim may be a legitimate one not yet written behind, which
+    /// Postgres can't tell from a stale one.) `None`: Redis changed meanwhile.
+    async fn over_lost_record(
+        &self,
+        key: &RecordKey,
+        holder: &Holder,
+        change: &Transition,
+        next: &Record,
+        now: Millis,
+    ) -> Result<Option<HolderWrite>, StoreError> {
+        let authority = self.pg.get_record(key).await?;
+        Ok(
+            match holder.over_lost_front(authority.as_ref(), change, now) {
+                OverLostFront::Refused(refusal) => Some(HolderWrite::Refused(refusal)),
+                OverLostFront::Landed => {
+                    metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
+                    self.redis.mirror(key, next).await?;
+                    Some(HolderWrite::Written)
+                }
+                OverLostFront::CopyIn => {
+                    metrics::counter!("idem_tiered_cold_path_hits_total").increment(1);
+                    // A newer record in Redis (a retry's claim since the loss): counted as
+                    // written, this holder's record would be in the outbox only, and Redis
+                    // would keep a claim nobody renews — a later retry takes it over and
+                    // runs again. Write again: Redis' refusal as fenced decides.
+                    if !self.redis.mirror(key, next).await? {
+                        return Ok(None);
+                    }
+                    Some(HolderWrite::Written)
+                }
+            },
+        )
+    }
+
+    /// Writes the holder's record behind, in `slot`.
+    async fn write_behind(
+        &self,
+        key: &RecordKey,
+        next: Record,
+        written: HolderWrite,
+        releasing: bool,
+        slot: Option<Slot>,
+    ) {
+        let slot = match (releasing, written, slot) {
+            // Refused in Redis, which holds another claim (the next attempt's,
+            // or a retry's provisional one made after Redis lost this holder's
+            // record): Redis is left alone, but Postgres, which may still hold
+            // this holder's claim, learns the release — applied there only over
+            // this holder's own claim (the write-behind rule), so that a
+            // corrected request is not refused on it later.
+            (true, HolderWrite::Refused(Refusal::Fenced { .. }), Some(slot)) => {
+                slot.send(key.clone(), next.clone());
+                None
+            }
+            (_, _, slot) => slot,
+        };
+        match (written.is_written(), slot) {
+            // A release is answered once Postgres has it, if it comes in time.
+            // Until then Postgres holds the claim as it was, and a corrected
+            // retry (another body) sent on the release's answer would find it
+            // there through the cold path, put it back into Redis and be refused
+            // 422 until the record expired. Releases are rare (nothing happened):
+            // the wait is cheap. Past the store's timeout the release counts as
+            // written all the same (the outbox delivers it in order): an error
+            // would make the layer write it again, over what may by then be the
+            // next attempt's claim.
+            (true, Some(slot)) if releasing => {
+                let heard = slot.send_acknowledged(key.clone(), next);
+                let timeout = self.pg.timeout();
+                if !matches!(tokio::time::timeout(timeout, heard).await, Ok(Ok(()))) {
+                    tracing::warn!(key = %key.as_str(), ?timeout, "a release is not in Postgres yet; answered all the same");
+                }
+            }
+            (true, Some(slot)) => slot.send(key.clone(), next),
+            (true, None) => metrics::counter!("idem_outbox_skipped_heartbeats_total").increment(1),
+            _ => {}
         }
     }
 }
@@ -410,9 +493,9 @@ impl CasRecords for ColdPath<'_> {
         // now, not together with the insert: an earlier read may predate a holder's
         // claim written behind just before Redis lost it (the model checker's trace,
         // docs/guarantee.md). Batched with other requests' reads.
-        let authority = match &tiered.cold_reads {
-            Some(reads) => reads.get(key).await,
-            None => tiered.pg.get_record(key).await,
+        let authority = match &tiered.tier {
+            Tier::Async { cold_reads, .. } => cold_reads.get(key).await,
+            Tier::Sync => tiered.pg.get_record(key).await,
         };
         let authority = match authority {
             Ok(found) => found,
@@ -498,18 +581,18 @@ impl Store for TieredStore {
 
     /// Postgres' clock in `sync` mode (it decides every claim), Redis' in `async`.
     fn now(&self) -> Millis {
-        match self.outbox {
-            None => self.pg.now(),
-            Some(_) => self.redis.now(),
+        match self.tier {
+            Tier::Sync => self.pg.now(),
+            Tier::Async { .. } => self.redis.now(),
         }
     }
 
     /// Postgres, the authority; in `async` mode it learns claims behind Redis.
     fn authority(&self) -> Option<Authority> {
         let authority = self.pg.authority();
-        Some(match self.outbox {
-            None => authority,
-            Some(_) => authority.written_behind(),
+        Some(match self.tier {
+            Tier::Sync => authority,
+            Tier::Async { .. } => authority.written_behind(),
         })
     }
 
@@ -523,7 +606,7 @@ impl Store for TieredStore {
         holder: &Holder,
         record: &Record,
     ) -> Result<(), StoreError> {
-        if let Some(outbox) = &self.outbox {
+        if let Some(outbox) = self.outbox() {
             drop(outbox.take_parked(key, holder.token));
         }
         match self.redis.mirror(key, record).await {
@@ -542,7 +625,7 @@ impl Store for TieredStore {
         now: Millis,
         policy: &Policy,
     ) -> Result<(Decision, Option<Record>), StoreError> {
-        let Some(outbox) = &self.outbox else {
+        let Some(outbox) = self.outbox() else {
             return self.claim_sync(key, fp, now, policy).await;
         };
         // Reserve before writing anything: a full outbox refuses the claim cleanly.
@@ -571,10 +654,12 @@ impl Store for TieredStore {
     /// whatever Redis holds (Postgres lags behind it); Postgres' otherwise.
     async fn get(&self, key: &RecordKey) -> Result<Option<Record>, StoreError> {
         match self.redis.read(key).await {
-            Ok(Some(record)) if record.is_completed() || self.outbox.is_some() => Ok(Some(record)),
+            Ok(Some(record)) if record.is_completed() || self.outbox().is_some() => {
+                Ok(Some(record))
+            }
             Ok(Some(_)) => self.pg.get_record(key).await,
             Ok(None) => self.pg.get_record(key).await,
-            Err(e) if self.outbox.is_none() => {
+            Err(e) if self.outbox().is_none() => {
                 self.redis_failed("get", &e);
                 self.pg.get_record(key).await
             }
@@ -596,7 +681,7 @@ impl Store for TieredStore {
         not_before: Millis,
     ) -> Result<Deletion, StoreError> {
         let in_pg = self.pg.get_record(key).await?;
-        let deleted = if self.outbox.is_none() {
+        let deleted = if self.outbox().is_none() {
             // Both tiers' copies go, or neither: with Redis unreadable here (while it
             // keeps its copy, served again once it is back), deleting Postgres' alone
             // would undo the purge and leave the tiers disagreeing for the TTL.
@@ -659,9 +744,9 @@ impl Store for TieredStore {
         cursor: Option<&str>,
         limit: usize,
     ) -> Result<super::InProgressPage, StoreError> {
-        match self.outbox {
-            Some(_) => self.redis.in_progress(claimed_before, cursor, limit).await,
-            None => self.pg.in_progress(claimed_before, cursor, limit).await,
+        match self.tier {
+            Tier::Async { .. } => self.redis.in_progress(claimed_before, cursor, limit).await,
+            Tier::Sync => self.pg.in_progress(claimed_before, cursor, limit).await,
         }
     }
 
@@ -670,7 +755,7 @@ impl Store for TieredStore {
     }
 
     async fn sweep(&self, now: Millis, batch: usize) -> Result<u64, StoreError> {
-        if let Some(outbox) = &self.outbox {
+        if let Some(outbox) = self.outbox() {
             outbox.purge_parked(now);
         }
         self.pg.sweep(now, batch).await
@@ -680,7 +765,7 @@ impl Store for TieredStore {
         self.pg.ping().await?;
         match self.redis.ping().await {
             // In sync mode Postgres alone can serve: not ready only if it is down.
-            Err(e) if self.outbox.is_none() => {
+            Err(e) if self.outbox().is_none() => {
                 self.redis_failed("ping", &e);
                 Ok(())
             }
@@ -689,7 +774,7 @@ impl Store for TieredStore {
     }
 
     async fn flush(&self) -> Result<(), StoreError> {
-        if let Some(outbox) = &self.outbox {
+        if let Some(outbox) = self.outbox() {
             outbox.flush().await;
         }
         Ok(())

@@ -25,6 +25,7 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
 
 /// Sizing of the outbox.
+#[non_exhaustive]
 #[derive(Clone, Debug)]
 pub struct OutboxOptions {
     /// Records the queue holds before writers have to wait.
@@ -45,6 +46,38 @@ impl Default for OutboxOptions {
             enqueue_wait: Duration::from_secs(1),
             drain_deadline: Duration::from_secs(10),
         }
+    }
+}
+
+/// Each setting, from [`OutboxOptions::default`] on (the struct is non-exhaustive: it
+/// will grow).
+impl OutboxOptions {
+    /// Sets `capacity`: records the queue holds before writers have to wait.
+    #[must_use]
+    pub fn capacity(mut self, capacity: usize) -> Self {
+        self.capacity = capacity;
+        self
+    }
+
+    /// Sets `batch`: most records per upsert.
+    #[must_use]
+    pub fn batch(mut self, batch: usize) -> Self {
+        self.batch = batch;
+        self
+    }
+
+    /// Sets `enqueue_wait`: how long a writer waits for a free slot before failing.
+    #[must_use]
+    pub fn enqueue_wait(mut self, enqueue_wait: Duration) -> Self {
+        self.enqueue_wait = enqueue_wait;
+        self
+    }
+
+    /// Sets `drain_deadline`: how long a shutdown keeps retrying to write what is queued.
+    #[must_use]
+    pub fn drain_deadline(mut self, drain_deadline: Duration) -> Self {
+        self.drain_deadline = drain_deadline;
+        self
     }
 }
 

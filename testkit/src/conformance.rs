@@ -2,8 +2,6 @@
 //! `cargo test -p idem` runs it on the memory store (and the replay cache over it);
 //! `idem-tests` on every real backend (`tests/tests/stores.rs`).
 
-#![allow(dead_code)]
-
 use idem::{
     internal::CasRecords, internal::Stamp, internal::Swap, Deletion, HolderWrite, Purged, Store,
     StoreExt,

@@ -1,14 +1,12 @@
-//! The rows of the HTTP contract (README, "The HTTP contract") that hold on any
-//! store, each a function of the store it runs on. `contract_rows!(fixture)` makes
-//! one `#[tokio::test]` per row: `idem-origin`'s own tests run them on the memory
-//! store (no service needed), `idem-tests` on Postgres, Redis and tiered.
+//! The rows of the HTTP contract (docs/contract.md) that hold on any store, each a
+//! function of the store it runs on. `contract_rows!(fixture)` makes one
+//! `#[tokio::test]` per row: `idem`'s own tests run them on the memory store (no
+//! service needed), `idem-tests` on Postgres, Redis and tiered.
 //!
 //! Requests go through the layer with `tower::ServiceExt::oneshot`: no socket, so
 //! nothing here depends on timing but the rows that wait on purpose. A fixture may
 //! put a wire between the layer and the handler ([`through`]): proxy mode runs every
 //! row with the handler as an HTTP upstream on a socket.
-
-#![allow(dead_code)]
 
 use axum::body::Body;
 use axum::routing::any;
