@@ -975,7 +975,7 @@ fn connector(
     statement_timeout: Option<Duration>,
 ) -> Result<Connector, StoreError> {
     let invalid = |e: String| StoreError::unavailable(format!("invalid database URL: {e}"));
-    let tls = super::tls::split_pg_url(url).map_err(invalid)?;
+    let tls = super::tls::split_pg_url(url).map_err(|e| invalid(e.into()))?;
     let mut config =
         tokio_postgres::Config::from_str(&tls.url).map_err(|e| invalid(e.to_string()))?;
     config.connect_timeout(timeout);

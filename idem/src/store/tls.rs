@@ -10,6 +10,7 @@
 //! TLS to a host off this machine is logged as a warning. Redis uses `rediss://` URLs
 //! and `--redis-ca-file`.
 
+use idem_core::InvalidSetting;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
@@ -33,17 +34,14 @@ pub enum Verify {
 }
 
 /// The PEM certificates in `path`.
-pub fn load_ca(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+pub fn load_ca(path: &Path) -> Result<Vec<CertificateDer<'static>>, InvalidSetting> {
     let pem = std::fs::read(path)
         .map_err(|e| format!("cannot read the CA file {}: {e}", path.display()))?;
     let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<_, _>>()
         .map_err(|e| format!("the CA file {} is not PEM: {e}", path.display()))?;
     if certs.is_empty() {
-        return Err(format!(
-            "the CA file {} holds no certificate",
-            path.display()
-        ));
+        return Err(format!("the CA file {} holds no certificate", path.display()).into());
     }
     Ok(certs)
 }
@@ -53,7 +51,10 @@ fn provider() -> Arc<CryptoProvider> {
 }
 
 /// A client configuration for `verify`, trusting the certificates in `ca_file`.
-pub fn client_config(verify: Verify, ca_file: Option<&Path>) -> Result<ClientConfig, String> {
+pub fn client_config(
+    verify: Verify,
+    ca_file: Option<&Path>,
+) -> Result<ClientConfig, InvalidSetting> {
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?;
@@ -95,7 +96,7 @@ pub struct PgTls {
 }
 
 /// Reads `sslmode` and `sslrootcert` out of `url`.
-pub fn split_pg_url(url: &str) -> Result<PgTls, String> {
+pub fn split_pg_url(url: &str) -> Result<PgTls, InvalidSetting> {
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut kept = Vec::new();
     let mut mode = "prefer".to_owned();
@@ -117,7 +118,8 @@ pub fn split_pg_url(url: &str) -> Result<PgTls, String> {
         other => {
             return Err(format!(
                 "unknown sslmode {other:?}: use disable, prefer, require, verify-ca or verify-full"
-            ))
+            )
+            .into())
         }
     };
     kept.push(format!("sslmode={pg_mode}"));
@@ -261,13 +263,16 @@ mod tests {
         );
         assert!(split_pg_url("postgres://h/db?sslmode=sometimes")
             .unwrap_err()
+            .message()
             .contains("sslmode"));
         assert!(client_config(Verify::Full, None)
             .unwrap_err()
+            .message()
             .contains("CA file"));
         assert!(
             client_config(Verify::Full, Some(Path::new("/nonexistent/ca.pem")))
                 .unwrap_err()
+                .message()
                 .contains("cannot read")
         );
     }
