@@ -32,6 +32,9 @@ mod quota;
 mod store;
 
 pub use idem_core as core;
+/// The type of [`IdempotencyContext::lease_lost`], so that a handler can name it
+/// without depending on `tokio-util` itself.
+pub use tokio_util::sync::CancellationToken;
 
 pub use idempotency::{
     problem_response, problem_response_under, release, Executions, IdempotencyContext,

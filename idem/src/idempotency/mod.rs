@@ -43,8 +43,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// What the handler of an executing request can learn about its claim (a request
-/// extension).
+/// extension). Made by the layer only; it may gain fields.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct IdempotencyContext {
     /// The request's key.
     pub key: IdempotencyKey,

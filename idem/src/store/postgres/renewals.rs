@@ -97,10 +97,20 @@ impl RenewalConnections {
         let _ = self.inner.statement.set(statement.to_owned());
         let opening = (0..self.inner.missing())
             .map(|_| tokio::time::timeout(self.inner.timeout, attempt(&self.inner)));
+        let mut failed = None;
         for opened in futures_util::future::join_all(opening).await {
-            if let Ok(Ok(client)) = opened {
-                self.inner.give_back(client, false);
+            match opened {
+                Ok(Ok(client)) => {
+                    self.inner.give_back(client, false);
+                }
+                Ok(Err(e)) => failed = Some(e.to_string()),
+                Err(_) => failed = Some(format!("not open within {:?}", self.inner.timeout)),
             }
+        }
+        if let Some(error) = failed {
+            // Not fatal (the refill goes on trying), but while they are missing a
+            // renewal may have to open its own, and a slow database then fails it.
+            tracing::warn!(missing = self.inner.missing(), %error, "the lease renewals' connections did not all open at start-up; opening them in the background");
         }
         tokio::spawn(refill(
             Arc::downgrade(&self.inner),
