@@ -1816,3 +1816,40 @@ async fn tiered_async_a_completion_redis_refused_is_not_reported_written() {
         )],
     );
 }
+
+/// In `async` mode leases are renewed in Redis: the Postgres store's renewal
+/// connections (a quarter of its pool, at least two: 4 here) are closed, not kept
+/// open for nothing.
+#[tokio::test]
+async fn the_async_tiered_store_keeps_no_renewal_connections() {
+    let db = TestDb::new("renewals_async").await;
+    let name = format!("{}-sessions", db.schema);
+    let sessions =
+        format!("SELECT count(*) FROM pg_stat_activity WHERE application_name = '{name}'");
+    let pg = Arc::new(
+        PostgresStore::connect(&db.url_named(&name), PgOptions::default())
+            .await
+            .unwrap(),
+    );
+    let alone = db.count(&sessions).await;
+    let store = TieredStore::new(
+        redis(&redis_url()).await,
+        pg,
+        Durability::Async,
+        OutboxOptions::default(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut tiered = db.count(&sessions).await;
+    while tiered > alone - 4 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        tiered = db.count(&sessions).await;
+    }
+    idem_tests::report(
+        "stores",
+        &format!(
+            "Postgres sessions of the store: {alone} alone, {tiered} under a tiered async store"
+        ),
+    );
+    assert_eq!(tiered, alone - 4, "the 4 renewal connections are closed");
+    drop(store);
+}

@@ -298,6 +298,14 @@ fn renewal_connections(pool_size: usize) -> usize {
 }
 
 impl PostgresStore {
+    /// Closes the lease renewals' connections and stops keeping them open: for a
+    /// store that never renews a lease here (the tiered store's `async` mode renews in
+    /// Redis).
+    #[cfg(feature = "tiered")]
+    pub(crate) fn retire_renewals(&self) {
+        self.renewals.retire();
+    }
+
     /// How long a statement, pool wait included, may take.
     #[cfg(feature = "tiered")]
     pub(crate) fn timeout(&self) -> Duration {

@@ -74,10 +74,14 @@ impl TieredStore {
     ) -> Self {
         let tier = match durability {
             Durability::Sync => Tier::Sync,
-            Durability::Async => Tier::Async {
-                outbox: Outbox::start(pg.clone(), outbox),
-                cold_reads: BatchedReads::start(pg.clone()),
-            },
+            Durability::Async => {
+                // Leases are renewed in Redis; Postgres learns the records behind.
+                pg.retire_renewals();
+                Tier::Async {
+                    outbox: Outbox::start(pg.clone(), outbox),
+                    cold_reads: BatchedReads::start(pg.clone()),
+                }
+            }
         };
         TieredStore { redis, pg, tier }
     }

@@ -16,6 +16,7 @@ use super::{Connector, StoreError};
 use deadpool_postgres::ClientWrapper;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 use tokio::sync::{Notify, Semaphore};
@@ -53,6 +54,9 @@ struct Inner {
     added: Notify,
     /// Prepared on every new connection, so its first renewal is one round trip.
     statement: OnceLock<String>,
+    /// No renewal will come (the tiered store's `async` mode renews in Redis): no
+    /// connection is kept, none opened in the background.
+    retired: AtomicBool,
 }
 
 /// The connections counted against `size`.
@@ -86,6 +90,7 @@ impl RenewalConnections {
                 wake_refill: Arc::new(Notify::new()),
                 added: Notify::new(),
                 statement: OnceLock::new(),
+                retired: AtomicBool::new(false),
             }),
         }
     }
@@ -116,6 +121,15 @@ impl RenewalConnections {
             Arc::downgrade(&self.inner),
             self.inner.wake_refill.clone(),
         ));
+    }
+
+    /// Closes the connections and stops keeping them: renewals, should one come
+    /// after all, open their own.
+    #[cfg_attr(not(feature = "tiered"), allow(dead_code))]
+    pub(super) fn retire(&self) {
+        self.inner.retired.store(true, Ordering::Relaxed);
+        self.inner.counted().idle.clear();
+        self.inner.wake_refill.notify_one();
     }
 
     /// Runs `f` on a connection before `deadline` — an idle one, else whichever comes
@@ -218,6 +232,9 @@ impl Inner {
 
     /// Connections neither idle nor lent.
     fn missing(&self) -> usize {
+        if self.retired.load(Ordering::Relaxed) {
+            return 0;
+        }
         let counted = self.counted();
         self.size.saturating_sub(counted.idle.len() + counted.lent)
     }
@@ -245,7 +262,9 @@ impl Inner {
             }
             if client.is_closed() {
                 Returned::Closed
-            } else if counted.idle.len() + counted.lent < self.size {
+            } else if counted.idle.len() + counted.lent < self.size
+                && !self.retired.load(Ordering::Relaxed)
+            {
                 counted.idle.push(client);
                 Returned::Kept
             } else {
@@ -301,6 +320,9 @@ async fn refill(inner: Weak<Inner>, wake: Arc<Notify>) {
         let Some(connections) = inner.upgrade() else {
             return;
         };
+        if connections.retired.load(Ordering::Relaxed) {
+            return;
+        }
         connections.prune();
         let missing = connections.missing();
         let now = Instant::now();
