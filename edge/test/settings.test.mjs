@@ -1,4 +1,4 @@
-// A deployment's own settings, tested the way README's edge section shows: start an
+// A deployment's own settings, tested the way the edge guide (docs/guide/edge.md) shows: start an
 // edge with them, script the origin, send what clients send.
 
 import { test } from "node:test";

@@ -330,7 +330,7 @@ async fn an_answer_of_exactly_the_stored_limit_is_stored_and_one_byte_more_is_no
     }
 }
 
-/// The defaults README and the flags document.
+/// The defaults the book and the flags document.
 #[test]
 fn the_documented_defaults() {
     assert_eq!(idem::DEFAULT_BUFFERED_BODY_BYTES, 64 * 1024 * 1024);

@@ -434,7 +434,7 @@ struct Verdict {
     divergent: usize,
     unreplayable: usize,
     faults: usize,
-    /// The run in one line, for README.
+    /// The run in one line, for the proof chapter.
     summary: String,
 }
 
@@ -627,7 +627,7 @@ async fn run(workload: Workload) -> Verdict {
     verdict
 }
 
-/// Asserts the verdict, then records it as README's row `id`.
+/// Asserts the verdict, then records it as the proof chapter's row `id`.
 fn assert_exactly_once(v: &Verdict, id: &str) {
     assert!(v.faults > 0, "the nemesis did something");
     assert!(v.executions > 0, "the workload ran");

@@ -133,7 +133,7 @@ async fn exactly_once(label: &str, args: &[&str]) -> (TestDb, TestOrigin) {
     (db, origin)
 }
 
-/// README's row for this race, recorded once its assertions held.
+/// The proof chapter's row for this race, recorded once its assertions held.
 fn record_race(label: &str, r: &Race) {
     let answers = proof::counts(r.statuses.iter().map(|(s, n)| (s, *n)));
     proof::record(

@@ -187,7 +187,7 @@ async fn postgres_serves_tables_of_idem_0_1_and_after_their_conversion() {
     conformance(&behind).await;
     behind.flush().await.unwrap();
 
-    // An answer stored under a text key, then the conversion README gives.
+    // An answer stored under a text key, then the conversion docs/stores.md gives.
     let k = key("text-then-bytes");
     let Decision::Execute(claim) = text.claim(&k, &FP, text.now(), &P).await.unwrap() else {
         panic!("a new key executes")
