@@ -68,6 +68,45 @@ async fn the_layer_is_ready_only_when_the_service_it_wraps_is() {
     assert_eq!(gate.calls.load(Ordering::SeqCst), 1);
 }
 
+/// The layer wraps a service whatever its response body (here `Full<Bytes>`, as a
+/// hyper or tower-http service answers): its answer is stored, and replayed to a retry,
+/// with the service called once.
+#[tokio::test]
+async fn the_layer_takes_any_response_body() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let service = tower::service_fn(move |_req: Request<Body>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        let body = http_body_util::Full::new(Bytes::from_static(b"charged once"));
+        async move { Ok::<_, Infallible>(Response::builder().status(201).body(body).unwrap()) }
+    });
+    let service = IdempotencyLayer::new(Arc::new(MemoryStore::new()))
+        .scope_rule(idem::core::contract::ScopeRule::by_authorization(
+            idem::core::contract::Anonymous::Scoped,
+        ))
+        .layer(service);
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let req = Request::post("/v1/charges")
+            .header("idempotency-key", "any-body")
+            .body(Body::from("{}"))
+            .unwrap();
+        let res = service.clone().oneshot(req).await.unwrap();
+        let replayed = res.headers().contains_key("idempotent-replayed");
+        let status = res.status().as_u16();
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        answers.push((status, replayed, body));
+    }
+    assert_eq!(
+        answers,
+        [
+            (201, false, Bytes::from_static(b"charged once")),
+            (201, true, Bytes::from_static(b"charged once")),
+        ]
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "ran once");
+}
+
 /// A body that yields `chunks`, then fails.
 fn failing_body(chunks: usize) -> Body {
     let mut frames: Vec<Result<Bytes, std::io::Error>> = (0..chunks)

@@ -96,15 +96,20 @@ impl<S> IdempotencyService<S> {
     }
 }
 
-impl<S, B> Service<Request<B>> for IdempotencyService<S>
+/// Any request body in; any response body the inner service answers with (as
+/// tower-http's layers take them), read and stored as bytes, answered as axum's
+/// [`Body`].
+impl<S, B, ResBody> Service<Request<B>> for IdempotencyService<S>
 where
-    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+    S: Service<Request<Body>, Response = Response<ResBody>, Error = Infallible>
         + Clone
         + Send
         + 'static,
     S::Future: Send + 'static,
     B: http_body::Body<Data = Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     type Response = Response<Body>;
     type Error = Infallible;
@@ -128,6 +133,7 @@ where
             return Box::pin(async { Ok(res) });
         };
         let base = self.config.problem_base.clone();
+        let inner = inner.map_response(into_axum_body::<ResBody> as fn(_) -> _);
         Box::pin(async move {
             let mut res = handle(config, inner, req).await;
             if !from_edge {
@@ -145,6 +151,15 @@ where
             Ok(res)
         })
     }
+}
+
+/// The inner service's answer with its body as axum's.
+fn into_axum_body<ResBody>(res: Response<ResBody>) -> Response<Body>
+where
+    ResBody: http_body::Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    res.map(Body::new)
 }
 
 async fn handle<S, B>(config: Arc<Config>, inner: S, req: Request<B>) -> Response<Body>
