@@ -33,6 +33,56 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    warn_about_settings(&config);
+    let origin = match idem_origin::app::build(&config).await {
+        Ok(origin) => origin,
+        Err(e) => {
+            eprintln!("idem-origin: error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let listener = match tokio::net::TcpListener::bind(config.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!(
+                "idem-origin: error: cannot listen on {}: {e}",
+                config.listen
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let (admin, ops) = match (
+        serve_admin(&origin, &config).await,
+        serve_ops(&origin, &config).await,
+    ) {
+        (Ok(admin), Ok(ops)) => (admin, ops),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("idem-origin: error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let sweeper = idem::spawn_sweeper(origin.store.clone(), config.sweep_interval);
+    tracing::info!(listen = %config.listen, store = origin.store.name(), "idem-origin listening");
+    let limits = idem_origin::serve::Limits {
+        // With --ops-listen, /healthz and the like are the API's here.
+        serves_probes: config.ops_listen.is_none(),
+        ..config.limits()
+    };
+    idem_origin::serve::serve(listener, origin.router.clone(), limits, shutdown_signal()).await;
+    sweeper.abort();
+    if let Some(admin) = admin {
+        admin.abort();
+    }
+    if let Some(ops) = ops {
+        ops.abort();
+    }
+    drain(&origin, &config, traces).await;
+    tracing::info!("shut down cleanly");
+    ExitCode::SUCCESS
+}
+
+/// Says, at start-up, which settings trade a guarantee away or may surprise.
+fn warn_about_settings(config: &Config) {
     let release_on = config.release_on_default();
     if release_on != idem_core::contract::ReleaseOn::NONE {
         // A status freed here runs again on retry: the operator must know the list.
@@ -57,91 +107,65 @@ async fn main() -> ExitCode {
              replicas; a restart forgets every key. Use --store postgres in production."
         );
     }
-    let origin = match idem_origin::app::build(&config).await {
-        Ok(origin) => origin,
-        Err(e) => {
-            eprintln!("idem-origin: error: {e}");
-            return ExitCode::FAILURE;
-        }
+}
+
+/// The admin API on its own listener (`--admin-listen`), over TLS when asked.
+async fn serve_admin(
+    origin: &idem_origin::app::Origin,
+    config: &Config,
+) -> Result<Option<tokio::task::JoinHandle<()>>, String> {
+    let (Some(router), Some(addr)) = (&origin.admin, config.admin_listen) else {
+        return Ok(None);
     };
-    let listener = match tokio::net::TcpListener::bind(config.listen).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!(
-                "idem-origin: error: cannot listen on {}: {e}",
-                config.listen
-            );
-            return ExitCode::FAILURE;
-        }
-    };
-    let admin = match (&origin.admin, config.admin_listen) {
-        (Some(router), Some(addr)) => match tokio::net::TcpListener::bind(addr).await {
-            Ok(listener) => {
-                // Read again here (checked by `validate`): a certificate that cannot be
-                // read now stops the process, never serves the admin API in clear.
-                let tls = match config.admin_tls() {
-                    Ok(tls) => tls,
-                    Err(e) => {
-                        eprintln!("idem-origin: error: {e}");
-                        return ExitCode::FAILURE;
-                    }
-                };
-                tracing::info!(listen = %addr, tls = tls.is_some(), "admin API listening");
-                if tls.is_none() && !addr.ip().is_loopback() {
-                    tracing::warn!(listen = %addr, "the admin API is plain HTTP on an address off this machine: its tokens, and the identities looked up, cross the network in clear (--admin-tls-cert and --admin-tls-key serve it over TLS)");
-                }
-                let limits = config.limits();
-                Some(tokio::spawn(idem_origin::serve::serve_with(
-                    listener,
-                    router.clone(),
-                    limits,
-                    tls,
-                    std::future::pending(),
-                )))
-            }
-            Err(e) => {
-                eprintln!("idem-origin: error: cannot listen on {addr} (--admin-listen): {e}");
-                return ExitCode::FAILURE;
-            }
-        },
-        _ => None,
-    };
-    let ops = match (&origin.ops, config.ops_listen) {
-        (Some(router), Some(addr)) => match tokio::net::TcpListener::bind(addr).await {
-            Ok(listener) => {
-                tracing::info!(listen = %addr, "/healthz, /readyz and /metrics listening apart (--ops-listen)");
-                Some(tokio::spawn(idem_origin::serve::serve(
-                    listener,
-                    router.clone(),
-                    config.limits(),
-                    std::future::pending(),
-                )))
-            }
-            Err(e) => {
-                eprintln!("idem-origin: error: cannot listen on {addr} (--ops-listen): {e}");
-                return ExitCode::FAILURE;
-            }
-        },
-        _ => None,
-    };
-    let sweeper = idem::spawn_sweeper(origin.store.clone(), config.sweep_interval);
-    tracing::info!(listen = %config.listen, store = origin.store.name(), "idem-origin listening");
-    let limits = idem_origin::serve::Limits {
-        // With --ops-listen, /healthz and the like are the API's here.
-        serves_probes: config.ops_listen.is_none(),
-        ..config.limits()
-    };
-    idem_origin::serve::serve(listener, origin.router, limits, shutdown_signal()).await;
-    sweeper.abort();
-    if let Some(admin) = admin {
-        admin.abort();
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr} (--admin-listen): {e}"))?;
+    // Read again here (checked by `validate`): a certificate that cannot be read now
+    // stops the process, never serves the admin API in clear.
+    let tls = config.admin_tls()?;
+    tracing::info!(listen = %addr, tls = tls.is_some(), "admin API listening");
+    if tls.is_none() && !addr.ip().is_loopback() {
+        tracing::warn!(listen = %addr, "the admin API is plain HTTP on an address off this machine: its tokens, and the identities looked up, cross the network in clear (--admin-tls-cert and --admin-tls-key serve it over TLS)");
     }
-    if let Some(ops) = ops {
-        ops.abort();
-    }
-    // The server answered every client it had; executions whose client left, and
-    // final writes still retrying, may still run: wait for them (bounded), then write
-    // out what the store still buffers (the async tiered store's outbox).
+    Ok(Some(tokio::spawn(idem_origin::serve::serve_with(
+        listener,
+        router.clone(),
+        config.limits(),
+        tls,
+        std::future::pending(),
+    ))))
+}
+
+/// `/healthz`, `/readyz` and `/metrics` on a listener of their own (`--ops-listen`).
+async fn serve_ops(
+    origin: &idem_origin::app::Origin,
+    config: &Config,
+) -> Result<Option<tokio::task::JoinHandle<()>>, String> {
+    let (Some(router), Some(addr)) = (&origin.ops, config.ops_listen) else {
+        return Ok(None);
+    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot listen on {addr} (--ops-listen): {e}"))?;
+    tracing::info!(listen = %addr, "/healthz, /readyz and /metrics listening apart (--ops-listen)");
+    Ok(Some(tokio::spawn(idem_origin::serve::serve(
+        listener,
+        router.clone(),
+        config.limits(),
+        std::future::pending(),
+    ))))
+}
+
+/// After the server answered every client it had: waits (bounded) for executions
+/// still running and final writes still retrying, writes out what the store buffers,
+/// and sends the last spans.
+async fn drain(
+    origin: &idem_origin::app::Origin,
+    config: &Config,
+    traces: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+) {
+    // Executions whose client left may still run: the async tiered store's outbox
+    // is written out after them.
     let draining = std::time::Instant::now();
     let running = origin.executions.running();
     let unwritten = origin.executions.drain(config.drain_timeout).await;
@@ -163,8 +187,6 @@ async fn main() -> ExitCode {
             Err(_) => tracing::warn!("flushing the traces took more than 5 s; some are lost"),
         }
     }
-    tracing::info!("shut down cleanly");
-    ExitCode::SUCCESS
 }
 
 /// Logs to stderr (as `RUST_LOG` filters them), and with `--otlp-endpoint` idem's spans
