@@ -168,6 +168,11 @@ pub const TABLES: &[Table] = &[
                 &["the heartbeats' connections were opened again only by a renewal, each given up with it: the retry took over, 2 charges"],
             ),
             row(
+                "partition-slow-connects",
+                &["2 charges of 7 s, lease 4 s (a renewal is given up after 333 ms), new connections to Postgres taking 500 ms; a 1 s partition 1 s in, both claimed by then (connections cut, new ones refused); retries at 4.5 s", "postgres"],
+                &["—"],
+            ),
+            row(
                 "drain-deadline",
                 &["SIGTERM while a completion can't be written (Postgres down), `--drain-timeout 2s`", "postgres"],
                 &["—"],

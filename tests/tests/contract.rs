@@ -154,7 +154,7 @@ async fn the_release_rule_holds_on_every_store() {
 /// renewal gives up after a twelfth of the 1 s lease (83 ms).
 #[tokio::test]
 async fn a_holder_keeps_its_lease_when_new_store_connections_are_slow() {
-    slow_charges_under_slow_connects(false, 1).await;
+    slow_charges_under_slow_connects(SlowConnects::new(Fault::None, 1)).await;
 }
 
 /// [`a_holder_keeps_its_lease_when_new_store_connections_are_slow`], and every store
@@ -165,15 +165,83 @@ async fn a_holder_keeps_its_lease_when_new_store_connections_are_slow() {
 /// from counting the ones missing.
 #[tokio::test]
 async fn holders_keep_their_leases_when_their_store_connections_are_cut_and_slow_to_reopen() {
-    slow_charges_under_slow_connects(true, 8).await;
+    slow_charges_under_slow_connects(SlowConnects::new(Fault::Cut, 8)).await;
 }
 
-/// `charges` 3 s charges at once under a 1 s lease while new store connections take
-/// 150 ms (and, if `cut`, every connection is cut 300 ms in); their retries at 1.5 s
-/// must find them running.
-async fn slow_charges_under_slow_connects(cut: bool, charges: usize) {
+/// A partition of 1 s (a quarter of the 4 s lease) 1 s into two 7 s charges (both
+/// claimed by then), new connections taking 500 ms (more than a renewal may, 333 ms):
+/// every connection is lost, the refill's attempts are refused meanwhile and back off
+/// (up to 1 s), and once the store is back a connection opened in the background
+/// carries the renewals before the leases end. The retries at 4.5 s must find the
+/// charges running.
+#[tokio::test]
+async fn a_holder_keeps_its_lease_through_a_partition_when_connections_are_slow_to_reopen() {
+    slow_charges_under_slow_connects(SlowConnects {
+        lease: Duration::from_secs(4),
+        handler: Duration::from_secs(7),
+        connect_delay: Duration::from_millis(500),
+        fault_at: Duration::from_secs(1),
+        retry_at: Duration::from_millis(4_500),
+        ..SlowConnects::new(Fault::Partition(Duration::from_secs(1)), 2)
+    })
+    .await;
+}
+
+/// What befalls the store's connections while the charges run.
+#[derive(Clone, Copy, PartialEq)]
+enum Fault {
+    None,
+    /// Every connection cut (the server closed its sessions).
+    Cut,
+    /// Every connection cut and new ones refused, for this long.
+    Partition(Duration),
+}
+
+/// Charges run at once under a lease while new store connections are slow.
+struct SlowConnects {
+    fault: Fault,
+    charges: usize,
+    lease: Duration,
+    handler: Duration,
+    connect_delay: Duration,
+    fault_at: Duration,
+    retry_at: Duration,
+}
+
+impl SlowConnects {
+    /// 3 s charges under a 1 s lease, new connections taking 150 ms, retried at 1.5 s.
+    fn new(fault: Fault, charges: usize) -> SlowConnects {
+        SlowConnects {
+            fault,
+            charges,
+            lease: Duration::from_secs(1),
+            handler: Duration::from_secs(3),
+            connect_delay: Duration::from_millis(150),
+            fault_at: Duration::from_millis(300),
+            retry_at: Duration::from_millis(1_500),
+        }
+    }
+}
+
+/// Runs `run`'s charges, puts its fault in at `fault_at`, and retries each at `retry_at`:
+/// every retry must find its charge running (409), and each charge run once.
+async fn slow_charges_under_slow_connects(run: SlowConnects) {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let db = TestDb::new(if cut { "cut_slow" } else { "slow_connects" }).await;
+    let SlowConnects {
+        fault,
+        charges,
+        lease,
+        handler,
+        connect_delay,
+        fault_at,
+        retry_at,
+    } = run;
+    let db = TestDb::new(match fault {
+        Fault::None => "slow_connects",
+        Fault::Cut => "cut_slow",
+        Fault::Partition(_) => "partition_slow",
+    })
+    .await;
     let proxy = Proxy::start(pg_addr(&db.url)).await;
     let store: Arc<dyn Store> = Arc::new(
         PostgresStore::connect(&via(&db.url, proxy.addr), PgOptions::default())
@@ -181,7 +249,7 @@ async fn slow_charges_under_slow_connects(cut: bool, charges: usize) {
             .unwrap(),
     );
     store.ping().await.unwrap();
-    proxy.slow_connects(Duration::from_millis(150));
+    proxy.slow_connects(connect_delay);
     let runs = Arc::new(AtomicUsize::new(0));
     let r = runs.clone();
     let layer = idem::IdempotencyLayer::new(store.clone())
@@ -189,14 +257,14 @@ async fn slow_charges_under_slow_connects(cut: bool, charges: usize) {
             idem_core::contract::Anonymous::Scoped,
         ))
         .require_key_on(["/v1/slow"])
-        .lease(Duration::from_secs(1));
+        .lease(lease);
     let app = axum::Router::new()
         .route(
             "/v1/slow",
             axum::routing::post(move || {
                 r.fetch_add(1, Ordering::SeqCst);
-                async {
-                    tokio::time::sleep(Duration::from_millis(3_000)).await;
+                async move {
+                    tokio::time::sleep(handler).await;
                     http::StatusCode::CREATED
                 }
             }),
@@ -218,13 +286,18 @@ async fn slow_charges_under_slow_connects(cut: bool, charges: usize) {
         }
     };
     let firsts: Vec<_> = (0..charges).map(|c| tokio::spawn(send(c))).collect();
-    if cut {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        proxy.cut_connections();
-        tokio::time::sleep(Duration::from_millis(1_200)).await;
-    } else {
-        tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let started = tokio::time::Instant::now();
+    tokio::time::sleep_until(started + fault_at).await;
+    match fault {
+        Fault::None => {}
+        Fault::Cut => proxy.cut_connections(),
+        Fault::Partition(down) => {
+            proxy.take_down();
+            tokio::time::sleep(down).await;
+            proxy.bring_up();
+        }
     }
+    tokio::time::sleep_until(started + retry_at).await;
     let retries = futures_util::future::join_all((0..charges).map(send)).await;
     let mut first = Vec::new();
     for f in firsts {
@@ -232,14 +305,14 @@ async fn slow_charges_under_slow_connects(cut: bool, charges: usize) {
     }
     let runs = runs.load(Ordering::SeqCst);
     let retry: Vec<u16> = retries.iter().map(|(status, _)| *status).collect();
-    let setting = if cut {
-        "every connection cut 300 ms in, new ones taking 150 ms"
-    } else {
-        "new store connections taking 150 ms"
+    let setting = match fault {
+        Fault::None => String::new(),
+        Fault::Cut => format!("every connection cut {fault_at:?} in, "),
+        Fault::Partition(down) => format!("a {down:?} partition {fault_at:?} in, "),
     };
     idem_tests::report(
         "contract",
-        &format!("{charges} charge(s) of 3 s under a 1 s lease, {setting}: first attempts {first:?}, their retries at 1.5 s {retry:?}; {runs} run(s)"),
+        &format!("{charges} charge(s) of {handler:?} under a {lease:?} lease, {setting}new connections taking {connect_delay:?}: first attempts {first:?}, their retries at {retry_at:?} {retry:?}; {runs} run(s)"),
     );
     for (status, body) in &retries {
         assert_eq!(*status, 409, "the charge kept its lease: {body}");
@@ -254,10 +327,10 @@ async fn slow_charges_under_slow_connects(cut: bool, charges: usize) {
     };
     idem_tests::proof::record(
         "faults",
-        if cut {
-            "cut-slow-connects"
-        } else {
-            "slow-connects"
+        match fault {
+            Fault::None => "slow-connects",
+            Fault::Cut => "cut-slow-connects",
+            Fault::Partition(_) => "partition-slow-connects",
         },
         &[&counted],
     );

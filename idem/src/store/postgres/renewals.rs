@@ -8,9 +8,10 @@
 //! here, in the background, each attempt with the store's whole timeout.
 //!
 //! The refill holds nothing a renewal needs: its attempts count no connection and take
-//! no permit, and a fresh attempt starts while older ones hang (on a network that
-//! dropped their packets), so a partition that heals is followed by a connection within
-//! [`FRESH`] plus one connect.
+//! no permit. A fresh attempt starts while older ones hang (on a network that drops
+//! packets) and attempts refused back off to at most [`RETRY_MAX`], so a partition that
+//! heals is followed by a connection within [`FRESH`] (dropped) or [`RETRY_MAX`]
+//! (refused) plus one connect.
 
 use super::{Connector, StoreError};
 use deadpool_postgres::ClientWrapper;
