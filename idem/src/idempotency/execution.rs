@@ -44,6 +44,8 @@ pub struct Executions {
     /// (Idempotency key, record key) of executions whose final write has not landed.
     unwritten: Arc<Mutex<HashMap<u64, (String, String)>>>,
     next_id: Arc<AtomicU64>,
+    /// The executions' heartbeats, started when their first renewal is due.
+    pub(super) heartbeats: super::heartbeats::Heartbeats,
 }
 
 impl Executions {
@@ -362,10 +364,12 @@ where
         claimed_at,
         &idempotency_key,
     );
-    // Let the heartbeat's task run once before the handler: spawned from this worker,
-    // it sits in the worker's LIFO slot, which no other worker may take, and a handler
-    // that blocks this thread would keep it from ever renewing.
-    tokio::task::yield_now().await;
+    // Let the heartbeats' scheduler run before the handler if this execution spawned or
+    // woke it: it sits in this worker's LIFO slot, which no other worker may take, and
+    // a handler that blocks this thread would keep it from ever starting a heartbeat.
+    if guard.must_yield() {
+        tokio::task::yield_now().await;
+    }
     let outcome = run_handler(&config, inner, req, &key).await;
     let execution = Execution {
         key,

@@ -3,6 +3,7 @@
 
 mod execution;
 mod guard;
+mod heartbeats;
 mod response;
 mod service;
 mod settle;

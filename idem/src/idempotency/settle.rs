@@ -242,9 +242,13 @@ impl ClientBody {
 
 /// The answer as it is stored: its status, the headers the layer keeps, its body.
 pub(crate) fn stored_response(config: &Config, parts: &Parts, body: &Bytes) -> StoredResponse {
+    // An answer has a few headers, and idem stores some: walking them is cheaper than
+    // looking each stored name up (which parses and hashes it).
     let headers = contract::stored_headers(&config.cached_headers, |name, push| {
-        for value in parts.headers.get_all(name) {
-            push(value.as_bytes())
+        for (n, value) in &parts.headers {
+            if n.as_str().eq_ignore_ascii_case(name) {
+                push(value.as_bytes())
+            }
         }
     });
     let mut headers = headers;

@@ -21,13 +21,9 @@ use tracing::Span;
 /// its fields are filled in as the request goes ([`record`]). Its parent is the
 /// request's `traceparent`, when it has a valid one.
 pub(crate) fn request_span(parts: &Parts, route: Option<&str>) -> Span {
-    let name = match route {
-        Some(route) => format!("{} {route}", parts.method),
-        None => parts.method.to_string(),
-    };
     let span = tracing::debug_span!(
         "idem.request",
-        otel.name = %name,
+        otel.name = %SpanName(&parts.method, route),
         otel.kind = "server",
         http.request.method = %parts.method,
         http.route = route,
@@ -46,6 +42,19 @@ pub(crate) fn request_span(parts: &Parts, route: Option<&str>) -> Span {
         otel::adopt_parent(&span, &parts.headers);
     }
     span
+}
+
+/// `{method} {route}`, or the method alone: formatted only by a subscriber that
+/// wants the span.
+struct SpanName<'a>(&'a http::Method, Option<&'a str>);
+
+impl std::fmt::Display for SpanName<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.1 {
+            Some(route) => write!(f, "{} {route}", self.0),
+            None => write!(f, "{}", self.0),
+        }
+    }
 }
 
 /// The host the client asked for, without its port (`Host`, or the target's authority).

@@ -21,11 +21,11 @@ pub use ledger::{insert_charge, Execution, Ledger, LedgerError, MemoryLedger, Pg
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::{FromRequestParts, Query, State};
 use axum::routing::post;
 use axum::{Extension, Router};
 use futures_util::FutureExt;
-use http::{header, HeaderValue, Response, StatusCode};
+use http::{header, request::Parts, HeaderValue, Response, StatusCode};
 use idem::IdempotencyContext;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
@@ -141,21 +141,32 @@ fn take(obj: &mut Map<String, Value>, field: &str) -> Result<Value, String> {
         .ok_or_else(|| format!("{field} is required"))
 }
 
+/// Rejected before anything happened: idem's release signal frees the key for the
+/// corrected retry.
+fn rejected(slug: &str, title: &str, detail: &str) -> Response<Body> {
+    idem::release(demo_problem(StatusCode::BAD_REQUEST, slug, title, detail))
+}
+
+/// The fault a request asks for, read off its headers in place (axum's `HeaderMap`
+/// extractor copies them all, on every charge).
+struct AskedFault(Fault);
+
+impl FromRequestParts<Demo> for AskedFault {
+    type Rejection = Response<Body>;
+
+    async fn from_request_parts(parts: &mut Parts, demo: &Demo) -> Result<Self, Self::Rejection> {
+        Fault::from_headers(&parts.headers, demo.faults)
+            .map(AskedFault)
+            .map_err(|detail| rejected("invalid-fault", "Fault refused", &detail))
+    }
+}
+
 async fn create(
     State(demo): State<Demo>,
     context: Option<Extension<IdempotencyContext>>,
-    headers: http::HeaderMap,
+    AskedFault(fault): AskedFault,
     body: Bytes,
 ) -> Response<Body> {
-    // Rejected before anything happened: idem's release signal frees the key for
-    // the corrected retry.
-    let rejected = |slug: &str, title: &str, detail: &str| {
-        idem::release(demo_problem(StatusCode::BAD_REQUEST, slug, title, detail))
-    };
-    let fault = match Fault::from_headers(&headers, demo.faults) {
-        Ok(fault) => fault,
-        Err(detail) => return rejected("invalid-fault", "Fault refused", &detail),
-    };
     let new = match validate(&body) {
         Ok(new) => new,
         Err(detail) => return rejected("invalid-charge", "Invalid charge request", &detail),
@@ -234,7 +245,14 @@ fn ledger_unavailable(error: &LedgerError, detail: &str) -> Response<Body> {
 }
 
 fn created(charge: &Charge) -> Response<Body> {
-    let mut res = json_response(StatusCode::CREATED, &json!(charge));
+    // Written straight from the struct: no `Value` tree in between.
+    let body = serde_json::to_vec(charge).unwrap_or_default();
+    let mut res = Response::new(Body::from(body));
+    *res.status_mut() = StatusCode::CREATED;
+    res.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     if let Ok(location) = HeaderValue::from_str(&format!("/v1/charges/{}", charge.id)) {
         res.headers_mut().insert(header::LOCATION, location);
     }
@@ -299,7 +317,9 @@ fn new_charge_id() -> String {
         .map_or(0, |d| d.as_nanos());
     let mut h = Sha256::new();
     h.update(nanos.to_be_bytes());
-    h.update(std::process::id().to_be_bytes());
+    // (`process::id` is a system call each time.)
+    static PID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    h.update(PID.get_or_init(std::process::id).to_be_bytes());
     h.update(COUNTER.fetch_add(1, Ordering::Relaxed).to_be_bytes());
     format!("ch_{}", idem_core::hex(&h.finalize()[..12]))
 }
