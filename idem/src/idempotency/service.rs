@@ -26,6 +26,11 @@ use tokio_util::sync::CancellationToken;
 use tower::{Service, ServiceExt};
 use tracing::Instrument;
 
+/// idem's private answer headers, made once (a name given as text is parsed on each use).
+const ORIGIN_DISPOSITION: http::HeaderName =
+    http::HeaderName::from_static(contract::ORIGIN_DISPOSITION);
+const STORED_HEADERS: http::HeaderName = http::HeaderName::from_static(contract::STORED_HEADERS);
+
 /// The service made by [`super::IdempotencyLayer`] around an inner service (typically
 /// an axum `Router` or route). The inner service must be infallible, as axum's are.
 #[derive(Clone)]
@@ -138,8 +143,8 @@ where
             let mut res = handle(config, inner, req).await;
             if !from_edge {
                 // What idem stored is the edge's to know, never a client's.
-                res.headers_mut().remove(contract::ORIGIN_DISPOSITION);
-                res.headers_mut().remove(contract::STORED_HEADERS);
+                res.headers_mut().remove(&ORIGIN_DISPOSITION);
+                res.headers_mut().remove(&STORED_HEADERS);
             }
             super::response::rebase_problem(&mut res, &base);
             if res.extensions_mut().remove::<WaitApplied>().is_some() {
@@ -621,8 +626,8 @@ where
     };
     // Unguarded here, stored nowhere: only idem tells an edge in front what it stored,
     // never a handler (or an upstream) itself.
-    res.headers_mut().remove(contract::ORIGIN_DISPOSITION);
-    res.headers_mut().remove(contract::STORED_HEADERS);
+    res.headers_mut().remove(&ORIGIN_DISPOSITION);
+    res.headers_mut().remove(&STORED_HEADERS);
     res
 }
 

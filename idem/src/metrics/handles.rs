@@ -41,14 +41,25 @@ fn key(name: &'static str, labels: &Labels) -> Key {
     Key::from_parts(name, labels)
 }
 
+fn same(a: &str, b: &str) -> bool {
+    std::ptr::eq(a, b)
+}
+
 fn handle(name: &'static str, labels: Labels, make: fn(&dyn Recorder, &Key) -> Handle) -> Handle {
     metrics::with_recorder(|recorder| {
         let id = std::ptr::from_ref(recorder).cast::<()>() as usize;
         HANDLES.with(|handles| {
             let mut handles = handles.borrow_mut();
-            let found = handles
-                .iter()
-                .find(|e| e.recorder == id && e.name == name && e.labels == labels);
+            // Names and label values are literals: their addresses tell them apart
+            // (a literal stored twice only makes a second entry).
+            let found = handles.iter().find(|e| {
+                e.recorder == id
+                    && same(e.name, name)
+                    && e.labels
+                        .iter()
+                        .zip(&labels)
+                        .all(|(a, b)| same(a.0, b.0) && same(a.1, b.1))
+            });
             if let Some(entry) = found {
                 return entry.handle.clone();
             }

@@ -125,8 +125,10 @@ impl ReplayCache {
     /// `inner`. With a store other processes share, it listens on the store's purge
     /// channel (a task on the current Tokio runtime) and serves once it hears it.
     pub fn new(inner: Arc<dyn Store>, max_bytes: u64) -> Self {
-        // quick_cache sizes its tables from an entry estimate: assume ~1 KiB each.
-        let estimated_entries = (max_bytes / 1024).clamp(16, 1 << 20) as usize;
+        // quick_cache sizes its tables from an entry estimate, and grows them (rehashing
+        // on the response path) past it: a small JSON answer with its key and the
+        // bookkeeping weighs ~300 B, so assume 256 B each.
+        let estimated_entries = (max_bytes / 256).clamp(16, 1 << 21) as usize;
         let channel = inner.purge_channel();
         let state = Arc::new(Entries {
             completed: Cache::with_weighter(estimated_entries, max_bytes, ByWeight),
