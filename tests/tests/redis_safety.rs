@@ -283,3 +283,40 @@ async fn a_cluster_s_password_goes_only_to_nodes_listed_or_allowed() {
         ]
     );
 }
+
+/// A Redis that no longer knows idem's scripts (restarted, failed over, `SCRIPT FLUSH`)
+/// is sent them again, and the call made again: a claim after the flush runs, and the
+/// key claimed before it is still held. On a standalone Redis of its own, and on the
+/// shared cluster (every node flushed: its calls go straight to each key's master).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_forgot_the_scripts_is_sent_them_again() {
+    let redis = tokio::task::block_in_place(|| RedisProc::start("scripts"));
+    let alone = RedisStore::connect(&redis.url(), options(false, 0))
+        .await
+        .unwrap();
+    claims_survive_a_script_flush(&alone, || {
+        assert_eq!(redis.cli(&["script", "flush"]).trim(), "OK");
+    })
+    .await;
+    let cluster = RedisStore::connect(&redis_cluster_urls(), options(false, 0))
+        .await
+        .unwrap();
+    claims_survive_a_script_flush(&cluster, || {
+        for port in 7000..7006 {
+            let flushed = idem_tests::procs::redis_cli(port, &["script", "flush"]);
+            assert_eq!(flushed.trim(), "OK", "node {port}");
+        }
+    })
+    .await;
+}
+
+async fn claims_survive_a_script_flush(store: &RedisStore, flush: impl Fn()) {
+    let fp = Fingerprint([5; 32]);
+    let before = store.claim(&key("before"), &fp, store.now(), &P).await;
+    assert!(matches!(before, Ok(Decision::Execute(_))), "{before:?}");
+    flush();
+    let after = store.claim(&key("after"), &fp, store.now(), &P).await;
+    assert!(matches!(after, Ok(Decision::Execute(_))), "{after:?}");
+    let again = store.claim(&key("before"), &fp, store.now(), &P).await;
+    assert!(matches!(again, Ok(Decision::InFlight { .. })), "{again:?}");
+}

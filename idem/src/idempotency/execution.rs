@@ -44,8 +44,6 @@ pub struct Executions {
     /// (Idempotency key, record key) of executions whose final write has not landed.
     unwritten: Arc<Mutex<HashMap<u64, (String, String)>>>,
     next_id: Arc<AtomicU64>,
-    /// The executions' heartbeats, started when their first renewal is due.
-    pub(super) heartbeats: super::heartbeats::Heartbeats,
 }
 
 impl Executions {
@@ -129,9 +127,10 @@ pub(crate) struct Claimed {
 /// Runs the handler and answers the client with its answer.
 ///
 /// The execution is polled in the request's own task — no task spawned, no channel
-/// back, per request — and tracked by the layer's [`Executions`] all the same. If the
-/// request is dropped first (the client went away), what is left of the execution is
-/// spawned and finishes: the handler is never cancelled, and its record is written.
+/// back, per request — and tracked by the layer's [`Executions`] all the same. It runs
+/// inside the request's [`FinishOnDrop`]: if the request is dropped first (the client
+/// went away), what is left of it is spawned and finishes — the handler is never
+/// cancelled, and its record is written.
 pub(crate) async fn execute<S>(
     config: Arc<Config>,
     inner: S,
@@ -143,13 +142,11 @@ where
     S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send + 'static,
     S::Future: Send + 'static,
 {
-    let tracker = config.executions.tracker.clone();
-    let run = tracing::Instrument::in_current_span(run_to_completion(config, inner, req, claimed));
     let running = Running {
-        _token: tracker.token(),
+        _token: config.executions.tracker.token(),
         _in_progress: in_progress,
     };
-    let ((response, unwritten), running) = Detached::new(Box::pin(run), running).await;
+    let (response, unwritten) = run_to_completion(config, inner, req, claimed).await;
     if let Some(write) = unwritten {
         // The answer goes out now (marked pending); its record's write goes on, still
         // counted as running (the token moves with it: a drain can't miss it, nor
@@ -231,63 +228,6 @@ pub(crate) struct InProgress {
     pub(crate) _scope: crate::quota::ScopePermit,
 }
 
-/// A future that, dropped before it finishes, is spawned to finish on its own.
-struct Detached<F: Future<Output = Answered> + Send + 'static> {
-    run: Option<Pin<Box<F>>>,
-    /// Counts the execution as running until it ends, wherever it is polled.
-    token: Option<Running>,
-}
-
-impl<F: Future<Output = Answered> + Send + 'static> Detached<F> {
-    fn new(run: Pin<Box<F>>, token: Running) -> Self {
-        Detached {
-            run: Some(run),
-            token: Some(token),
-        }
-    }
-}
-
-impl<F: Future<Output = Answered> + Send + 'static> Future for Detached<F> {
-    /// The answer, and the execution's token: it still counts until dropped.
-    type Output = (Answered, Running);
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
-        let Some(run) = self.run.as_mut() else {
-            return Poll::Pending; // polled after it finished: never, by `execute`
-        };
-        let answered = std::task::ready!(run.as_mut().poll(cx));
-        self.run = None;
-        match self.token.take() {
-            Some(token) => Poll::Ready((answered, token)),
-            None => Poll::Pending, // the token is only ever taken with the run
-        }
-    }
-}
-
-impl<F: Future<Output = Answered> + Send + 'static> Drop for Detached<F> {
-    fn drop(&mut self) {
-        // Dropped by a panic of the execution itself: polling it again would only panic
-        // again; the key is left to its lease.
-        if std::thread::panicking() {
-            return;
-        }
-        let (Some(run), token) = (self.run.take(), self.token.take()) else {
-            return;
-        };
-        // Without a runtime (it is shutting down) nothing can run it any more: the key
-        // is left to its lease, as a crash would leave it.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let (_answer, unwritten) = run.await;
-                if let Some(write) = unwritten {
-                    write.await;
-                }
-                drop(token);
-            });
-        }
-    }
-}
-
 /// The client's answer, and the record's write if it had not landed by then.
 pub(super) type Answered = (
     Response<Body>,
@@ -364,12 +304,10 @@ where
         claimed_at,
         &idempotency_key,
     );
-    // Let the heartbeats' scheduler run before the handler if this execution spawned or
-    // woke it: it sits in this worker's LIFO slot, which no other worker may take, and
-    // a handler that blocks this thread would keep it from ever starting a heartbeat.
-    if guard.must_yield() {
-        tokio::task::yield_now().await;
-    }
+    // Let the heartbeat's task run once before the handler: spawned from this worker,
+    // it sits in the worker's LIFO slot, which no other worker may take, and a handler
+    // that blocks this thread would keep it from ever renewing.
+    tokio::task::yield_now().await;
     let outcome = run_handler(&config, inner, req, &key).await;
     let execution = Execution {
         key,

@@ -1,9 +1,8 @@
-//! The claim an execution holds: its lease kept by a heartbeat ([`keep_alive`]) while the handler
+//! The claim an execution holds: its lease kept by a [`Heartbeat`] while the handler
 //! runs, and its final write — completion or release — retried with backoff until it
 //! lands or another attempt owns the key.
 
 use super::execution::Unwritten;
-use super::heartbeats::{Due, Scheduled};
 use super::Config;
 use crate::metrics;
 use crate::store::{HolderWrite, StoreExt};
@@ -21,13 +20,11 @@ pub(super) struct ClaimGuard {
     config: Arc<Config>,
     key: RecordKey,
     holder: Holder,
-    heartbeat: Option<Scheduled>,
+    heartbeat: Option<Heartbeat>,
     _unwritten: Unwritten,
 }
 
 impl ClaimGuard {
-    /// Holds the claim; its heartbeat starts at the first renewal, if the execution
-    /// lasts that long ([`super::heartbeats`]).
     pub(super) fn hold(
         config: &Arc<Config>,
         key: RecordKey,
@@ -36,27 +33,19 @@ impl ClaimGuard {
         claimed_at: Instant,
         idempotency_key: &str,
     ) -> ClaimGuard {
-        let due = Due {
-            config: config.clone(),
-            key: key.clone(),
-            holder,
-            lease_lost,
-            claimed_at,
-        };
-        let first = claimed_at + renewal_every(&config.policy);
         ClaimGuard {
             _unwritten: config.executions.pending(&key, idempotency_key),
-            heartbeat: Some(config.executions.heartbeats.schedule(first, due)),
+            heartbeat: Some(Heartbeat::start(
+                config.clone(),
+                key.clone(),
+                holder,
+                lease_lost,
+                claimed_at,
+            )),
             config: config.clone(),
             key,
             holder,
         }
-    }
-
-    /// Whether the execution must yield before its handler runs
-    /// ([`Scheduled::must_yield`]).
-    pub(super) fn must_yield(&self) -> bool {
-        self.heartbeat.as_ref().is_some_and(Scheduled::must_yield)
     }
 
     /// Stops renewing the lease before the final write.
@@ -237,20 +226,37 @@ async fn write_final(
     }
 }
 
-/// How often a lease is renewed: every eighth of it (see [`keep_alive`]).
-fn renewal_every(policy: &idem_core::Policy) -> Duration {
-    (Duration::from_millis(policy.lease_ms) / 8).max(Duration::from_millis(1))
-}
-
 /// The lease's keeper: renews it every eighth of the lease (sooner after a failure)
-/// until aborted, and tells the handler — through `lease_lost` — when the lease is
+/// until dropped, and tells the handler — through `lease_lost` — when the lease is
 /// lost: fenced out, or not renewed by the time it may end on the store's clock.
 ///
 /// A task of its own, not a future polled beside the handler: a handler that blocks
 /// its thread (synchronous work in an async handler) must not stop the renewals, or
-/// its lease could end under it and a retry run it a second time. It is started at
-/// the first renewal by the layer's scheduler ([`super::heartbeats`]).
-pub(super) async fn keep_alive(
+/// its lease could end under it and a retry run it a second time. (The execution
+/// yields once after starting it, so that it leaves the worker it was spawned on.)
+struct Heartbeat(tokio::task::JoinHandle<()>);
+
+impl Heartbeat {
+    fn start(
+        config: Arc<Config>,
+        key: RecordKey,
+        holder: Holder,
+        lease_lost: CancellationToken,
+        claimed_at: Instant,
+    ) -> Heartbeat {
+        Heartbeat(tokio::spawn(tracing::Instrument::in_current_span(
+            keep_alive(config, key, holder, lease_lost, claimed_at),
+        )))
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+async fn keep_alive(
     config: Arc<Config>,
     key: RecordKey,
     holder: Holder,
@@ -265,7 +271,7 @@ pub(super) async fn keep_alive(
     // on the store's clock (the tolerance). 1 − 1/8 − 1/12 − 1/24 − 1/10 = 0.65 of the
     // lease, as the book promises (docs/guarantee.md). (Every third, a sixth and a twelfth left 0.32:
     // a 0.63-lease outage starting just before a renewal let retries take over.)
-    let every = renewal_every(&config.policy);
+    let every = (lease / 8).max(Duration::from_millis(1));
     let after_failure = (lease / 24).max(Duration::from_millis(5));
     // A heartbeat that doesn't answer within this is given up and sent again.
     let attempt_timeout = (lease / 12).max(Duration::from_millis(20));

@@ -3,7 +3,6 @@
 
 mod execution;
 mod guard;
-mod heartbeats;
 mod response;
 mod service;
 mod settle;

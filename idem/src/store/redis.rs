@@ -18,6 +18,7 @@ use super::{
     StoreClock, StoreError, Swap, Written,
 };
 use async_trait::async_trait;
+use eval::Eval;
 use idem_core::{Decision, Fingerprint, Holder, Millis, Policy, Record, RecordKey, Transition};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
@@ -252,6 +253,7 @@ impl SelfHealingCluster {
 }
 
 mod allow;
+mod eval;
 mod nodes;
 mod purge;
 mod slots;
@@ -685,16 +687,16 @@ impl RedisStore {
         args: ScriptArgs<'_>,
     ) -> Result<T, StoreError> {
         let redis_key = self.redis_key(key);
-        let mut invocation = script.key(&redis_key);
-        args.apply(&mut invocation);
+        let mut eval = Eval::new(script, &redis_key);
+        args.apply(&mut eval);
         match &self.conn {
-            Conn::Single(c) => self.bounded(invocation.invoke_async(&mut c.clone())).await,
+            Conn::Single(c) => self.bounded(eval.query(&mut c.clone())).await,
             Conn::Cluster(h) => {
                 // Straight to the key's master: one master down is its keys' problem,
                 // not every shard's (see `slots`).
                 if let Some(router) = &h.slots {
                     if let Some(node) = router.owner(redis_key.as_bytes()) {
-                        match h.nodes.invoke(&node, &invocation).await {
+                        match h.nodes.invoke(&node, &eval).await {
                             Ok(value) => return Ok(value),
                             Err(nodes::NodeFailure::Answered(e)) if slots::redirected(&e) => {
                                 router.refresh_soon(&h.nodes);
@@ -714,9 +716,7 @@ impl RedisStore {
                         router.refresh_soon(&h.nodes);
                     }
                 }
-                let result = self
-                    .bounded(invocation.invoke_async(&mut h.connection()))
-                    .await;
+                let result = self.bounded(eval.query(&mut h.connection())).await;
                 h.observe(&result);
                 result
             }
@@ -867,7 +867,7 @@ impl<'a> ScriptArgs<'a> {
     fn record(r: &'a Record) -> Self {
         ScriptArgs::Record(r)
     }
-    fn apply(self, inv: &mut redis::ScriptInvocation<'_>) {
+    fn apply(self, inv: &mut Eval<'_>) {
         let (record, stamp) = match self {
             ScriptArgs::None => return,
             ScriptArgs::Record(r) => (r, None),

@@ -147,17 +147,17 @@ impl NodeConnections {
         self.settle(node, result)
     }
 
-    /// `invocation` (a script, loaded when the node does not have it) on `node`.
+    /// `eval` (a script, loaded when the node does not have it) on `node`.
     pub(super) async fn invoke<T: FromRedisValue>(
         &self,
         node: &str,
-        invocation: &redis::ScriptInvocation<'_>,
+        eval: &super::eval::Eval<'_>,
     ) -> Result<T, NodeFailure> {
         let mut conn = self
             .connection(node)
             .await
             .map_err(NodeFailure::Unreachable)?;
-        match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await {
+        match tokio::time::timeout(self.timeout, eval.query(&mut conn)).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(e)) if !(e.is_io_error() || e.is_timeout()) => Err(NodeFailure::Answered(e)),
             result => Err(NodeFailure::Unreachable(
