@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-/// How records are written. Either layout is read: the scripts start with
-/// `redis/layout.lua`, which knows both.
+/// How records are written. Either layout is read: the scripts start with the
+/// functions of `redis/layout.lua` they call, which read both.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RedisLayout {
     /// The record's encoding itself, as a string: ~35 % less memory per record than
@@ -57,20 +57,15 @@ impl LayoutScripts {
     }
 }
 
-/// A script with the record layout's functions (`redis/layout.lua`) before it.
+/// A script with the record layout's functions it calls before it (`redis/lua.rs`).
 macro_rules! script {
     ($file:literal) => {
-        LazyLock::new(|| LayoutScripts {
-            string: Script::new(concat!(
-                "local WRITE_HASHES = false\n",
-                include_str!("redis/layout.lua"),
-                include_str!(concat!("redis/", $file))
-            )),
-            hash: Script::new(concat!(
-                "local WRITE_HASHES = true\n",
-                include_str!("redis/layout.lua"),
-                include_str!(concat!("redis/", $file))
-            )),
+        LazyLock::new(|| {
+            let body = include_str!(concat!("redis/", $file));
+            LayoutScripts {
+                string: Script::new(&lua::link(body, RedisLayout::String)),
+                hash: Script::new(&lua::link(body, RedisLayout::Hash)),
+            }
         })
     };
 }
@@ -254,6 +249,7 @@ impl SelfHealingCluster {
 
 mod allow;
 mod eval;
+mod lua;
 mod nodes;
 mod purge;
 mod slots;

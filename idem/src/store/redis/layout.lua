@@ -1,10 +1,11 @@
--- How a record is kept (prefixed to every script, after WRITE_HASHES is set): the
--- key's value is the core's encoding of the record (idem_core::Record::encode), a
--- string, and the key expires at the record's delete-after instant. In that encoding
--- byte 1 is the version (1), byte 2 the state (0 in progress, 1 completed), bytes 35-42
--- the token, big-endian. idem 0.1 kept a hash (fields t, s, r): such a record is read
--- here too, and written so while WRITE_HASHES (--redis-layout hash, for a rolling
--- upgrade from 0.1, whose replicas can't read strings).
+-- How a record is kept (each script is sent with the functions below that it calls,
+-- `lua.rs`): the key's value is the core's encoding of the record
+-- (idem_core::Record::encode), a string, and the key expires at the record's
+-- delete-after instant. In that encoding byte 1 is the version (1), byte 2 the state
+-- (0 in progress, 1 completed), bytes 35-42 the token, big-endian. idem 0.1 kept a hash
+-- (fields t, s, r): such a record is read here too, and written so by the scripts of
+-- the hash layout (--redis-layout hash, for a rolling upgrade from 0.1, whose replicas
+-- can't read strings).
 local function read_record(key)
   local value = redis.pcall('GET', key)
   if type(value) == 'table' and value.err then
@@ -53,13 +54,15 @@ local function token_decimal(record)
   end
   return string.format('%.0f', n)
 end
+-- [string layout] The record as a string.
 local function write_record(key, record, pexpireat)
-  if WRITE_HASHES then
-    redis.call('DEL', key)
-    redis.call('HSET', key, 't', token_decimal(record), 's', tostring(state_of(record)), 'r', record)
-  else
-    redis.call('SET', key, record)
-  end
+  redis.call('SET', key, record)
+  redis.call('PEXPIREAT', key, pexpireat)
+end
+-- [hash layout] The record as idem 0.1's hash.
+local function write_record(key, record, pexpireat)
+  redis.call('DEL', key)
+  redis.call('HSET', key, 't', token_decimal(record), 's', tostring(state_of(record)), 'r', record)
   redis.call('PEXPIREAT', key, pexpireat)
 end
 -- Whether an in-progress record is a released claim: its lease (bytes 43-50) and its

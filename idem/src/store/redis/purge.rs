@@ -15,9 +15,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 static DELETE_IF_SAME: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(concat!(
-        include_str!("layout.lua"),
-        include_str!("delete_if_same.lua")
+    Script::new(&super::lua::link(
+        include_str!("delete_if_same.lua"),
+        super::RedisLayout::String,
     ))
 });
 
