@@ -16,6 +16,8 @@ pub const FOLLOWED: &[&str] = &[
     crate::peer::PROGRAM,
     crate::proxy::IPX_PROGRAM,
     crate::proxy::NGINX_PROGRAM,
+    "floor-http",
+    "floor-store",
     "python3",
 ];
 

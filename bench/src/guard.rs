@@ -132,6 +132,7 @@ mod tests {
             p99_ms: 0.0,
             server_cpu_us: server,
             loader_cpu_us: loader,
+            redis_cpu_us: 0.0,
             unexpected: 0,
         }
     }

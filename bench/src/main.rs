@@ -15,6 +15,7 @@ mod backend;
 mod cpu;
 mod edge_hash;
 mod fingerprint;
+mod floor;
 mod guard;
 mod load;
 mod mode;
@@ -110,6 +111,11 @@ struct Args {
     /// Leave the comparison with the `idempotent` crate out.
     #[arg(long)]
     skip_peer: bool,
+    /// Measure two ceilings beside the `idempotent` crate and idem, in the same rounds:
+    /// axum answering a fixed 201 (no server answers faster here), and axum making
+    /// exactly idem's two store calls per new key (bench/src/floor.rs).
+    #[arg(long)]
+    floors: bool,
     /// Only the performance guard: idem on the standalone Redis against the
     /// `idempotent` crate, --repeat rounds at each --peer-concurrency, as each server's
     /// CPU per request ÷ the load generator's; exits non-zero when the median round's
@@ -196,6 +202,13 @@ fn main() -> ExitCode {
     // This binary under another name is the peer, or the proxy comparison's upstream.
     if let Ok(spec) = std::env::var(peer::SERVE_ENV) {
         return serve_as(peer::PROGRAM, peer::serve(&spec));
+    }
+    if let Ok(spec) = std::env::var(floor::SERVE_ENV) {
+        let program = match spec.split(' ').nth(1) {
+            Some("store") => floor::Floor::Store.names().1,
+            _ => floor::Floor::Http.names().1,
+        };
+        return serve_as(program, floor::serve(&spec));
     }
     if let Ok(addr) = std::env::var(proxy::SERVE_ENV) {
         return serve_as(proxy::PROGRAM, proxy::serve(&addr));
@@ -579,6 +592,9 @@ async fn run_guard(
     }
     let verdicts = guard::verdicts(&rows);
     print!("{}", peer::table(&rows));
+    if let Some(ceilings) = peer::ceilings(&rows) {
+        print!("{ceilings}");
+    }
     println!();
     print!("{}", guard::table(&rows, &verdicts));
     std::fs::create_dir_all(&args.out)?;
@@ -622,14 +638,28 @@ async fn compare_with_peer(
     .await?;
     let log = args.out.join("origin-peer-comparison.log");
     let idem = origin::OriginProcess::start(bin, &Mode::Redis.origin_args(targets), log).await?;
-    let servers = [
+    let mut floors = Vec::new();
+    if args.floors {
+        for floor in [floor::Floor::Http, floor::Floor::Store] {
+            let namespace = format!("{}-floor", targets.namespace);
+            floors.push((
+                floor,
+                floor::FloorProcess::start(&args.out, floor, &args.redis_url, &namespace).await?,
+            ));
+        }
+    }
+    let mut servers = vec![
         (peer::PEER, peer.addr, peer::PROGRAM, peer.pid()),
         ("idem", idem.addr, "idem-origin", idem.pid()),
     ];
+    for (floor, process) in &floors {
+        let (system, program) = floor.names();
+        servers.push((system, process.addr, program, process.pid()));
+    }
     let mut rows = Vec::new();
     for &c in &args.peer_concurrency {
         for round in 0..args.repeat {
-            for (i, (system, addr, program, pid)) in servers.into_iter().enumerate() {
+            for (i, &(system, addr, program, pid)) in servers.iter().enumerate() {
                 let perf = args.perf.as_deref().map(|dir| (dir, pid));
                 let prefix = format!("p{nonce}-{i}-{c}-{round}");
                 let unique = Keys::Unique {
@@ -921,6 +951,9 @@ fn write_outputs(
     if !peered.is_empty() {
         println!();
         print!("{}", peer::table(peered));
+        if let Some(ceilings) = peer::ceilings(peered) {
+            print!("{ceilings}");
+        }
     }
     if !proxied.is_empty() {
         println!();

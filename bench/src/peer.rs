@@ -190,6 +190,9 @@ pub struct PeerRow {
     /// CPU of the load generator (this process) per request, µs: the same work for
     /// either server, so the server's ÷ this cancels the shared machine's speed.
     pub loader_cpu_us: f64,
+    /// CPU of the Redis servers per request, µs: what each server's store calls cost
+    /// the store, on the same two cores.
+    pub redis_cpu_us: f64,
     pub unexpected: u64,
 }
 
@@ -248,31 +251,40 @@ pub async fn measure(
         p99_ms: result.quantile_ms(0.99),
         server_cpu_us: cpu.seconds_of(program) / answered * 1e6,
         loader_cpu_us: cpu.seconds_of("idem-bench") / answered * 1e6,
+        redis_cpu_us: cpu.seconds_of("redis-server") / answered * 1e6,
         unexpected: result.unexpected,
     })
+}
+
+/// `system`'s round with the median requests per second at `concurrency` and `phase`.
+fn median_round<'a>(
+    rows: &'a [PeerRow],
+    system: &str,
+    concurrency: usize,
+    phase: &str,
+) -> Option<&'a PeerRow> {
+    let mut of: Vec<&PeerRow> = rows
+        .iter()
+        .filter(|r| r.system == system && r.concurrency == concurrency && r.phase == phase)
+        .collect();
+    of.sort_by(|a, b| a.requests_per_s.total_cmp(&b.requests_per_s));
+    of.get(of.len() / 2).copied()
 }
 
 /// The table: per concurrency and phase, the median round of each, and idem ÷ peer.
 pub fn table(rows: &[PeerRow]) -> String {
     let mut out = String::from(
         "idem vs the idempotent crate 0.3 (its Valkey store behind axum), standalone Redis, same run\n\
-         phase   conns  idem req/s  peer req/s  idem ÷ peer  idem p99 ms  peer p99 ms  idem µs/req  peer µs/req\n",
+         phase   conns  idem req/s  peer req/s  idem ÷ peer  idem p99 ms  peer p99 ms  idem µs/req  peer µs/req  Redis µs/req (idem, peer)\n",
     );
     let mut keys: Vec<(usize, &str)> = rows.iter().map(|r| (r.concurrency, r.phase)).collect();
     keys.sort();
     keys.dedup();
     for (c, phase) in keys {
-        let median = |system: &str| {
-            let mut of: Vec<&PeerRow> = rows
-                .iter()
-                .filter(|r| r.system == system && r.concurrency == c && r.phase == phase)
-                .collect();
-            of.sort_by(|a, b| a.requests_per_s.total_cmp(&b.requests_per_s));
-            of.get(of.len() / 2).copied()
-        };
+        let median = |system: &str| median_round(rows, system, c, phase);
         if let (Some(idem), Some(peer)) = (median("idem"), median(PEER)) {
             out.push_str(&format!(
-                "{phase:<7} {c:>5}  {:>10.0}  {:>10.0}  {:>10.2}×  {:>11.2}  {:>11.2}  {:>11.1}  {:>11.1}\n",
+                "{phase:<7} {c:>5}  {:>10.0}  {:>10.0}  {:>10.2}×  {:>11.2}  {:>11.2}  {:>11.1}  {:>11.1}  {:>11.1}, {:.1}\n",
                 idem.requests_per_s,
                 peer.requests_per_s,
                 idem.requests_per_s / peer.requests_per_s,
@@ -280,11 +292,94 @@ pub fn table(rows: &[PeerRow]) -> String {
                 peer.p99_ms,
                 idem.server_cpu_us,
                 peer.server_cpu_us,
+                idem.redis_cpu_us,
+                peer.redis_cpu_us,
             ));
         }
     }
     out
 }
 
+/// The ceilings measured beside them (`--floors`), each ÷ the peer in its median
+/// round; `None` when none was.
+pub fn ceilings(rows: &[PeerRow]) -> Option<String> {
+    let systems: Vec<&'static str> = {
+        let mut s: Vec<&'static str> = rows
+            .iter()
+            .map(|r| r.system)
+            .filter(|s| s.starts_with("ceiling"))
+            .collect();
+        s.sort();
+        s.dedup();
+        s
+    };
+    if systems.is_empty() {
+        return None;
+    }
+    let mut out = String::from(
+        "ceilings, same run (bench/src/floor.rs): servers doing less than any idempotency layer, ÷ the idempotent crate\n\
+         phase   conns  system                        req/s  ÷ peer  server µs/req  Redis µs/req\n",
+    );
+    let mut keys: Vec<(usize, &str)> = rows.iter().map(|r| (r.concurrency, r.phase)).collect();
+    keys.sort();
+    keys.dedup();
+    for (c, phase) in keys {
+        let median = |system: &str| median_round(rows, system, c, phase);
+        let Some(peer) = median(PEER) else { continue };
+        for system in &systems {
+            if let Some(r) = median(system) {
+                out.push_str(&format!(
+                    "{phase:<7} {c:>5}  {system:<28} {:>6.0}  {:>5.2}×  {:>13.1}  {:>12.1}\n",
+                    r.requests_per_s,
+                    r.requests_per_s / peer.requests_per_s,
+                    r.server_cpu_us,
+                    r.redis_cpu_us,
+                ));
+            }
+        }
+    }
+    Some(out)
+}
+
 /// How the peer is named in rows.
 pub const PEER: &str = "idempotent 0.3";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(system: &'static str, round: usize, requests_per_s: f64) -> PeerRow {
+        PeerRow {
+            system,
+            phase: "replay",
+            concurrency: 32,
+            round,
+            requests_per_s,
+            p50_ms: 0.0,
+            p99_ms: 0.0,
+            server_cpu_us: 10.0,
+            loader_cpu_us: 8.0,
+            redis_cpu_us: 0.5,
+            unexpected: 0,
+        }
+    }
+
+    #[test]
+    fn a_ceiling_is_shown_as_its_median_round_over_the_peer_s() {
+        let mut rows = vec![
+            row(PEER, 0, 40_000.0),
+            row(PEER, 1, 50_000.0),
+            row(PEER, 2, 60_000.0),
+        ];
+        assert_eq!(ceilings(&rows), None, "no ceiling measured, no table");
+        let http = "ceiling: HTTP alone";
+        rows.extend([
+            row(http, 0, 90_000.0),
+            row(http, 1, 100_000.0),
+            row(http, 2, 400_000.0),
+        ]);
+        let table = ceilings(&rows).unwrap();
+        let line = table.lines().find(|l| l.contains(http)).unwrap();
+        assert!(line.contains("100000") && line.contains("2.00×"), "{line}");
+    }
+}

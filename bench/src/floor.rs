@@ -1,0 +1,193 @@
+//! Ceilings for the peer comparison (`--floors`): two servers that do less than any
+//! real idempotency layer, measured by the same load in the same run as idem and the
+//! `idempotent` crate, so that a target against the crate can be checked against what
+//! this machine allows at all.
+//!
+//! - `http`: axum answering every request with a fixed `201` and a body the size of the
+//!   demo charge's, nothing else. No server on this stack answers faster here: the
+//!   ceiling of replays.
+//! - `store`: the same, plus exactly idem's two store calls per new key on the
+//!   standalone Redis — the claim and the completion scripts through
+//!   [`idem::RedisStore`], leases judged on the store's clock — and a replay read from
+//!   Redis. No caller scope, no fingerprint (a constant one), no heartbeat, no metrics,
+//!   no replay cache, no tower layer: the ceiling of new keys for any server that keeps
+//!   idem's store protocol.
+
+use anyhow::{Context, Result};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use idem::{RedisOptions, RedisStore, Store, StoreExt};
+use idem_core::StoredResponse;
+use idem_core::{Decision, Fingerprint, Holder, IdempotencyKey, Policy, RecordKey, Scope};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Set to `<addr> <kind> <redis url> <namespace>`, this binary serves a floor instead.
+pub const SERVE_ENV: &str = "IDEM_BENCH_SERVE_FLOOR";
+
+/// A demo charge's answer, byte for byte in size (the origin's 201 body).
+const ANSWER: &[u8] = br#"{"id":"ch_0000000000000000000000a1","object":"charge","amount":1999,"currency":"usd","customer":"cus_123","status":"succeeded","created":1764000000}"#;
+
+/// The two ceilings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Floor {
+    Http,
+    Store,
+}
+
+impl Floor {
+    /// The system's name in the rows, and its program's (for its CPU: at most 15
+    /// characters, as `/proc/<pid>/stat` keeps them; `cpu::FOLLOWED` lists them).
+    pub fn names(self) -> (&'static str, &'static str) {
+        match self {
+            Floor::Http => ("ceiling: HTTP alone", "floor-http"),
+            Floor::Store => ("ceiling: idem's store calls", "floor-store"),
+        }
+    }
+}
+
+/// Serves a floor until killed (the floor's process).
+pub async fn serve(spec: &str) -> Result<()> {
+    let parts: Vec<&str> = spec.split(' ').collect();
+    let [addr, kind, url, namespace] = parts[..] else {
+        anyhow::bail!(
+            "{SERVE_ENV} must be \"<addr> <http|store> <redis url> <namespace>\", not {spec:?}"
+        );
+    };
+    let app = match kind {
+        "http" => Router::new().route("/v1/charges", post(fixed)),
+        "store" => {
+            let mut options = RedisOptions::default();
+            options.namespace = namespace.to_owned();
+            let store = RedisStore::connect(url, options)
+                .await
+                .map_err(|e| anyhow::anyhow!("connecting the floor's store: {e}"))?;
+            Router::new()
+                .route("/v1/charges", post(charge))
+                .with_state(Arc::new(store))
+        }
+        _ => anyhow::bail!("a floor is http or store, not {kind:?}"),
+    };
+    let app = app.route("/healthz", get(|| async { "ok\n" }));
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+/// The fixed answer, marked a replay for the bench's replay keys (theirs start with
+/// `r`, `Keys::Replay`; the header is a quoted string): the load checks the mark, and its work must be the same for
+/// every server it compares.
+async fn fixed(headers: HeaderMap, _body: Bytes) -> Response {
+    let replay = headers
+        .get("idempotency-key")
+        .is_some_and(|k| k.as_bytes().starts_with(b"\"r"));
+    if replay {
+        (
+            StatusCode::CREATED,
+            [("idempotent-replayed", "true")],
+            ANSWER,
+        )
+            .into_response()
+    } else {
+        (StatusCode::CREATED, ANSWER).into_response()
+    }
+}
+
+const FINGERPRINT: Fingerprint = Fingerprint([7; 32]);
+
+async fn charge(
+    State(store): State<Arc<RedisStore>>,
+    headers: HeaderMap,
+    _body: Bytes,
+) -> Response {
+    let Some(key) = headers
+        .get("idempotency-key")
+        .and_then(|v| IdempotencyKey::parse(v.as_bytes()).ok())
+    else {
+        return (StatusCode::BAD_REQUEST, "Idempotency-Key").into_response();
+    };
+    let key = RecordKey::new(&Scope::anonymous(), &key);
+    let policy = Policy::default();
+    let unavailable =
+        |e: idem::StoreError| (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response();
+    match store.claim(&key, &FINGERPRINT, store.now(), &policy).await {
+        Ok(Decision::Execute(claim) | Decision::TakeOver(claim)) => {
+            let holder = Holder {
+                fingerprint: FINGERPRINT,
+                token: claim.token,
+            };
+            let response = StoredResponse {
+                status: 201,
+                headers: Vec::new(),
+                body: ANSWER.to_vec(),
+            };
+            match store
+                .complete(&key, &holder, response, store.now(), &policy)
+                .await
+            {
+                Ok(_) => (StatusCode::CREATED, ANSWER).into_response(),
+                Err(e) => unavailable(e),
+            }
+        }
+        Ok(Decision::Replay { response, .. }) => (
+            StatusCode::CREATED,
+            [("idempotent-replayed", "true")],
+            response.body,
+        )
+            .into_response(),
+        Ok(Decision::InFlight { .. }) => StatusCode::CONFLICT.into_response(),
+        Ok(Decision::Mismatch) => StatusCode::UNPROCESSABLE_ENTITY.into_response(),
+        Err(e) => unavailable(e),
+    }
+}
+
+/// A floor's process; killed on drop.
+pub struct FloorProcess {
+    child: Child,
+    pub addr: SocketAddr,
+}
+
+impl FloorProcess {
+    pub async fn start(out: &Path, floor: Floor, redis_url: &str, namespace: &str) -> Result<Self> {
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let me = std::env::current_exe()?;
+        let bin: PathBuf = out.join(floor.names().1);
+        let _ = std::fs::remove_file(&bin);
+        if std::fs::hard_link(&me, &bin).is_err() {
+            std::fs::copy(&me, &bin).with_context(|| format!("copying to {}", bin.display()))?;
+        }
+        let kind = match floor {
+            Floor::Http => "http",
+            Floor::Store => "store",
+        };
+        let child = Command::new(bin)
+            .env(SERVE_ENV, format!("{addr} {kind} {redis_url} {namespace}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting a floor")?;
+        let process = FloorProcess { child, addr };
+        crate::load::wait_healthy(addr, Duration::from_secs(10)).await?;
+        Ok(process)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for FloorProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
