@@ -18,6 +18,7 @@ pub const FOLLOWED: &[&str] = &[
     crate::proxy::NGINX_PROGRAM,
     "floor-http",
     "floor-store",
+    "floor-proxy",
     "python3",
 ];
 

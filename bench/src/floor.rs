@@ -12,24 +12,31 @@
 //!   Redis. No caller scope, no fingerprint (a constant one), no heartbeat, no metrics,
 //!   no replay cache, no tower layer: the ceiling of new keys for any server that keeps
 //!   idem's store protocol.
+//! - `proxy`: `store` with the upstream's answer instead of the fixed one — between the
+//!   claim and the completion, the request forwarded to the proxy comparison's API on a
+//!   kept-alive connection — the ceiling of proxy mode's new keys.
 
 use anyhow::{Context, Result};
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
 use idem::{RedisOptions, RedisStore, Store, StoreExt};
 use idem_core::StoredResponse;
 use idem_core::{Decision, Fingerprint, Holder, IdempotencyKey, Policy, RecordKey, Scope};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Set to `<addr> <kind> <redis url> <namespace>`, this binary serves a floor instead.
+/// Set to `<addr> <kind> <redis url> <namespace> [upstream]`, this binary serves a
+/// floor instead.
 pub const SERVE_ENV: &str = "IDEM_BENCH_SERVE_FLOOR";
 
 /// A demo charge's answer, byte for byte in size (the origin's 201 body).
@@ -40,6 +47,7 @@ const ANSWER: &[u8] = br#"{"id":"ch_0000000000000000000000a1","object":"charge",
 pub enum Floor {
     Http,
     Store,
+    Proxy,
 }
 
 impl Floor {
@@ -49,31 +57,62 @@ impl Floor {
         match self {
             Floor::Http => ("ceiling: HTTP alone", "floor-http"),
             Floor::Store => ("ceiling: idem's store calls", "floor-store"),
+            Floor::Proxy => ("ceiling: store calls+upstream", "floor-proxy"),
         }
+    }
+
+    fn kind(self) -> &'static str {
+        match self {
+            Floor::Http => "http",
+            Floor::Store => "store",
+            Floor::Proxy => "proxy",
+        }
+    }
+
+    /// The floor of a `kind` given in [`SERVE_ENV`].
+    pub fn of_kind(kind: &str) -> Option<Floor> {
+        [Floor::Http, Floor::Store, Floor::Proxy]
+            .into_iter()
+            .find(|f| f.kind() == kind)
     }
 }
 
 /// Serves a floor until killed (the floor's process).
 pub async fn serve(spec: &str) -> Result<()> {
     let parts: Vec<&str> = spec.split(' ').collect();
-    let [addr, kind, url, namespace] = parts[..] else {
+    let (&[addr, kind, url, namespace], upstream) = (&parts[..4.min(parts.len())], parts.get(4))
+    else {
         anyhow::bail!(
-            "{SERVE_ENV} must be \"<addr> <http|store> <redis url> <namespace>\", not {spec:?}"
+            "{SERVE_ENV} must be \"<addr> <http|store|proxy> <redis url> <namespace> [upstream]\", not {spec:?}"
         );
     };
-    let app = match kind {
-        "http" => Router::new().route("/v1/charges", post(fixed)),
-        "store" => {
-            let mut options = RedisOptions::default();
-            options.namespace = namespace.to_owned();
-            let store = RedisStore::connect(url, options)
-                .await
-                .map_err(|e| anyhow::anyhow!("connecting the floor's store: {e}"))?;
+    let connect = || async {
+        let mut options = RedisOptions::default();
+        options.namespace = namespace.to_owned();
+        RedisStore::connect(url, options)
+            .await
+            .map_err(|e| anyhow::anyhow!("connecting the floor's store: {e}"))
+    };
+    let app = match (Floor::of_kind(kind), upstream) {
+        (Some(Floor::Http), _) => Router::new().route("/v1/charges", post(fixed)),
+        (Some(Floor::Store), _) => {
             Router::new()
                 .route("/v1/charges", post(charge))
-                .with_state(Arc::new(store))
+                .with_state(Arc::new(FloorState {
+                    store: connect().await?,
+                    upstream: None,
+                }))
         }
-        _ => anyhow::bail!("a floor is http or store, not {kind:?}"),
+        (Some(Floor::Proxy), Some(upstream)) => Router::new()
+            .route("/v1/charges", post(charge))
+            .with_state(Arc::new(FloorState {
+                store: connect().await?,
+                upstream: Some(Upstream {
+                    addr: upstream.parse().context("the upstream's address")?,
+                    idle: Mutex::new(Vec::new()),
+                }),
+            })),
+        _ => anyhow::bail!("a floor is http, store, or proxy with an upstream, not {spec:?}"),
     };
     let app = app.route("/healthz", get(|| async { "ok\n" }));
     let listener = tokio::net::TcpListener::bind(addr)
@@ -81,6 +120,47 @@ pub async fn serve(spec: &str) -> Result<()> {
         .with_context(|| format!("binding {addr}"))?;
     axum::serve(listener, app).await?;
     Ok(())
+}
+
+/// The `store` and `proxy` floors' state.
+struct FloorState {
+    store: RedisStore,
+    upstream: Option<Upstream>,
+}
+
+/// The proxy floor's API, and its idle kept-alive connections.
+struct Upstream {
+    addr: SocketAddr,
+    idle: Mutex<Vec<SendRequest<Full<Bytes>>>>,
+}
+
+impl Upstream {
+    /// The API's answer to the client's `POST /v1/charges`.
+    async fn forward(&self, key: &HeaderValue, body: Bytes) -> Result<(StatusCode, Bytes)> {
+        let idle = self.idle.lock().unwrap().pop();
+        let mut sender = match idle {
+            Some(sender) => sender,
+            None => {
+                let stream = tokio::net::TcpStream::connect(self.addr).await?;
+                stream.set_nodelay(true)?;
+                let (sender, connection) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+                tokio::spawn(connection);
+                sender
+            }
+        };
+        sender.ready().await?;
+        let request = http::Request::post("/v1/charges")
+            .header("host", self.addr.to_string())
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .body(Full::new(body))?;
+        let answer = sender.send_request(request).await?;
+        let status = answer.status();
+        let body = answer.into_body().collect().await?.to_bytes();
+        self.idle.lock().unwrap().push(sender);
+        Ok((status, body))
+    }
 }
 
 /// The fixed answer, marked a replay for the bench's replay keys (theirs start with
@@ -104,49 +184,52 @@ async fn fixed(headers: HeaderMap, _body: Bytes) -> Response {
 
 const FINGERPRINT: Fingerprint = Fingerprint([7; 32]);
 
-async fn charge(
-    State(store): State<Arc<RedisStore>>,
-    headers: HeaderMap,
-    _body: Bytes,
-) -> Response {
-    let Some(key) = headers
-        .get("idempotency-key")
-        .and_then(|v| IdempotencyKey::parse(v.as_bytes()).ok())
-    else {
+async fn charge(State(floor): State<Arc<FloorState>>, headers: HeaderMap, body: Bytes) -> Response {
+    let Some(header) = headers.get("idempotency-key") else {
+        return (StatusCode::BAD_REQUEST, "Idempotency-Key").into_response();
+    };
+    let Ok(key) = IdempotencyKey::parse(header.as_bytes()) else {
         return (StatusCode::BAD_REQUEST, "Idempotency-Key").into_response();
     };
     let key = RecordKey::new(&Scope::anonymous(), &key);
     let policy = Policy::default();
-    let unavailable =
-        |e: idem::StoreError| (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response();
+    let store = &floor.store;
+    let unavailable = |e: String| (StatusCode::SERVICE_UNAVAILABLE, e).into_response();
     match store.claim(&key, &FINGERPRINT, store.now(), &policy).await {
         Ok(Decision::Execute(claim) | Decision::TakeOver(claim)) => {
             let holder = Holder {
                 fingerprint: FINGERPRINT,
                 token: claim.token,
             };
+            let (status, answer) = match &floor.upstream {
+                None => (StatusCode::CREATED, Bytes::from_static(ANSWER)),
+                Some(upstream) => match upstream.forward(header, body).await {
+                    Ok(answer) => answer,
+                    Err(e) => return unavailable(format!("{e:#}")),
+                },
+            };
             let response = StoredResponse {
-                status: 201,
+                status: status.as_u16(),
                 headers: Vec::new(),
-                body: ANSWER.to_vec(),
+                body: answer.to_vec(),
             };
             match store
                 .complete(&key, &holder, response, store.now(), &policy)
                 .await
             {
-                Ok(_) => (StatusCode::CREATED, ANSWER).into_response(),
-                Err(e) => unavailable(e),
+                Ok(_) => (status, answer).into_response(),
+                Err(e) => unavailable(e.to_string()),
             }
         }
         Ok(Decision::Replay { response, .. }) => (
-            StatusCode::CREATED,
+            StatusCode::from_u16(response.status).unwrap_or(StatusCode::OK),
             [("idempotent-replayed", "true")],
             response.body,
         )
             .into_response(),
         Ok(Decision::InFlight { .. }) => StatusCode::CONFLICT.into_response(),
         Ok(Decision::Mismatch) => StatusCode::UNPROCESSABLE_ENTITY.into_response(),
-        Err(e) => unavailable(e),
+        Err(e) => unavailable(e.to_string()),
     }
 }
 
@@ -157,7 +240,14 @@ pub struct FloorProcess {
 }
 
 impl FloorProcess {
-    pub async fn start(out: &Path, floor: Floor, redis_url: &str, namespace: &str) -> Result<Self> {
+    /// Starts `floor`; the proxy floor forwards to `upstream`.
+    pub async fn start(
+        out: &Path,
+        floor: Floor,
+        redis_url: &str,
+        namespace: &str,
+        upstream: Option<SocketAddr>,
+    ) -> Result<Self> {
         let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let me = std::env::current_exe()?;
         let bin: PathBuf = out.join(floor.names().1);
@@ -165,12 +255,12 @@ impl FloorProcess {
         if std::fs::hard_link(&me, &bin).is_err() {
             std::fs::copy(&me, &bin).with_context(|| format!("copying to {}", bin.display()))?;
         }
-        let kind = match floor {
-            Floor::Http => "http",
-            Floor::Store => "store",
-        };
+        let mut spec = format!("{addr} {} {redis_url} {namespace}", floor.kind());
+        if let Some(upstream) = upstream {
+            spec.push_str(&format!(" {upstream}"));
+        }
         let child = Command::new(bin)
-            .env(SERVE_ENV, format!("{addr} {kind} {redis_url} {namespace}"))
+            .env(SERVE_ENV, spec)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()

@@ -111,9 +111,10 @@ struct Args {
     /// Leave the comparison with the `idempotent` crate out.
     #[arg(long)]
     skip_peer: bool,
-    /// Measure two ceilings beside the `idempotent` crate and idem, in the same rounds:
+    /// Measure ceilings beside the `idempotent` crate and idem, in the same rounds:
     /// axum answering a fixed 201 (no server answers faster here), and axum making
-    /// exactly idem's two store calls per new key (bench/src/floor.rs).
+    /// exactly idem's two store calls per new key; and beside idempotent-proxy, axum
+    /// making those calls around the upstream's (bench/src/floor.rs).
     #[arg(long)]
     floors: bool,
     /// Only the performance guard: idem on the standalone Redis against the
@@ -204,10 +205,11 @@ fn main() -> ExitCode {
         return serve_as(peer::PROGRAM, peer::serve(&spec));
     }
     if let Ok(spec) = std::env::var(floor::SERVE_ENV) {
-        let program = match spec.split(' ').nth(1) {
-            Some("store") => floor::Floor::Store.names().1,
-            _ => floor::Floor::Http.names().1,
-        };
+        let program = spec
+            .split(' ')
+            .nth(1)
+            .and_then(floor::Floor::of_kind)
+            .map_or("floor", |f| f.names().1);
         return serve_as(program, floor::serve(&spec));
     }
     if let Ok(addr) = std::env::var(proxy::SERVE_ENV) {
@@ -458,6 +460,7 @@ async fn run(args: Args) -> Result<()> {
                 nonce,
                 idempotent_proxy: args.idempotent_proxy.as_deref(),
                 nginx: args.nginx.as_deref(),
+                floors: args.floors,
             })
             .await?
         }
@@ -644,7 +647,8 @@ async fn compare_with_peer(
             let namespace = format!("{}-floor", targets.namespace);
             floors.push((
                 floor,
-                floor::FloorProcess::start(&args.out, floor, &args.redis_url, &namespace).await?,
+                floor::FloorProcess::start(&args.out, floor, &args.redis_url, &namespace, None)
+                    .await?,
             ));
         }
     }

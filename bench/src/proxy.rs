@@ -218,6 +218,8 @@ pub struct Settings<'a> {
     pub idempotent_proxy: Option<&'a Path>,
     /// nginx, to run idempotent-proxy behind as its users front it.
     pub nginx: Option<&'a Path>,
+    /// Beside idempotent-proxy, the ceiling of proxy mode's new keys (`floor.rs`).
+    pub floors: bool,
 }
 
 /// Each upstream alone, then through idem on each store, at each concurrency.
@@ -332,6 +334,8 @@ pub const IPX_PROGRAM: &str = "bench-ipx";
 pub const IPX_LABEL: &str = "idempotent-proxy";
 const IPX_FRONTED_LABEL: &str = "nginx+idempotent-proxy";
 const IDEM_VS_IPX_LABEL: &str = "idem on redis";
+/// The ceiling of proxy mode's new keys: idem's store calls around the upstream's.
+const FLOOR_LABEL: &str = "ceiling: store calls+upstream";
 
 /// idempotent-proxy's server, run as its README says: environment variables, an
 /// `.env` in its working directory, the upstream as `URL_CHARGES` (it forwards
@@ -507,6 +511,19 @@ async fn against_idempotent_proxy(
         Some(nginx) => Some(NginxFront::start(nginx, s.out, ipx.addr, upstream.addr).await?),
         None => None,
     };
+    let floor = match s.floors {
+        true => Some(
+            crate::floor::FloorProcess::start(
+                s.out,
+                crate::floor::Floor::Proxy,
+                &s.targets.redis_url,
+                &format!("{}-floor", s.targets.namespace),
+                Some(upstream.addr),
+            )
+            .await?,
+        ),
+        false => None,
+    };
     let mut servers = vec![
         (IDEM_VS_IPX_LABEL, Server::idem(origin.addr)),
         (
@@ -532,6 +549,16 @@ async fn against_idempotent_proxy(
                     marks_replays: false,
                     ..Target::default()
                 },
+            },
+        ));
+    }
+    if let Some(floor) = &floor {
+        servers.push((
+            FLOOR_LABEL,
+            Server {
+                addr: floor.addr,
+                programs: &["floor-proxy"],
+                target: Target::default(),
             },
         ));
     }
@@ -578,14 +605,22 @@ pub fn ipx_ratios(rows: &[ProxyRow]) -> Option<String> {
             .find(|r| r.path == path && r.phase == phase && r.concurrency == c)
     };
     let mut out = String::new();
-    for peer in [IPX_FRONTED_LABEL, IPX_LABEL] {
+    for (ours, peer) in [
+        (IDEM_VS_IPX_LABEL, IPX_FRONTED_LABEL),
+        (IDEM_VS_IPX_LABEL, IPX_LABEL),
+        (FLOOR_LABEL, IPX_FRONTED_LABEL),
+    ] {
+        let name = match ours {
+            IDEM_VS_IPX_LABEL => "idem",
+            _ => "ceiling",
+        };
         for r in rows.iter().filter(|r| r.path == peer) {
-            let Some(idem) = find(IDEM_VS_IPX_LABEL, r.phase, r.concurrency) else {
+            let Some(idem) = find(ours, r.phase, r.concurrency) else {
                 continue;
             };
             let _ = writeln!(
                 out,
-                "  {:<6} {:>3} conns: idem {:>8.0} req/s, {peer} {:>8.0} req/s: {:.2}x (upstream calls per request {:.2} and {:.2}; CPU per request {:.1} and {:.1} µs)",
+                "  {:<6} {:>3} conns: {name} {:>8.0} req/s, {peer} {:>8.0} req/s: {:.2}x (upstream calls per request {:.2} and {:.2}; CPU per request {:.1} and {:.1} µs)",
                 r.phase,
                 r.concurrency,
                 idem.requests_per_s,
