@@ -215,7 +215,8 @@ fn main() -> ExitCode {
     if let Ok(addr) = std::env::var(proxy::SERVE_ENV) {
         return serve_as(proxy::PROGRAM, proxy::serve(&addr));
     }
-    // Explicit, so that TOKIO_WORKER_THREADS given to the bench reaches only the origin.
+    // Explicit, so that TOKIO_WORKER_THREADS given to the bench reaches the servers it
+    // starts (the origin, the peer, the floors), not its own load generator.
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(threads)
@@ -663,7 +664,16 @@ async fn compare_with_peer(
     let mut rows = Vec::new();
     for &c in &args.peer_concurrency {
         for round in 0..args.repeat {
-            for (i, &(system, addr, program, pid)) in servers.iter().enumerate() {
+            // Each server first in turn: a later one meets a fuller Redis and a warmer
+            // machine.
+            let first = round % servers.len();
+            let order = servers
+                .iter()
+                .enumerate()
+                .cycle()
+                .skip(first)
+                .take(servers.len());
+            for (i, &(system, addr, program, pid)) in order {
                 let perf = args.perf.as_deref().map(|dir| (dir, pid));
                 let prefix = format!("p{nonce}-{i}-{c}-{round}");
                 let unique = Keys::Unique {

@@ -303,39 +303,49 @@ pub fn table(rows: &[PeerRow]) -> String {
 /// The ceilings measured beside them (`--floors`), each ÷ the peer in its median
 /// round; `None` when none was.
 pub fn ceilings(rows: &[PeerRow]) -> Option<String> {
-    let systems: Vec<&'static str> = {
-        let mut s: Vec<&'static str> = rows
-            .iter()
-            .map(|r| r.system)
-            .filter(|s| s.starts_with("ceiling"))
-            .collect();
-        s.sort();
-        s.dedup();
-        s
-    };
+    let mut systems: Vec<&'static str> = rows
+        .iter()
+        .map(|r| r.system)
+        .filter(|s| s.starts_with("ceiling"))
+        .collect();
+    systems.sort();
+    systems.dedup();
     if systems.is_empty() {
         return None;
     }
+    systems.insert(0, "idem");
     let mut out = String::from(
-        "ceilings, same run (bench/src/floor.rs): servers doing less than any idempotency layer, ÷ the idempotent crate\n\
-         phase   conns  system                        req/s  ÷ peer  server µs/req  Redis µs/req\n",
+        "ceilings, same run (bench/src/floor.rs): servers doing less than any idempotency layer; \
+         ÷ the idempotent crate in the same round, the median round and the range\n\
+         phase   conns  system                        req/s  ÷ peer per round        server µs/req  Redis µs/req\n",
     );
     let mut keys: Vec<(usize, &str)> = rows.iter().map(|r| (r.concurrency, r.phase)).collect();
     keys.sort();
     keys.dedup();
     for (c, phase) in keys {
-        let median = |system: &str| median_round(rows, system, c, phase);
-        let Some(peer) = median(PEER) else { continue };
+        let of = |system: &str, round: usize| {
+            rows.iter().find(|r| {
+                r.system == system && r.concurrency == c && r.phase == phase && r.round == round
+            })
+        };
         for system in &systems {
-            if let Some(r) = median(system) {
-                out.push_str(&format!(
-                    "{phase:<7} {c:>5}  {system:<28} {:>6.0}  {:>5.2}×  {:>13.1}  {:>12.1}\n",
-                    r.requests_per_s,
-                    r.requests_per_s / peer.requests_per_s,
-                    r.server_cpu_us,
-                    r.redis_cpu_us,
-                ));
-            }
+            let Some(r) = median_round(rows, system, c, phase) else {
+                continue;
+            };
+            let mut paired: Vec<f64> = rows
+                .iter()
+                .filter(|p| p.system == PEER && p.concurrency == c && p.phase == phase)
+                .filter_map(|p| Some(of(system, p.round)?.requests_per_s / p.requests_per_s))
+                .collect();
+            paired.sort_by(f64::total_cmp);
+            let (Some(low), Some(high)) = (paired.first(), paired.last()) else {
+                continue;
+            };
+            let median = paired[paired.len() / 2];
+            out.push_str(&format!(
+                "{phase:<7} {c:>5}  {system:<28} {:>6.0}  {:>5.2}× ({low:.2}–{high:.2})  {:>13.1}  {:>12.1}\n",
+                r.requests_per_s, median, r.server_cpu_us, r.redis_cpu_us,
+            ));
         }
     }
     Some(out)
@@ -380,6 +390,11 @@ mod tests {
         ]);
         let table = ceilings(&rows).unwrap();
         let line = table.lines().find(|l| l.contains(http)).unwrap();
-        assert!(line.contains("100000") && line.contains("2.00×"), "{line}");
+        // Paired by round: 90/40, 100/50, 400/60 → 2.25 (2.00–6.67); the median round
+        // of its own is the 100 000 one.
+        assert!(
+            line.contains("100000") && line.contains("2.25× (2.00–6.67)"),
+            "{line}"
+        );
     }
 }
