@@ -16,6 +16,7 @@
 //!   claim and the completion, the request forwarded to the proxy comparison's API on a
 //!   kept-alive connection — the ceiling of proxy mode's new keys.
 
+use crate::served::{self, Served};
 use anyhow::{Context, Result};
 use axum::body::Bytes;
 use axum::extract::State;
@@ -30,17 +31,16 @@ use idem::{RedisOptions, RedisStore, Store, StoreExt};
 use idem_core::StoredResponse;
 use idem_core::{Decision, Fingerprint, Holder, IdempotencyKey, Policy, RecordKey, Scope};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 /// Set to `<addr> <kind> <redis url> <namespace> [upstream]`, this binary serves a
 /// floor instead.
 pub const SERVE_ENV: &str = "IDEM_BENCH_SERVE_FLOOR";
 
-/// A demo charge's answer, byte for byte in size (the origin's 201 body).
-const ANSWER: &[u8] = br#"{"id":"ch_0000000000000000000000a1","object":"charge","amount":1999,"currency":"usd","customer":"cus_123","status":"succeeded","created":1764000000}"#;
+/// A demo charge's answer: the origin's 201 body, for a customer named like the bench's
+/// keys (the load sends `cus_<key>`).
+const ANSWER: &[u8] = br#"{"id":"ch_d924b3d409cf91f91973e62a","amount":1999,"currency":"usd","customer":"cus_u1796505598529-3-32-0-0-12345","created":1796511969}"#;
 
 /// The two ceilings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,11 +80,12 @@ impl Floor {
 /// Serves a floor until killed (the floor's process).
 pub async fn serve(spec: &str) -> Result<()> {
     let parts: Vec<&str> = spec.split(' ').collect();
-    let (&[addr, kind, url, namespace], upstream) = (&parts[..4.min(parts.len())], parts.get(4))
-    else {
-        anyhow::bail!(
+    let (addr, kind, url, namespace, upstream) = match parts[..] {
+        [addr, kind, url, namespace] => (addr, kind, url, namespace, None),
+        [addr, kind, url, namespace, upstream] => (addr, kind, url, namespace, Some(upstream)),
+        _ => anyhow::bail!(
             "{SERVE_ENV} must be \"<addr> <http|store|proxy> <redis url> <namespace> [upstream]\", not {spec:?}"
-        );
+        ),
     };
     let connect = || async {
         let mut options = RedisOptions::default();
@@ -233,51 +234,21 @@ async fn charge(State(floor): State<Arc<FloorState>>, headers: HeaderMap, body: 
     }
 }
 
-/// A floor's process; killed on drop.
-pub struct FloorProcess {
-    child: Child,
-    pub addr: SocketAddr,
-}
-
-impl FloorProcess {
-    /// Starts `floor`; the proxy floor forwards to `upstream`.
-    pub async fn start(
-        out: &Path,
-        floor: Floor,
-        redis_url: &str,
-        namespace: &str,
-        upstream: Option<SocketAddr>,
-    ) -> Result<Self> {
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-        let me = std::env::current_exe()?;
-        let bin: PathBuf = out.join(floor.names().1);
-        let _ = std::fs::remove_file(&bin);
-        if std::fs::hard_link(&me, &bin).is_err() {
-            std::fs::copy(&me, &bin).with_context(|| format!("copying to {}", bin.display()))?;
-        }
-        let mut spec = format!("{addr} {} {redis_url} {namespace}", floor.kind());
-        if let Some(upstream) = upstream {
-            spec.push_str(&format!(" {upstream}"));
-        }
-        let child = Command::new(bin)
-            .env(SERVE_ENV, spec)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .context("starting a floor")?;
-        let process = FloorProcess { child, addr };
-        crate::load::wait_healthy(addr, Duration::from_secs(10)).await?;
-        Ok(process)
+/// Starts `floor` on `redis_url`, its keys under `namespace`; the proxy floor forwards
+/// to `upstream`.
+pub async fn start(
+    out: &Path,
+    floor: Floor,
+    redis_url: &str,
+    namespace: &str,
+    upstream: Option<SocketAddr>,
+) -> Result<Served> {
+    let addr = served::free_addr()?;
+    let mut spec = format!("{addr} {} {redis_url} {namespace}", floor.kind());
+    if let Some(upstream) = upstream {
+        spec.push_str(&format!(" {upstream}"));
     }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for FloorProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    let mut cmd = served::as_program(out, floor.names().1)?;
+    cmd.env(SERVE_ENV, spec);
+    Served::start(cmd, addr, "a floor").await
 }

@@ -27,6 +27,7 @@ mod proxy;
 mod raw;
 mod report;
 mod scale;
+mod served;
 
 use anyhow::{Context, Result};
 use clap::Parser;
@@ -634,7 +635,7 @@ async fn compare_with_peer(
     targets: &Targets,
     nonce: u128,
 ) -> Result<Vec<peer::PeerRow>> {
-    let peer = peer::PeerProcess::start(
+    let peer = peer::start(
         &args.out,
         &args.redis_url,
         &format!("{}-peer", targets.namespace),
@@ -648,8 +649,7 @@ async fn compare_with_peer(
             let namespace = format!("{}-floor", targets.namespace);
             floors.push((
                 floor,
-                floor::FloorProcess::start(&args.out, floor, &args.redis_url, &namespace, None)
-                    .await?,
+                floor::start(&args.out, floor, &args.redis_url, &namespace, None).await?,
             ));
         }
     }

@@ -10,6 +10,7 @@
 
 use crate::cpu;
 use crate::load::{self, Keys};
+use crate::served::{self, Served};
 use anyhow::{Context, Result};
 use axum::body::Bytes;
 use axum::extract::State;
@@ -24,8 +25,7 @@ use idempotent::store::{IdempotencyStore, InsertResult};
 use idempotent::{CachedResponse, IdempotencyEntry, IdempotencyKey};
 use serde::Serialize;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -133,44 +133,12 @@ async fn charge(State(peer): State<Arc<Peer>>, headers: HeaderMap, body: Bytes) 
     }
 }
 
-/// The peer's process; killed on drop.
-pub struct PeerProcess {
-    child: Child,
-    pub addr: SocketAddr,
-}
-
-impl PeerProcess {
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl PeerProcess {
-    pub async fn start(out: &Path, redis_url: &str, prefix: &str) -> Result<Self> {
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-        let me = std::env::current_exe()?;
-        let bin: PathBuf = out.join(PROGRAM);
-        let _ = std::fs::remove_file(&bin);
-        if std::fs::hard_link(&me, &bin).is_err() {
-            std::fs::copy(&me, &bin).with_context(|| format!("copying to {}", bin.display()))?;
-        }
-        let child = Command::new(bin)
-            .env(SERVE_ENV, format!("{addr} {redis_url} {prefix}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .context("starting the peer")?;
-        let peer = PeerProcess { child, addr };
-        load::wait_healthy(addr, Duration::from_secs(10)).await?;
-        Ok(peer)
-    }
-}
-
-impl Drop for PeerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Starts the peer on `redis_url`, its keys under `prefix`.
+pub async fn start(out: &Path, redis_url: &str, prefix: &str) -> Result<Served> {
+    let addr = served::free_addr()?;
+    let mut cmd = served::as_program(out, PROGRAM)?;
+    cmd.env(SERVE_ENV, format!("{addr} {redis_url} {prefix}"));
+    Served::start(cmd, addr, "the peer").await
 }
 
 /// One measured phase of the peer comparison.

@@ -9,6 +9,7 @@
 use crate::load::{self, Keys, Target};
 use crate::mode::{Mode, Targets};
 use crate::origin::OriginProcess;
+use crate::served::{self, Served};
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -18,7 +19,7 @@ use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -130,24 +131,18 @@ impl UpstreamKind {
 
 /// The upstream's process; killed on drop.
 struct UpstreamProcess {
-    child: Child,
+    /// Killed with this.
+    _served: Served,
     addr: SocketAddr,
     kind: UpstreamKind,
 }
 
 impl UpstreamProcess {
     async fn start(kind: UpstreamKind, out: &Path, payments_py: &Path) -> Result<Self> {
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-        let mut cmd = match kind {
+        let addr = served::free_addr()?;
+        let cmd = match kind {
             UpstreamKind::Builtin => {
-                let me = std::env::current_exe()?;
-                let bin: PathBuf = out.join(PROGRAM);
-                let _ = std::fs::remove_file(&bin);
-                if std::fs::hard_link(&me, &bin).is_err() {
-                    std::fs::copy(&me, &bin)
-                        .with_context(|| format!("copying to {}", bin.display()))?;
-                }
-                let mut cmd = Command::new(bin);
+                let mut cmd = served::as_program(out, PROGRAM)?;
                 cmd.env(SERVE_ENV, addr.to_string());
                 cmd
             }
@@ -165,14 +160,12 @@ impl UpstreamProcess {
                 cmd
             }
         };
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .with_context(|| format!("starting the {} upstream", kind.label()))?;
-        let upstream = UpstreamProcess { child, addr, kind };
-        load::wait_healthy(addr, Duration::from_secs(10)).await?;
-        Ok(upstream)
+        let served = Served::start(cmd, addr, &format!("the {} upstream", kind.label())).await?;
+        Ok(UpstreamProcess {
+            _served: served,
+            addr,
+            kind,
+        })
     }
 
     async fn calls(&self) -> Result<u64> {
@@ -190,13 +183,6 @@ impl UpstreamProcess {
             .collect()
             .await?;
         Ok(String::from_utf8_lossy(&body.to_bytes()).trim().parse()?)
-    }
-}
-
-impl Drop for UpstreamProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -513,7 +499,7 @@ async fn against_idempotent_proxy(
     };
     let floor = match s.floors {
         true => Some(
-            crate::floor::FloorProcess::start(
+            crate::floor::start(
                 s.out,
                 crate::floor::Floor::Proxy,
                 &s.targets.redis_url,
