@@ -62,8 +62,10 @@ struct Args {
     /// Unmeasured time before each phase.
     #[arg(long, default_value = "1s", value_parser = idem_origin::config::parse_duration)]
     warmup: Duration,
-    /// Rounds per mode and concurrency (raw backend, new keys, replays in each). The
-    /// table shows the round with the median ratio, and the ratio's range.
+    /// Rounds per mode and concurrency (raw backend, new keys, replays in each), and of
+    /// the comparisons with the `idempotent` crate and with idempotent-proxy (each
+    /// server in each round, first in turn). The tables show the round with the
+    /// median ratio, and the ratio's range.
     #[arg(long, default_value_t = 1)]
     repeat: usize,
     /// Keys completed before the replay phase, then replayed round-robin.
@@ -463,6 +465,7 @@ async fn run(args: Args) -> Result<()> {
                 idempotent_proxy: args.idempotent_proxy.as_deref(),
                 nginx: args.nginx.as_deref(),
                 floors: args.floors,
+                rounds: args.repeat,
             })
             .await?
         }

@@ -40,6 +40,8 @@ pub struct ProxyRow {
     /// `unique` or `replay`.
     pub phase: &'static str,
     pub concurrency: usize,
+    /// The round of the comparison with idempotent-proxy (0 elsewhere).
+    pub round: usize,
     pub requests_per_s: f64,
     /// requests/s ÷ the upstream alone's, new keys, at the same concurrency.
     pub ratio: Option<f64>,
@@ -206,6 +208,9 @@ pub struct Settings<'a> {
     pub nginx: Option<&'a Path>,
     /// Beside idempotent-proxy, the ceiling of proxy mode's new keys (`floor.rs`).
     pub floors: bool,
+    /// Rounds of the comparison with idempotent-proxy (`--repeat`): a ratio is paired
+    /// within a round, and the median round's is shown with the range.
+    pub rounds: usize,
 }
 
 /// Each upstream alone, then through idem on each store, at each concurrency.
@@ -335,7 +340,9 @@ struct IpxProcess {
 
 impl IpxProcess {
     async fn start(bin: &Path, out: &Path, redis_url: &str, upstream: SocketAddr) -> Result<Self> {
-        let dir = out.join("idempotent-proxy");
+        // Absolute: the child runs in `dir`, where a relative program path would be
+        // looked up again (the default `--out` is relative).
+        let dir = std::path::absolute(out.join("idempotent-proxy"))?;
         std::fs::create_dir_all(&dir)?;
         // It panics without a .env file; everything is given in its environment.
         std::fs::write(dir.join(".env"), "")?;
@@ -549,17 +556,19 @@ async fn against_idempotent_proxy(
         ));
     }
     let mut rows = Vec::new();
-    for (round, &c) in s.concurrency.iter().enumerate() {
+    let steps = (0..s.rounds).flat_map(|round| s.concurrency.iter().map(move |&c| (round, c)));
+    for (step, (round, c)) in steps.enumerate() {
         let base = alone.iter().find(|(ac, _)| *ac == c).map(|(_, rps)| *rps);
-        // Each server first in turn.
-        let first = round % servers.len();
+        // Each server first in turn: none always meets the machine's same minute.
+        let first = step % servers.len();
         let order = servers[first..].iter().chain(&servers[..first]);
         for (n, (label, server)) in order.enumerate() {
-            let prefix = format!("x{}-{n}-{c}", s.nonce);
+            let prefix = format!("x{}-{round}-{n}-{c}", s.nonce);
             let unique = Keys::Unique {
                 prefix: format!("u{prefix}"),
             };
-            rows.push(measure(s, upstream, server, label, "unique", c, unique, base).await?);
+            let row = measure(s, upstream, server, label, "unique", c, unique, base).await?;
+            rows.push(ProxyRow { round, ..row });
             let seed = Keys::Seed {
                 prefix: format!("r{prefix}"),
                 count: s.replay_keys,
@@ -576,7 +585,8 @@ async fn against_idempotent_proxy(
                 prefix: format!("r{prefix}"),
                 count: s.replay_keys,
             };
-            rows.push(measure(s, upstream, server, label, "replay", c, replay, base).await?);
+            let row = measure(s, upstream, server, label, "replay", c, replay, base).await?;
+            rows.push(ProxyRow { round, ..row });
         }
     }
     Ok(rows)
@@ -584,11 +594,13 @@ async fn against_idempotent_proxy(
 
 /// idem ÷ idempotent-proxy in req/s, from the rows of [`against_idempotent_proxy`]:
 /// against idempotent-proxy behind nginx (how it is deployed in front of an API, and
-/// what the targets are measured on) when it ran, and against it alone.
+/// what the targets are measured on) when it ran, and against it alone. Each ratio is
+/// of one round (the two measured minutes apart at most); the median round's is shown,
+/// with the range and every round's.
 pub fn ipx_ratios(rows: &[ProxyRow]) -> Option<String> {
-    let find = |path: &str, phase: &str, c: usize| {
+    let of = |path: &str, phase: &str, c: usize, round: usize| {
         rows.iter()
-            .find(|r| r.path == path && r.phase == phase && r.concurrency == c)
+            .find(|r| r.path == path && r.phase == phase && r.concurrency == c && r.round == round)
     };
     let mut out = String::new();
     for (ours, peer) in [
@@ -600,27 +612,44 @@ pub fn ipx_ratios(rows: &[ProxyRow]) -> Option<String> {
             IDEM_VS_IPX_LABEL => "idem",
             _ => "ceiling",
         };
-        for r in rows.iter().filter(|r| r.path == peer) {
-            let Some(idem) = find(ours, r.phase, r.concurrency) else {
+        let mut keys: Vec<(&str, usize)> = rows
+            .iter()
+            .filter(|r| r.path == peer)
+            .map(|r| (r.phase, r.concurrency))
+            .collect();
+        keys.sort_by_key(|&(phase, c)| (phase != "unique", c));
+        keys.dedup();
+        for (phase, c) in keys {
+            let mut paired: Vec<(f64, &ProxyRow, &ProxyRow)> = rows
+                .iter()
+                .filter(|r| r.path == peer && r.phase == phase && r.concurrency == c)
+                .filter_map(|theirs| {
+                    let ours = of(ours, phase, c, theirs.round)?;
+                    let ratio = ours.requests_per_s / theirs.requests_per_s.max(1e-9);
+                    Some((ratio, ours, theirs))
+                })
+                .collect();
+            let rounds: Vec<String> = paired.iter().map(|(r, ..)| format!("{r:.2}")).collect();
+            paired.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let Some(&(ratio, idem, theirs)) = paired.get(paired.len() / 2) else {
                 continue;
             };
+            let (low, high) = (paired[0].0, paired[paired.len() - 1].0);
             let _ = writeln!(
                 out,
-                "  {:<6} {:>3} conns: {name} {:>8.0} req/s, {peer} {:>8.0} req/s: {:.2}x (upstream calls per request {:.2} and {:.2}; CPU per request {:.1} and {:.1} µs)",
-                r.phase,
-                r.concurrency,
+                "  {phase:<6} {c:>3} conns: {name} {:>8.0} req/s, {peer} {:>8.0} req/s: {ratio:.2}x, rounds {low:.2}–{high:.2} ({}) (upstream calls per request {:.2} and {:.2}; CPU per request {:.1} and {:.1} µs)",
                 idem.requests_per_s,
-                r.requests_per_s,
-                idem.requests_per_s / r.requests_per_s.max(1e-9),
+                theirs.requests_per_s,
+                rounds.join(" "),
                 idem.upstream_calls,
-                r.upstream_calls,
+                theirs.upstream_calls,
                 idem.idem_cpu_us,
-                r.idem_cpu_us,
+                theirs.idem_cpu_us,
             );
         }
     }
     (!out.is_empty()).then(|| {
-        format!("proxy mode vs idempotent-proxy 1.2.2, same upstream, same Redis, same run (targets: 2x on new keys, 5x on replays, against it behind nginx):\n{out}")
+        format!("proxy mode vs idempotent-proxy 1.2.2, same upstream, same Redis, same run, the median round of each (targets: 2x on new keys, 5x on replays, against it behind nginx):\n{out}")
     })
 }
 
@@ -680,6 +709,7 @@ async fn measure(
         path: path.to_owned(),
         phase,
         concurrency,
+        round: 0,
         requests_per_s: rps,
         ratio: base.filter(|b| *b > 0.0).map(|b| rps / b),
         p50_ms: result.quantile_ms(0.5),
@@ -709,11 +739,12 @@ pub fn table(rows: &[ProxyRow]) -> String {
     );
     let _ = writeln!(
         s,
-        "{:<8} {:<22} {:<6} {:>5} {:>9} {:>6} {:>7} {:>7} {:>12} {:>16} {:>15}",
+        "{:<8} {:<22} {:<6} {:>5} {:>5} {:>9} {:>6} {:>7} {:>7} {:>12} {:>16} {:>15}",
         "upstream",
         "path",
         "phase",
         "conns",
+        "round",
         "req/s",
         "ratio",
         "p50 ms",
@@ -725,11 +756,12 @@ pub fn table(rows: &[ProxyRow]) -> String {
     for r in rows {
         let _ = writeln!(
             s,
-            "{:<8} {:<22} {:<6} {:>5} {:>9.0} {:>6} {:>7.2} {:>7.2} {:>12.1} {:>16.1} {:>15.2}",
+            "{:<8} {:<22} {:<6} {:>5} {:>5} {:>9.0} {:>6} {:>7.2} {:>7.2} {:>12.1} {:>16.1} {:>15.2}",
             r.upstream,
             r.path,
             r.phase,
             r.concurrency,
+            r.round,
             r.requests_per_s,
             r.ratio.map_or_else(|| "-".into(), |v| format!("{v:.2}")),
             r.p50_ms,
@@ -740,4 +772,53 @@ pub fn table(rows: &[ProxyRow]) -> String {
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(path: &str, round: usize, requests_per_s: f64) -> ProxyRow {
+        ProxyRow {
+            upstream: "builtin",
+            path: path.to_owned(),
+            phase: "unique",
+            concurrency: 32,
+            round,
+            requests_per_s,
+            ratio: None,
+            p50_ms: 1.0,
+            p99_ms: 2.0,
+            idem_cpu_us: 50.0,
+            upstream_cpu_us: 10.0,
+            upstream_calls: 1.0,
+            unexpected: 0,
+        }
+    }
+
+    #[test]
+    fn a_ratio_is_paired_within_its_round_and_the_median_round_shown() {
+        // Round 1's peer is slow: paired across rounds, idem's fastest over the
+        // peer's slowest would read 4x; within rounds the ratios are 2, 4 and 1.5.
+        let rows = vec![
+            row(IDEM_VS_IPX_LABEL, 0, 10_000.0),
+            row(IPX_FRONTED_LABEL, 0, 5_000.0),
+            row(IDEM_VS_IPX_LABEL, 1, 8_000.0),
+            row(IPX_FRONTED_LABEL, 1, 2_000.0),
+            row(IDEM_VS_IPX_LABEL, 2, 9_000.0),
+            row(IPX_FRONTED_LABEL, 2, 6_000.0),
+        ];
+        let text = ipx_ratios(&rows).unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.contains("idem") && l.contains(IPX_FRONTED_LABEL))
+            .unwrap();
+        assert!(line.contains("10000 req/s"), "{line}");
+        assert!(
+            line.contains(": 2.00x, rounds 1.50–4.00 (2.00 4.00 1.50)"),
+            "{line}"
+        );
+        // Nothing to pair with: no line.
+        assert!(!text.contains("ceiling"), "{text}");
+    }
 }
