@@ -23,4 +23,5 @@ pub mod proxy;
 pub mod routes;
 pub mod serve;
 pub mod telemetry;
+pub mod upstream_pool;
 pub mod upstream_tls;

@@ -15,19 +15,20 @@
 //! [`contract::DOWNSTREAM_KEY`]) so the upstream can fence its own writes.
 
 use crate::config::UnknownOutcome;
+use crate::upstream_pool::{Pool, SendError};
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use futures_util::future::BoxFuture;
 use http::uri::{PathAndQuery, Uri};
 use http::{HeaderName, HeaderValue, Request, Response};
-use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::connect::{capture_connection, HttpConnector};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use hyper_rustls::{FixedServerNameResolver, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
 use idem::{release, IdempotencyContext};
 use idem_core::contract::{self, Problem, Rejection};
+use std::borrow::Cow;
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -70,9 +71,7 @@ pub struct Upstream {
 }
 
 struct Inner {
-    client: Client<HttpsConnector<HttpConnector>, Body>,
-    scheme: http::uri::Scheme,
-    authority: http::uri::Authority,
+    pool: Pool,
     base_path: String,
     options: UpstreamOptions,
 }
@@ -99,7 +98,7 @@ impl Upstream {
     /// A pooled client for `options.url`; an error names what is wrong with the URL.
     pub fn new(options: UpstreamOptions) -> Result<Self, String> {
         let uri = parse_upstream_url(&options.url)?;
-        let scheme = uri.scheme().cloned();
+        let scheme = uri.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP);
         let authority = uri.authority().cloned().ok_or("--upstream has no host")?;
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
@@ -132,14 +131,23 @@ impl Upstream {
             None => builder,
         };
         let connector = builder.enable_http1().wrap_connector(connector);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(options.idle_timeout)
-            .build(connector);
+        // `Host` as a client library sends it: the port only when it is not the scheme's.
+        let default_port = if https { 443 } else { 80 };
+        let host = match authority.port_u16() {
+            Some(port) if port != default_port => format!("{}:{port}", authority.host()),
+            _ => authority.host().to_owned(),
+        };
+        let host =
+            HeaderValue::from_str(&host).map_err(|_| "--upstream's host cannot be sent as Host")?;
+        let target = Uri::builder()
+            .scheme(scheme)
+            .authority(authority)
+            .path_and_query("/")
+            .build()
+            .map_err(|e| format!("--upstream: {e}"))?;
         Ok(Upstream {
             inner: Arc::new(Inner {
-                client,
-                scheme: scheme.unwrap_or(http::uri::Scheme::HTTP),
-                authority,
+                pool: Pool::new(connector, target, host, options.idle_timeout),
                 base_path: uri.path().trim_end_matches('/').to_owned(),
                 options,
             }),
@@ -216,7 +224,7 @@ impl Inner {
                 ));
             }
         }
-        let mut outbound = match self.outbound(req) {
+        let outbound = match self.outbound(req) {
             Ok(outbound) => outbound,
             Err(why) => {
                 return release(problem(
@@ -226,25 +234,22 @@ impl Inner {
                 ))
             }
         };
-        let connection = capture_connection(&mut outbound);
+        let handed = AtomicBool::new(false);
         let started = std::time::Instant::now();
-        let sent = tokio::time::timeout(self.options.timeout, self.client.request(outbound)).await;
+        let sent =
+            tokio::time::timeout(self.options.timeout, self.pool.send(outbound, &handed)).await;
         let result = match &sent {
             Ok(Ok(answer)) => idem::metrics::status_class(answer.status().as_u16()),
-            Err(_) if connection.connection_metadata().is_none() => "unreachable",
-            Ok(Err(e))
-                if e.is_connect() || never_sent(e, connection.connection_metadata().is_none()) =>
-            {
-                "unreachable"
-            }
-            _ => "lost",
+            Ok(Err(SendError::NotSent(_))) => "unreachable",
+            Err(_) if !handed.load(Ordering::Relaxed) => "unreachable",
+            Ok(Err(SendError::Lost(_))) | Err(_) => "lost",
         };
         metrics::histogram!("idem_upstream_duration_seconds", "result" => result)
             .record(started.elapsed().as_secs_f64());
         let answer = match sent {
             Ok(Ok(answer)) => answer,
-            // Timed out before any connection was made: nothing was sent.
-            Err(_) if connection.connection_metadata().is_none() => {
+            // Timed out before the request was handed to a connection: nothing was sent.
+            Err(_) if !handed.load(Ordering::Relaxed) => {
                 return release(problem(
                     &self.options.problem_base,
                     Problem::UpstreamUnreachable,
@@ -254,21 +259,15 @@ impl Inner {
                     ),
                 ))
             }
-            Ok(Err(e)) if e.is_connect() || never_sent(&e, connection.connection_metadata().is_none()) => {
+            Ok(Err(SendError::NotSent(why))) => {
                 return release(problem(
                     &self.options.problem_base,
                     Problem::UpstreamUnreachable,
-                    &format!(
-                        "nothing was sent to the upstream ({}); retry with the same key",
-                        root_cause(&e)
-                    ),
+                    &format!("nothing was sent to the upstream ({why}); retry with the same key"),
                 ))
             }
-            Ok(Err(e)) => {
-                return self.unknown(&format!(
-                    "the upstream's answer was lost ({})",
-                    root_cause(&e)
-                ))
+            Ok(Err(SendError::Lost(why))) => {
+                return self.unknown(&format!("the upstream's answer was lost ({why})"))
             }
             Err(_) => {
                 return self.unknown(&format!(
@@ -291,13 +290,7 @@ impl Inner {
     /// The request as the upstream gets it.
     fn outbound(&self, req: Request<Body>) -> Result<Request<Body>, String> {
         let (parts, body) = req.into_parts();
-        let path = parts.uri.path_and_query().map_or("/", PathAndQuery::as_str);
-        let uri = Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(format!("{}{path}", self.base_path))
-            .build()
-            .map_err(|e| format!("the request's path cannot be sent upstream: {e}"))?;
+        let uri = origin_form(&parts.uri, &self.base_path)?;
         let client_ip = parts
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
@@ -364,20 +357,32 @@ impl Inner {
     }
 }
 
+/// The request's URI as HTTP/1 sends it to a server (not a proxy): its path and query,
+/// under `base_path`. A request in absolute form may have no path at all (`POST
+/// http://host HTTP/1.1`): it is written `/`, as the path's text reads.
+fn origin_form(uri: &Uri, base_path: &str) -> Result<Uri, String> {
+    let path = uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| PathAndQuery::from_static("/"));
+    if base_path.is_empty() && !path.path().is_empty() {
+        return Ok(Uri::from(path));
+    }
+    PathAndQuery::from_maybe_shared(format!("{base_path}{path}"))
+        .map(Uri::from)
+        .map_err(|e| format!("the request's path cannot be sent upstream: {e}"))
+}
+
 /// The headers idem sets for the upstream from what it knows of the client.
 const SET_BY_IDEM: [&str; 3] = ["x-forwarded-for", "x-forwarded-host", "x-forwarded-proto"];
 
-/// Headers as text, for the core's decisions by name (a value that is not text is
-/// shown with replacement characters; its bytes are kept where it is passed on).
-fn as_text(headers: &http::HeaderMap) -> Vec<(String, String)> {
+/// Headers as text, for the core's decisions by name, borrowed (a value that is not
+/// text is shown with replacement characters, the one copy made; its bytes are kept
+/// where it is passed on).
+fn as_text(headers: &http::HeaderMap) -> Vec<(&str, Cow<'_, str>)> {
     headers
         .iter()
-        .map(|(n, v)| {
-            (
-                n.as_str().to_owned(),
-                String::from_utf8_lossy(v.as_bytes()).into_owned(),
-            )
-        })
+        .map(|(n, v)| (n.as_str(), String::from_utf8_lossy(v.as_bytes())))
         .collect()
 }
 
@@ -438,58 +443,24 @@ fn problem(base: &str, problem: Problem, detail: &str) -> Response<Body> {
     res
 }
 
-/// Whether a failed request provably never left idem, beyond a refused connect: no
-/// connection was ever handed to it (`unconnected`: the client sets the captured
-/// connection just before writing), or hyper gave the request back unwritten — the
-/// connection closed before it was started — and said so: every `canceled` error of
-/// hyper's carries the unsent request back (the pool retries those only on a reused
-/// connection). A request written and then cut off is neither.
-fn never_sent(e: &hyper_util::client::legacy::Error, unconnected: bool) -> bool {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
-    let mut canceled = false;
-    let mut refused_handshake = false;
-    while let Some(c) = cause {
-        canceled |= c
-            .downcast_ref::<hyper::Error>()
-            .is_some_and(hyper::Error::is_canceled);
-        // An io::Error's `source` skips the error it wraps: look inside.
-        let tls = c
-            .downcast_ref::<std::io::Error>()
-            .and_then(std::io::Error::get_ref)
-            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-            .or_else(|| c.downcast_ref::<rustls::Error>());
-        refused_handshake |= tls.is_some_and(handshake_refused);
-        cause = c.source();
-    }
-    unconnected || canceled || refused_handshake
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Whether the upstream ended the TLS handshake with an alert about this client's
-/// certificate or the handshake itself. With TLS 1.3 a client may write its request
-/// before the server has checked its certificate; a server that then refuses the
-/// handshake never reads the request (RFC 8446 §4.4.2.4: it aborts the handshake).
-fn handshake_refused(e: &rustls::Error) -> bool {
-    use rustls::AlertDescription as A;
-    matches!(
-        e,
-        rustls::Error::AlertReceived(
-            A::CertificateRequired
-                | A::BadCertificate
-                | A::UnsupportedCertificate
-                | A::CertificateRevoked
-                | A::CertificateExpired
-                | A::CertificateUnknown
-                | A::UnknownCA
-                | A::HandshakeFailure
-        )
-    )
-}
-
-/// The innermost error's text: hyper's outer errors say only "client error".
-fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut cause = e;
-    while let Some(next) = cause.source() {
-        cause = next;
+    #[test]
+    fn the_upstream_gets_the_path_and_query_under_its_base() {
+        let sent = |uri: &str, base: &str| {
+            origin_form(&uri.parse().unwrap(), base)
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(sent("/v1/charges?a=1", ""), "/v1/charges?a=1");
+        assert_eq!(sent("/v1/charges?a=1", "/api"), "/api/v1/charges?a=1");
+        // Absolute form: the client's scheme and host never reach the upstream.
+        assert_eq!(sent("http://evil.example/v1/charges", ""), "/v1/charges");
+        assert_eq!(sent("http://evil.example", ""), "/");
+        assert_eq!(sent("http://evil.example?a=1", ""), "/?a=1");
+        assert_eq!(sent("http://evil.example", "/api"), "/api/");
+        assert_eq!(sent("*", ""), "*");
     }
-    cause.to_string()
 }

@@ -124,11 +124,11 @@ pub fn forwarded_request_header(name: &str) -> bool {
 
 /// The header names a message's `Connection` header lists: hop-by-hop for that
 /// message too (RFC 9110 §7.6.1), lower-cased.
-fn connection_named(headers: &[(String, String)]) -> Vec<String> {
+fn connection_named<N: AsRef<str>, V: AsRef<str>>(headers: &[(N, V)]) -> Vec<String> {
     headers
         .iter()
-        .filter(|(n, _)| n.eq_ignore_ascii_case("connection"))
-        .flat_map(|(_, v)| v.split(','))
+        .filter(|(n, _)| n.as_ref().eq_ignore_ascii_case("connection"))
+        .flat_map(|(_, v)| v.as_ref().split(','))
         .map(|token| token.trim().to_ascii_lowercase())
         .filter(|token| !token.is_empty())
         .collect()
@@ -187,25 +187,27 @@ pub fn edge_may_scope_by_header(name: &str) -> bool {
 /// hop-by-hop (or named in its `Connection`), set by the runtime, or forgeable
 /// (`cf-*`, `X-Forwarded-*`, `Forwarded`); then `X-Forwarded-For` with the client
 /// address the runtime saw (`client_ip`), `X-Forwarded-Host` with the `Host` the
-/// client asked for, and `X-Forwarded-Proto` with the scheme it used.
-pub fn forwarded_headers(
-    headers: &[(String, String)],
+/// client asked for, and `X-Forwarded-Proto` with the scheme it used. (Names and
+/// values are read as text of any kind: a caller passes borrowed ones.)
+pub fn forwarded_headers<N: AsRef<str>, V: AsRef<str>>(
+    headers: &[(N, V)],
     client_ip: Option<&str>,
     proto: &str,
 ) -> Vec<(String, String)> {
     let named = connection_named(headers);
     let host = headers
         .iter()
-        .find(|(n, _)| n.eq_ignore_ascii_case("host"))
-        .map(|(_, v)| v.clone());
+        .find(|(n, _)| n.as_ref().eq_ignore_ascii_case("host"))
+        .map(|(_, v)| String::from(v.as_ref()));
     let mut out: Vec<(String, String)> = headers
         .iter()
+        .map(|(n, v)| (n.as_ref(), v.as_ref()))
         .filter(|(n, _)| {
             forwarded_request_header(n)
                 && !forgeable(n)
                 && !named.iter().any(|c| n.eq_ignore_ascii_case(c))
         })
-        .cloned()
+        .map(|(n, v)| (String::from(n), String::from(v)))
         .collect();
     // One address, or none: never a list, never a name.
     let ip = client_ip
@@ -225,17 +227,21 @@ pub fn forwarded_headers(
 /// ([`relayed_answer_header`], and not one its `Connection` names). The answer to HEAD
 /// keeps its `Content-Length`: it has no body for the runtime to count, and the
 /// header is what the client asked for.
-pub fn relayed_answer_headers(method: &str, headers: &[(String, String)]) -> Vec<(String, String)> {
+pub fn relayed_answer_headers<N: AsRef<str>, V: AsRef<str>>(
+    method: &str,
+    headers: &[(N, V)],
+) -> Vec<(String, String)> {
     let named = connection_named(headers);
     // Methods are case-sensitive (RFC 9110): `head` is not HEAD.
     let head = method == "HEAD";
     headers
         .iter()
+        .map(|(n, v)| (n.as_ref(), v.as_ref()))
         .filter(|(n, _)| {
             (relayed_answer_header(n) || (head && n.eq_ignore_ascii_case("content-length")))
                 && !named.iter().any(|c| n.eq_ignore_ascii_case(c))
         })
-        .cloned()
+        .map(|(n, v)| (String::from(n), String::from(v)))
         .collect()
 }
 

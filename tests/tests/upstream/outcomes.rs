@@ -694,3 +694,190 @@ async fn a_purged_orphan_is_resent_only_when_the_operator_says_so() {
         )],
     );
 }
+
+/// A kept-alive upstream on a raw socket: answers every request on its connection with
+/// a 201, and closes a connection left idle `keep_alive` after its last answer (never
+/// one that has not had a request yet). Counts requests, and the bursts (from the
+/// keys `idle-<burst>-<i>`) each connection served.
+struct KeptAliveUpstream {
+    addr: std::net::SocketAddr,
+    requests: Arc<std::sync::atomic::AtomicUsize>,
+    bursts_per_connection: Arc<std::sync::Mutex<Vec<std::collections::BTreeSet<String>>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl KeptAliveUpstream {
+    async fn start(keep_alive: Option<Duration>) -> KeptAliveUpstream {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let requests = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let bursts_per_connection = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (r, b) = (requests.clone(), bursts_per_connection.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut conn, _)) = listener.accept().await else {
+                    continue;
+                };
+                let index = {
+                    let mut all = b.lock().unwrap();
+                    all.push(std::collections::BTreeSet::new());
+                    all.len() - 1
+                };
+                let (r, b) = (r.clone(), b.clone());
+                tokio::spawn(async move {
+                    let (mut buf, mut chunk, mut answered) = (Vec::new(), [0u8; 4096], false);
+                    loop {
+                        let end = loop {
+                            if let Some(head) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                                let text =
+                                    String::from_utf8_lossy(&buf[..head]).to_ascii_lowercase();
+                                let length: usize = text
+                                    .lines()
+                                    .find_map(|l| l.strip_prefix("content-length:"))
+                                    .and_then(|v| v.trim().parse().ok())
+                                    .unwrap_or(0);
+                                if buf.len() >= head + 4 + length {
+                                    if let Some(burst) = text
+                                        .lines()
+                                        .find_map(|l| l.strip_prefix("idempotency-key:"))
+                                        .and_then(|k| k.trim().trim_matches('"').split('-').nth(1))
+                                    {
+                                        b.lock().unwrap()[index].insert(burst.to_owned());
+                                    }
+                                    break head + 4 + length;
+                                }
+                            }
+                            // Idle only counts once an answer has gone out on it.
+                            let wait = match (answered && buf.is_empty(), keep_alive) {
+                                (true, Some(keep_alive)) => keep_alive,
+                                _ => Duration::from_secs(30),
+                            };
+                            match tokio::time::timeout(wait, conn.read(&mut chunk)).await {
+                                Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                                _ => return,
+                            }
+                        };
+                        buf.drain(..end);
+                        r.fetch_add(1, Ordering::SeqCst);
+                        let answer = "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"ok\":true}";
+                        if conn.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                        answered = true;
+                    }
+                });
+            }
+        });
+        KeptAliveUpstream {
+            addr,
+            requests,
+            bursts_per_connection,
+            task,
+        }
+    }
+}
+
+impl Drop for KeptAliveUpstream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Bursts of 8 new keys, 200 ms apart, through proxy mode to `upstream`: each burst's
+/// answers, counted.
+async fn bursts_through(upstream: &KeptAliveUpstream, extra: &[&str]) -> BTreeMap<String, usize> {
+    let url = format!("http://{}", upstream.addr);
+    let mut args = vec![
+        "--upstream",
+        &url,
+        "--store",
+        "memory",
+        "--require-key-on",
+        "/v1/*",
+        "--anonymous",
+        "scoped",
+    ];
+    args.extend_from_slice(extra);
+    let origin = TestOrigin::start(&args).await;
+    let http = client();
+    let mut answers: BTreeMap<String, usize> = BTreeMap::new();
+    for burst in 0..BURSTS {
+        let sent: Vec<_> = (0..PER_BURST)
+            .map(|i| {
+                let (http, url) = (http.clone(), origin.url("/v1/charges"));
+                tokio::spawn(async move {
+                    let key = format!("idle-{burst}-{i}");
+                    let res = post(&http, &url, &key, charge_body("c-idle", 100, 0)).await;
+                    let status = res.status().as_u16();
+                    let body = res.text().await.unwrap_or_default();
+                    format!("{status} {}", problem_type(&body))
+                })
+            })
+            .collect();
+        for answer in sent {
+            *answers.entry(answer.await.unwrap()).or_default() += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    answers
+}
+
+const BURSTS: usize = 6;
+const PER_BURST: usize = 8;
+
+/// Kept-alive connections to the upstream, between bursts of new keys 200 ms apart:
+///
+/// * an upstream whose keep-alive (50 ms) is shorter than idem's closes them while
+///   idle, as servers behind a short `keepalive_timeout` do: each key must reach it
+///   once and get its answer — never a 502 for a connection it had already closed
+///   (released, or worse, stored as an unknown outcome);
+/// * an upstream that keeps them open, with `--upstream-idle-timeout 50ms`: no
+///   connection idle longer than that is used again — none serves two bursts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_alive_connections_are_used_only_while_both_sides_keep_them() {
+    use std::sync::atomic::Ordering;
+    let closing = KeptAliveUpstream::start(Some(Duration::from_millis(50))).await;
+    let closed_under = bursts_through(&closing, &[]).await;
+    let closing_requests = closing.requests.load(Ordering::SeqCst);
+    let open = KeptAliveUpstream::start(None).await;
+    let idle_out = bursts_through(&open, &["--upstream-idle-timeout", "50ms"]).await;
+    let reused_across: Vec<_> = open
+        .bursts_per_connection
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|bursts| bursts.len() > 1)
+        .cloned()
+        .collect();
+    let connections = open.bursts_per_connection.lock().unwrap().len();
+    report(
+        "upstream",
+        &format!(
+            "{BURSTS} bursts of {PER_BURST} new keys, 200 ms apart: to an upstream closing connections idle 50 ms, answers {closed_under:?} ({closing_requests} requests reached it); \
+             to one keeping them, idem's idle timeout 50 ms, answers {idle_out:?} over {connections} connections, {} of them used across bursts",
+            reused_across.len()
+        ),
+    );
+    let all = Some(BURSTS * PER_BURST);
+    assert_eq!(
+        closed_under.get("201 ").copied(),
+        all,
+        "every key answered: {closed_under:?}"
+    );
+    assert_eq!(
+        closing_requests,
+        BURSTS * PER_BURST,
+        "each key reached the upstream once"
+    );
+    assert_eq!(
+        idle_out.get("201 ").copied(),
+        all,
+        "every key answered: {idle_out:?}"
+    );
+    assert!(
+        reused_across.is_empty(),
+        "connections idle past --upstream-idle-timeout were used again: {reused_across:?}"
+    );
+}
