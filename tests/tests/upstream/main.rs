@@ -19,8 +19,12 @@ use tokio::sync::Barrier;
 /// idem in front of `payments`, a key required on `/v1/*`. Its callers send no
 /// identity, so they share the anonymous scope unless `extra` says otherwise.
 pub(crate) async fn proxy(payments: &Payments, extra: &[&str]) -> TestOrigin {
-    let url = payments.url();
-    let mut args = vec!["--upstream", url.as_str(), "--require-key-on", "/v1/*"];
+    proxy_to(&payments.url(), extra).await
+}
+
+/// idem in front of the upstream at `url`, as [`proxy`] sets it up.
+pub(crate) async fn proxy_to(url: &str, extra: &[&str]) -> TestOrigin {
+    let mut args = vec!["--upstream", url, "--require-key-on", "/v1/*"];
     if !extra.contains(&"--store") {
         args.extend_from_slice(&["--store", "memory"]);
     }

@@ -312,18 +312,7 @@ async fn a_request_that_never_left_idem_is_not_stored_as_an_unknown_outcome() {
         .unwrap();
     let gate = idem_tests::Proxy::start(upstream).await;
     gate.take_down();
-    let url = format!("http://{}", gate.addr);
-    let origin = TestOrigin::start(&[
-        "--upstream",
-        &url,
-        "--store",
-        "memory",
-        "--require-key-on",
-        "/v1/*",
-        "--anonymous",
-        "scoped",
-    ])
-    .await;
+    let origin = proxy_to(&format!("http://{}", gate.addr), &[]).await;
     let http = client();
     const UNSENT: usize = 3;
     const MAX_KEYS: usize = 600;
@@ -788,19 +777,7 @@ impl Drop for KeptAliveUpstream {
 /// Bursts of 8 new keys, 200 ms apart, through proxy mode to `upstream`: each burst's
 /// answers, counted.
 async fn bursts_through(upstream: &KeptAliveUpstream, extra: &[&str]) -> BTreeMap<String, usize> {
-    let url = format!("http://{}", upstream.addr);
-    let mut args = vec![
-        "--upstream",
-        &url,
-        "--store",
-        "memory",
-        "--require-key-on",
-        "/v1/*",
-        "--anonymous",
-        "scoped",
-    ];
-    args.extend_from_slice(extra);
-    let origin = TestOrigin::start(&args).await;
+    let origin = proxy_to(&format!("http://{}", upstream.addr), extra).await;
     let http = client();
     let mut answers: BTreeMap<String, usize> = BTreeMap::new();
     for burst in 0..BURSTS {
