@@ -403,12 +403,18 @@ async fn a_replica_frozen_holding_a_claim_lock_frees_it_after_the_store_timeout(
     locker.batch_execute("COMMIT").await.unwrap();
     let frozen_at = Instant::now();
     // The fault's own evidence: the lock went to A's claim, whose session now sits
-    // idle in its transaction, A being frozen.
+    // idle in its transaction, A being frozen — until the server ends that session, 2 s
+    // idle (A's store timeout). Read on the locker's own connection: a new connection
+    // per look took most of that window on a loaded machine (a CI run here failed).
     let idle = "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' \
                 AND query LIKE '%pg_advisory_xact_lock%' AND application_name = 'frozen-a'";
-    while db.count(idle).await == 0 {
+    loop {
+        let seen: i64 = locker.query_one(idle, &[]).await.unwrap().get(0);
+        if seen > 0 {
+            break;
+        }
         assert!(
-            frozen_at.elapsed() < Duration::from_secs(1),
+            frozen_at.elapsed() < Duration::from_millis(1900),
             "A's claim never got the lock while A was frozen"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
